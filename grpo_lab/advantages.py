@@ -1,0 +1,68 @@
+"""Group-relative advantages (SPEC §2): whitening and the zero-variance mask.
+
+The G rewards of one prompt were sampled from the server's policy α, so their
+mean and variance estimate μ_α(x) and σ_α(x)²; the advantage of response j is
+its reward whitened by those group statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import require_choice, require_number_in
+
+EPS_PLACEMENTS = ("under_sqrt", "added_to_std")
+
+
+def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
+           eps_placement: str = "under_sqrt") -> torch.Tensor:
+    """Whiten each group's rewards into advantages A_α.
+
+    Equation (SPEC §2, the paper's σ_{α,r,ε})::
+
+        A_α(x, y_j) = (r_j − μ_α(x)) / sqrt(σ_α(x)² + eps)          eps_placement="under_sqrt"
+        A(x, y_j)   = (r_j − μ(x))   / (σ(x) + eps)                  eps_placement="added_to_std" (TRL's form)
+
+    ====== ========== ==========================================================
+    symbol shape      meaning
+    ====== ========== ==========================================================
+    r      ``[P, G]`` rewards: P prompts, G sampled responses each
+    μ      ``[P, 1]`` group mean
+    σ²     ``[P, 1]`` group variance: population (/G) by default — the paper's
+                      theory uses the variance of the reward under α — or sample
+                      (/(G−1)) with ``unbiased=True``
+    eps    scalar     ε_std, under the square root by default
+    A      ``[P, G]`` advantages (returned)
+    ====== ========== ==========================================================
+
+    A group whose rewards all agree has r − μ = 0 exactly, so its advantages are
+    0 even with ``eps = 0`` (never NaN); the zero-variance mask then drops it.
+    """
+    require_number_in("eps", eps, 0.0)
+    require_choice("eps_placement", eps_placement, EPS_PLACEMENTS)
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must have shape [P, G] with G >= 2, got {tuple(rewards.shape)}")
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    var = rewards.var(dim=1, keepdim=True, unbiased=unbiased)
+    scale = (var + eps).sqrt() if eps_placement == "under_sqrt" else var.sqrt() + eps
+    safe_scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return centred / safe_scale
+
+
+def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
+    """Mask m(x) = 1[σ(x) ≠ 0] of SPEC §2: which groups carry learning signal.
+
+    ====== ========== =====================================================
+    symbol shape      meaning
+    ====== ========== =====================================================
+    r      ``[P, G]`` rewards of P groups of G responses
+    m      ``[P]``    bool, True where the G rewards are not all equal
+    ====== ========== =====================================================
+
+    Exact comparison, no tolerance: a group is masked only when every reward
+    equals the first (all right or all wrong), where Theorem 1's weight
+    (1 − σ)/σ blows up.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must have shape [P, G], got {tuple(rewards.shape)}")
+    return (rewards != rewards[:, :1]).any(dim=1)

@@ -1,0 +1,66 @@
+"""Input validation shared by every module: each check raises a ``ValueError``
+that names the parameter and the offending value, before any expensive work."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+
+
+def require_int_at_least(name: str, value: Any, minimum: int) -> int:
+    """Return ``value`` if it is an ``int`` >= ``minimum``; else raise naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def require_number_in(name: str, value: Any, low: float = -math.inf, high: float = math.inf,
+                      low_open: bool = False) -> float:
+    """Return ``value`` if it is a finite real in [low, high] (``(low, high]`` if
+    ``low_open``); else raise naming it."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        lo = "(" if low_open else "["
+        raise ValueError(f"{name} must be a finite number in {lo}{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def require_choice(name: str, value: Any, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``; else raise listing them."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def require_rewards(rewards: torch.Tensor, name: str = "rewards") -> torch.Tensor:
+    """Check a ``[P, G]`` reward tensor: 2-D, G >= 2, finite, inside [0, 1].
+
+    The error names the first bad prompt index and its value, so a broken reward
+    function is found at once.
+    """
+    if not isinstance(rewards, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape [P, G], got {type(rewards).__name__}")
+    if rewards.dim() != 2:
+        raise ValueError(f"{name} must have shape [P, G], got shape {tuple(rewards.shape)}")
+    if rewards.shape[0] == 0:
+        raise ValueError(f"{name} is empty (P = 0 prompts)")
+    if rewards.shape[1] < 2:
+        raise ValueError(f"group size G must be >= 2 to whiten, got G = {rewards.shape[1]}")
+    bad = ~torch.isfinite(rewards) | (rewards < 0) | (rewards > 1)
+    if bad.any():
+        p, g = (int(t) for t in bad.nonzero()[0])
+        raise ValueError(
+            f"{name}[{p}, {g}] = {rewards[p, g].item()!r} (prompt {p}, sample {g}): "
+            "rewards must be finite and inside [0, 1]")
+    return rewards
+
+
+def require_same_shape(**tensors: torch.Tensor) -> None:
+    """Raise if the named tensors do not all have one shape."""
+    shapes = {k: tuple(t.shape) for k, t in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"shape mismatch: {shapes}")

@@ -1,0 +1,121 @@
+"""One config for the (v, i) loop. Every field is a knob of SPEC §2–§5, named by
+its SPEC symbol; the TRL name is given where the concept is TRL's."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .advantages import EPS_PLACEMENTS
+from .checks import require_choice, require_int_at_least, require_number_in
+from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES
+
+SYNC_MODES = ("fixed", "adaptive")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass
+class GRPOConfig:
+    """Hyper-parameters of Algorithm 1 (SPEC §5); validated on construction."""
+
+    G: int = 8
+    """Group size: responses sampled per prompt (TRL ``num_generations``)."""
+    prompts_per_step: int = 8
+    """P, prompts drawn per step; a step's batch is P·G sequences."""
+    v: int = 1
+    """Sync period: α ← π_θ at every step k with k % v == 0; the lag k − k0 runs 0…v−1.
+    With ``sync="adaptive"`` it is the longest lag allowed."""
+    i: int = 1
+    """Optimiser passes over each batch (TRL ``num_iterations``). i > 1 is sample reuse."""
+    sync: str = "fixed"
+    """``fixed`` (every v steps) or ``adaptive`` (when drift > ``sync_threshold``, at most every v)."""
+    sync_threshold: float = 0.05
+    """Adaptive sync: mean |log π_k − log α| above which the next step syncs."""
+    eps_low: float = 0.2
+    """ε_low, lower clip half-width (TRL ``epsilon``)."""
+    eps_high: float | None = None
+    """ε_high, upper clip half-width; None means ε_high = ε_low (DAPO uses 0.28)."""
+    band: str = "additive"
+    """Clip interval around r′: ``additive`` [max(r′−ε,0), r′+ε] (paper) or ``multiplicative`` r′(1±ε) (TRL)."""
+    beta: float = 0.0
+    """β, weight of KL(π_θ ‖ π_ref). 0 keeps no reference model at all (TRL ``beta``)."""
+    kl_kind: str = "k3"
+    """KL estimator per token: ``k1``, ``k2`` or ``k3``."""
+    kl_importance_weighted: bool = False
+    """Weight each KL estimate by the detached π_θ/α to undo the bias of sampling from α."""
+    ref_period: int = 0
+    """Reset π_ref ← π_θ after every ``ref_period`` steps; 0 = never (TRL ``ref_model_sync_steps``)."""
+    eps_std: float = 1e-4
+    """ε_std in the whitening sqrt(σ² + ε_std)."""
+    unbiased_std: bool = False
+    """Whitening variance: population /G (False, the paper's theory) or sample /(G−1)."""
+    eps_placement: str = "under_sqrt"
+    """``under_sqrt`` (paper) or ``added_to_std`` (TRL's std + ε)."""
+    mask_zero_variance: bool = True
+    """Drop groups whose G rewards all agree (m(x) = 1[σ ≠ 0])."""
+    loss_type: str = "grpo"
+    """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
+    level: str = "token"
+    """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``)."""
+    lr: float = 1e-6
+    """Learning rate."""
+    optimizer: str = "adamw"
+    """``adamw`` (default) or ``sgd`` (plain gradient ascent, for exact bandit studies)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm; None = no clipping."""
+    micro_batch_size: int | None = None
+    """Sequences per forward/backward; None = whole batch. The loss is exact for any value."""
+    max_completion_length: int | None = None
+    """Tokens per completion (LLM); also the ``dr_grpo`` denominator."""
+    temperature: float = 1.0
+    """Sampling temperature T; log α and log π are taken at the same T."""
+    steps: int = 100
+    """Number of steps k to run."""
+    seed: int = 0
+    """Seeds every random draw (prompts, samples, rewards)."""
+
+    def __post_init__(self) -> None:
+        require_int_at_least("G", self.G, 2)
+        require_int_at_least("prompts_per_step", self.prompts_per_step, 1)
+        require_int_at_least("v", self.v, 1)
+        require_int_at_least("i", self.i, 1)
+        require_choice("sync", self.sync, SYNC_MODES)
+        require_number_in("sync_threshold", self.sync_threshold, 0.0, low_open=True)
+        require_number_in("eps_low", self.eps_low, 0.0)
+        if self.eps_high is not None:
+            require_number_in("eps_high", self.eps_high, 0.0)
+        require_choice("band", self.band, BANDS)
+        require_number_in("beta", self.beta, 0.0)
+        require_choice("kl_kind", self.kl_kind, KL_KINDS)
+        require_int_at_least("ref_period", self.ref_period, 0)
+        require_number_in("eps_std", self.eps_std, 0.0)
+        require_choice("eps_placement", self.eps_placement, EPS_PLACEMENTS)
+        require_choice("loss_type", self.loss_type, LOSS_TYPES)
+        require_choice("level", self.level, LEVELS)
+        require_number_in("lr", self.lr, 0.0, low_open=True)
+        require_choice("optimizer", self.optimizer, OPTIMIZERS)
+        require_number_in("weight_decay", self.weight_decay, 0.0)
+        if self.max_grad_norm is not None:
+            require_number_in("max_grad_norm", self.max_grad_norm, 0.0, low_open=True)
+        if self.micro_batch_size is not None:
+            require_int_at_least("micro_batch_size", self.micro_batch_size, 1)
+        if self.max_completion_length is not None:
+            require_int_at_least("max_completion_length", self.max_completion_length, 1)
+        require_number_in("temperature", self.temperature, 0.0, low_open=True)
+        require_int_at_least("steps", self.steps, 0)
+        require_int_at_least("seed", self.seed, 0)
+        if self.ref_period > 0 and self.beta == 0:
+            raise ValueError(f"ref_period = {self.ref_period} resets π_ref, but beta = 0 keeps no reference")
+
+    def replace(self, **changes: Any) -> "GRPOConfig":
+        """A copy with ``changes`` applied (and validated)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown GRPOConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,356 @@
+"""Algorithm 1 — the (v, i) loop (SPEC §5), written once for every policy.
+
+The bandit, the language models and the benchmarks all run through
+:class:`GRPOLoop`. It talks to three small protocols:
+
+* :class:`Policy` — a ``torch.nn.Module`` (π_θ) whose ``logprobs`` returns the
+  log-probabilities of a rollout's completions, with gradient;
+* :class:`Sampler` — holds α: ``sample`` draws G completions per prompt with
+  their log α, ``sync(policy)`` replaces α by π_θ;
+* :class:`Task` — draws prompts and scores completions with rewards in [0, 1].
+
+One step k::
+
+    if schedule says so: sampler.sync(π_θ)              α ← π_θ, lag = 0
+    prompts ~ task; rollout ~ α (G per prompt, with log α)
+    rewards [P, G] → A = whiten(rewards), m = zero_variance_mask(rewards)
+    log π_ref (if β > 0), once, no gradient
+    repeat i times: optimiser step on grpo_objective   (pass 0 also gives log π_k)
+    if ref schedule says so: π_ref ← π_θ
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from .advantages import whiten, zero_variance_mask
+from .checks import require_rewards
+from .config import GRPOConfig
+from .objective import grpo_objective, loss_weights
+from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
+
+
+@dataclass
+class Rollout:
+    """P prompts × G completions drawn from α, rows ordered prompt-major (row = p·G + g).
+
+    ============== ========== ================================================
+    field          shape      meaning
+    ============== ========== ================================================
+    ``prompts``    P items    whatever the task uses as a prompt
+    ``completions`` ``[B, T]`` sampled tokens (or arm indices, T = 1)
+    ``logp_alpha`` ``[B, T]`` log α of each sampled token, from the sampler
+    ``mask``       ``[B, T]`` True on real completion tokens (padding False)
+    ``extra``      dict       sampler-specific data (e.g. prompt token ids)
+    ============== ========== ================================================
+    """
+
+    prompts: Sequence[Any]
+    completions: torch.Tensor
+    logp_alpha: torch.Tensor
+    mask: torch.Tensor
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return self.completions.shape[0] // len(self.prompts)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """π_θ: an ``nn.Module`` that scores a rollout's completions."""
+
+    def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log π_θ of ``rollout.completions[rows]`` at the sampling temperature, ``[b, T]``."""
+
+    def parameters(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """The inference server: holds α, samples with log α, and is synced to π_θ."""
+
+    def sample(self, prompts: Sequence[Any], group_size: int, generator: torch.Generator) -> Rollout: ...
+
+    def sync(self, policy: Policy) -> int:
+        """Copy π_θ's weights into α in place; return the bytes moved."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> Any: ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """Prompts and a verifiable reward."""
+
+    def prompts(self, n: int, generator: torch.Generator) -> Sequence[Any]: ...
+
+    def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
+        """Rewards ``[P, G]`` in [0, 1] for the rollout's completions."""
+
+
+@dataclass
+class StepRecord:
+    """What one step k measured. ``docs/metrics.md`` explains each field."""
+
+    step: int
+    lag: int
+    synced: bool
+    skipped: bool
+    reward_mean: float
+    masked_frac: float
+    loss: float
+    clip_low_frac: float
+    clip_high_frac: float
+    ratio_k_mean: float
+    ratio_k_max: float
+    log_ratio_k_abs: float
+    kl: float
+    grad_norm: float
+    num_tokens: int
+    sync_bytes: int
+    sample_seconds: float
+    train_seconds: float
+    sync_seconds: float
+    ref_reset: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@contextlib.contextmanager
+def deferred_interrupt(note: str) -> Iterator[None]:
+    """Hold Ctrl-C / a notebook's interrupt until the block ends, so a step is
+    applied whole or not at all. Off the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[Any] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        print(f"interrupt received: {note}")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW (default) or SGD over the policy's trainable parameters."""
+    params = [p for p in params if p.requires_grad]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+class GRPOLoop:
+    """Runs Algorithm 1 on (policy, sampler, task) and keeps everything needed to resume.
+
+    State: ``k`` (next step), π_θ (``policy``), α (``sampler``), π_ref
+    (``reference``, only when β > 0), the optimiser, the schedules, the random
+    generator and ``history`` (one :class:`StepRecord` per finished step). A step
+    is all-or-nothing: an exception while sampling leaves every piece as it was;
+    an interrupt during the optimiser passes is held until the step is complete.
+    """
+
+    def __init__(self, policy: Policy, sampler: Sampler, task: Task, config: GRPOConfig,
+                 run_ids: torch.Tensor | None = None) -> None:
+        self.policy, self.sampler, self.task, self.config = policy, sampler, task, config
+        self.run_ids = run_ids
+        self.optimizer = make_optimizer(policy.parameters(), config)
+        self.schedule: SyncSchedule = (
+            AdaptiveSyncSchedule(v=config.v, threshold=config.sync_threshold)
+            if config.sync == "adaptive" else SyncSchedule(config.v))
+        self.ref_schedule = RefResetSchedule(config.ref_period)
+        self.reference = self._frozen_copy(policy) if config.beta > 0 else None
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.k = 0
+        self.history: list[StepRecord] = []
+
+    @staticmethod
+    def _frozen_copy(policy: Policy) -> Policy:
+        ref = copy.deepcopy(policy)
+        ref.requires_grad_(False)
+        return ref
+
+    def run(self, steps: int | None = None) -> Iterator[StepRecord]:
+        """Yield the records of the next ``steps`` steps (default: up to ``config.steps``)."""
+        last = self.config.steps if steps is None else self.k + steps
+        while self.k < last:
+            yield self.step()
+
+    def step(self) -> StepRecord:
+        """Run step k and return its record."""
+        cfg, k = self.config, self.k
+        rng_state = self.generator.get_state()
+        try:
+            synced, sync_bytes, sync_seconds = False, 0, 0.0
+            if self.schedule.should_sync(k):
+                start = time.perf_counter()
+                sync_bytes = self.sampler.sync(self.policy)
+                sync_seconds = time.perf_counter() - start
+                synced = True
+            lag = 0 if synced else k - self.schedule.last_sync
+
+            start = time.perf_counter()
+            prompts = self.task.prompts(cfg.prompts_per_step, self.generator)
+            if len(prompts) == 0:
+                raise ValueError(f"task returned no prompts at step {k}")
+            rollout = self.sampler.sample(prompts, cfg.G, self.generator)
+            rewards = require_rewards(self.task.rewards(rollout, self.generator))
+            if rewards.shape != (len(prompts), cfg.G):
+                raise ValueError(f"rewards must have shape [P, G] = [{len(prompts)}, {cfg.G}], "
+                                 f"got {tuple(rewards.shape)}")
+            sample_seconds = time.perf_counter() - start
+        except BaseException:
+            self.generator.set_state(rng_state)
+            raise
+        # α is now π_{k0}; commit the sync only once the batch exists, so an
+        # interrupted sampling step re-syncs (idempotent) when run again.
+        if synced:
+            self.schedule.mark_synced(k)
+
+        with deferred_interrupt(f"finishing step {k} so that π_θ, α and the optimiser stay consistent"):
+            start = time.perf_counter()
+            metrics, loss, grad_norm, skipped = self._train(rollout, rewards)
+            ref_reset = self.reference is not None and self.ref_schedule.should_reset(k)
+            if ref_reset:
+                self.reference.load_state_dict(self.policy.state_dict())
+            train_seconds = time.perf_counter() - start
+            self.schedule.observe(metrics["log_ratio_k_abs"])
+            record = StepRecord(
+                step=k, lag=lag, synced=synced, skipped=skipped,
+                reward_mean=float(rewards.mean()), masked_frac=metrics["masked_frac"], loss=loss,
+                clip_low_frac=metrics["clip_low_frac"], clip_high_frac=metrics["clip_high_frac"],
+                ratio_k_mean=metrics["ratio_k_mean"], ratio_k_max=metrics["ratio_k_max"],
+                log_ratio_k_abs=metrics["log_ratio_k_abs"], kl=metrics.get("kl", 0.0),
+                grad_norm=grad_norm, num_tokens=metrics["num_tokens"], sync_bytes=sync_bytes,
+                sample_seconds=sample_seconds, train_seconds=train_seconds,
+                sync_seconds=sync_seconds, ref_reset=ref_reset)
+            self.history.append(record)
+            self.k = k + 1
+        return record
+
+    def _train(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[dict[str, float], float, float, bool]:
+        """The i optimiser passes of one step (micro-batched, exact).
+
+        Returns the metrics averaged over the passes (clip fractions are 0 at
+        pass 0, where π_θ = π_k), the mean loss, the last gradient norm and
+        whether the step was skipped (every group masked).
+        """
+        cfg = self.config
+        P, G = rewards.shape
+        advantages = whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement).reshape(-1)
+        keep = zero_variance_mask(rewards) if cfg.mask_zero_variance else torch.ones(P, dtype=torch.bool)
+        mask = rollout.mask.bool() & keep.repeat_interleave(G)[:, None]
+        weights = loss_weights(mask, cfg.loss_type, cfg.max_completion_length, self.run_ids,
+                               rollout.logp_alpha.dtype)
+        masked_frac = 1.0 - float(zero_variance_mask(rewards).float().mean())
+        B = rollout.completions.shape[0]
+        size = cfg.micro_batch_size or B
+        chunks = [slice(s, min(s + size, B)) for s in range(0, B, size)]
+        # Rows whose every weight is 0 (masked groups) need no forward at all.
+        chunks = [rows for rows in chunks if bool((weights[rows] > 0).any())]
+        if not chunks:
+            empty = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0, "ratio_k_max": 0.0,
+                     "log_ratio_k_abs": 0.0, "num_tokens": 0, "masked_frac": masked_frac}
+            return empty, 0.0, 0.0, True
+
+        logp_ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                logp_ref = [self.reference.logprobs(rollout, rows) for rows in chunks]
+        logp_k: list[torch.Tensor | None] = [None] * len(chunks)
+        loss_sum, parts = 0.0, []
+        for pass_index in range(cfg.i):
+            self.optimizer.zero_grad(set_to_none=True)
+            for c, rows in enumerate(chunks):
+                logp = self.policy.logprobs(rollout, rows)
+                if pass_index == 0:
+                    logp_k[c] = logp.detach()  # π_θ = π_k before the first optimiser step
+                loss, metrics = grpo_objective(
+                    logp, rollout.logp_alpha[rows], advantages[rows], mask[rows], logp_k=logp_k[c],
+                    logp_ref=None if logp_ref is None else logp_ref[c], beta=cfg.beta,
+                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, band=cfg.band, kl_kind=cfg.kl_kind,
+                    kl_importance_weighted=cfg.kl_importance_weighted, loss_type=cfg.loss_type,
+                    level=cfg.level, weights=weights[rows])
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite loss {loss.item()} at step {self.k}, pass {pass_index}")
+                loss.backward()
+                loss_sum += float(loss.detach())
+                parts.append(metrics)
+            grad_norm = self._optimizer_step()
+        metrics = merge_metrics(parts)
+        metrics["masked_frac"] = masked_frac
+        return metrics, loss_sum / cfg.i, grad_norm, False
+
+    def _optimizer_step(self) -> float:
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if self.config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm, error_if_nonfinite=True)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+            if not torch.isfinite(norm):
+                raise FloatingPointError(f"non-finite gradient norm {norm.item()} at step {self.k}")
+        self.optimizer.step()
+        return float(norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: tensors and plain Python values only."""
+        return {
+            "k": self.k,
+            "config": self.config.to_dict(),
+            "policy": self.policy.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "reference": None if self.reference is None else self.reference.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "generator": self.generator.get_state(),
+            "history": [r.to_dict() for r in self.history],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != self.config.to_dict():
+            changed = {k: (v, self.config.to_dict().get(k)) for k, v in state["config"].items()
+                       if self.config.to_dict().get(k) != v}
+            raise ValueError(f"checkpoint was written with a different config (saved, current): {changed}")
+        self.policy.load_state_dict(state["policy"])
+        self.sampler.load_state_dict(state["sampler"])
+        if self.reference is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.generator.set_state(state["generator"])
+        self.history = [StepRecord(**r) for r in state["history"]]
+        self.k = int(state["k"])
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Combine micro-batch metrics: token-weighted means, max of maxima, summed counts."""
+    total = sum(p["num_tokens"] for p in parts)
+    merged: dict[str, float] = {"num_tokens": total}
+    for key in parts[0]:
+        if key == "num_tokens":
+            continue
+        if key.endswith("_max"):
+            merged[key] = max(p[key] for p in parts)
+        else:
+            merged[key] = sum(p[key] * p["num_tokens"] for p in parts) / max(total, 1)
+    return merged

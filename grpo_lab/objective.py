@@ -1,0 +1,267 @@
+"""The off-policy clipped objective (SPEC §3): importance ratios against α, the
+clipped surrogate f_ε, the KL penalty to π_ref, and loss aggregation over tokens.
+
+Every function works per token (tensors ``[B, T]``: B = P·G sequences, T
+completion tokens) and per sequence (``T = 1``). Sign convention: the paper
+*maximises* L^c_α − β·KL; :func:`grpo_objective` returns the loss to *minimise*.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import require_choice, require_number_in, require_same_shape
+
+BANDS = ("additive", "multiplicative")
+KL_KINDS = ("k1", "k2", "k3")
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+LEVELS = ("token", "sequence")
+
+
+def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
+                band: str = "additive") -> tuple[torch.Tensor, torch.Tensor]:
+    """The interval that r is clipped to, centred on r′ = π_k/α.
+
+    ``additive`` (the paper):  [max(r′ − ε_low, 0), r′ + ε_high]
+    ``multiplicative`` (TRL):  [r′(1 − ε_low),      r′(1 + ε_high)]
+
+    Both equal PPO's [1 − ε_low, 1 + ε_high] when r′ = 1 (on-policy).
+    """
+    if band == "additive":
+        return (ratio_k - eps_low).clamp(min=0.0), ratio_k + eps_high
+    return ratio_k * (1.0 - eps_low), ratio_k * (1.0 + eps_high)
+
+
+def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor,
+                      advantages: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None,
+                      band: str = "additive") -> torch.Tensor:
+    """Elementwise f_ε(r, r′, A) of SPEC §3, to be maximised.
+
+    Equation::
+
+        r   = exp(log π_θ − log α)            (has gradient)
+        r′  = exp(log π_k − log α)            (detached: π_k is fixed during the step)
+        f_ε = min(r·A, clip(r, lo(r′), hi(r′))·A)      bounds from :func:`clip_bounds`
+
+    ========== ================ ====================================================
+    symbol     shape            meaning
+    ========== ================ ====================================================
+    log π_θ    ``[B, T]``       ``logp``: log-probs of the sampled tokens, current policy
+    log π_k    ``[B, T]``       ``logp_k``: same tokens, policy at the start of step k
+    log α      ``[B, T]``       ``logp_alpha``: same tokens, sampler's (lagged) policy
+    A          ``[B, 1]``/``[B, T]`` ``advantages``: whitened reward, broadcast over tokens
+    ε_low/high scalars          clip half-widths (``eps_high=None`` means = ``eps_low``)
+    f_ε        ``[B, T]``       returned, elementwise
+    ========== ================ ====================================================
+
+    Exact reductions (tested): with α = π_k (r′ = 1) both bands give PPO's
+    ``min(r A, clip(r, 1−ε, 1+ε) A)``; at logp = logp_k the gradient is r′·A·∇log π.
+    """
+    eps_low = require_number_in("eps_low", eps_low, 0.0)
+    eps_high = eps_low if eps_high is None else require_number_in("eps_high", eps_high, 0.0)
+    require_choice("band", band, BANDS)
+    require_same_shape(logp=logp, logp_k=logp_k, logp_alpha=logp_alpha)
+    ratio = torch.exp(logp - logp_alpha)
+    ratio_k = torch.exp(logp_k - logp_alpha).detach()
+    low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
+    clipped = torch.minimum(torch.maximum(ratio, low), high)
+    return torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimators of KL(π_θ ‖ π_ref) (SPEC §3), with d = log π_ref − log π_θ::
+
+        k1 = −d                 unbiased, high variance, can be negative
+        k2 = d² / 2             biased, low variance, ≥ 0
+        k3 = exp(d) − d − 1     unbiased and ≥ 0 (default; TRL's choice)
+
+    ======== ========== ===============================================
+    symbol   shape      meaning
+    ======== ========== ===============================================
+    log π_θ  ``[B, T]`` ``logp``, sampled tokens under the current policy
+    log π_ref ``[B, T]`` ``logp_ref``, same tokens under the reference
+    KL̂       ``[B, T]`` returned, elementwise
+    ======== ========== ===============================================
+
+    "Unbiased" holds for tokens sampled from π_θ. In off-policy GRPO the tokens
+    come from α, so each estimate is biased by the α/π_θ mismatch; multiplying
+    by the (detached) ratio π_θ/α — ``grpo_objective(kl_importance_weighted=True)``
+    — removes that bias per token at the cost of variance.
+    """
+    require_choice("kind", kind, KL_KINDS)
+    require_same_shape(logp=logp, logp_ref=logp_ref)
+    d = logp_ref - logp
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d * d
+    return torch.exp(d) - d - 1.0
+
+
+def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
+                 max_completion_length: int | None = None,
+                 run_ids: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Per-token weights w such that the aggregated loss is Σ w · loss_token.
+
+    ``mask [B, T]`` is True on tokens that count: completion tokens of groups the
+    zero-variance mask kept. Masked tokens get weight 0 and are excluded from
+    every denominator. With N_seq / N_tok the kept sequences / tokens and L_b
+    the kept length of sequence b:
+
+    ============ =========================================== ===================
+    loss_type    w_{b,t}                                     peer
+    ============ =========================================== ===================
+    ``grpo``     1 / (L_b · N_seq)                           GRPO, TRL "grpo"
+    ``bnpo``     1 / N_tok                                   TRL "bnpo"
+    ``dapo``     1 / N_tok (= bnpo in one process; TRL        DAPO
+                 normalises by the global token count)
+    ``dr_grpo``  1 / (N_seq · max_completion_length)          Dr. GRPO
+    ============ =========================================== ===================
+
+    Computing w once for the whole batch makes micro-batching exact: each
+    micro-batch sums its slice of w · loss. ``run_ids [B]`` (optional) stacks
+    independent runs (e.g. seeds) in one batch; each run is normalised by its
+    own counts, so its gradient equals the one it would get alone.
+    """
+    require_choice("loss_type", loss_type, LOSS_TYPES)
+    if mask.dim() != 2:
+        raise ValueError(f"mask must have shape [B, T], got {tuple(mask.shape)}")
+    mask = mask.to(dtype)
+    if run_ids is None:
+        run_ids = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+    num_runs = int(run_ids.max()) + 1 if run_ids.numel() else 1
+    lengths = mask.sum(dim=1)
+
+    def per_run(x: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(num_runs, dtype=x.dtype, device=x.device).index_add_(0, run_ids, x)
+        return total[run_ids].clamp(min=1.0)
+
+    if loss_type in ("bnpo", "dapo"):
+        return mask / per_run(lengths)[:, None]
+    num_seqs = per_run((lengths > 0).to(mask.dtype))
+    if loss_type == "grpo":
+        return mask / (lengths.clamp(min=1.0) * num_seqs)[:, None]
+    max_len = mask.shape[1] if max_completion_length is None else max_completion_length
+    if max_len < mask.shape[1]:
+        raise ValueError(f"max_completion_length must be >= T = {mask.shape[1]}, got {max_len}")
+    return mask / (num_seqs * max_len)[:, None]
+
+
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo",
+                   max_completion_length: int | None = None,
+                   run_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce ``per_token [B, T]`` to a scalar with :func:`loss_weights` (SPEC §3).
+
+    Tokens outside ``mask`` contribute exactly 0 (even if they hold NaN), so an
+    all-masked batch aggregates to exactly 0.
+    """
+    require_same_shape(per_token=per_token, mask=mask)
+    weights = loss_weights(mask, loss_type, max_completion_length, run_ids, per_token.dtype)
+    return weighted_sum(per_token, weights)
+
+
+def weighted_sum(per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ w · x over tokens with w > 0 (others are ignored, NaN or not)."""
+    return (torch.where(weights > 0, per_token, torch.zeros_like(per_token)) * weights).sum()
+
+
+def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, *, logp_k: torch.Tensor | None = None,
+                   logp_ref: torch.Tensor | None = None, group_mask: torch.Tensor | None = None,
+                   beta: float = 0.0, eps_low: float = 0.2, eps_high: float | None = None,
+                   band: str = "additive", kl_kind: str = "k3", kl_importance_weighted: bool = False,
+                   loss_type: str = "grpo", level: str = "token",
+                   max_completion_length: int | None = None, run_ids: torch.Tensor | None = None,
+                   weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (SPEC §3).
+
+    Equation::
+
+        loss = Σ_{b,t} w_{b,t} · ( −f_ε(r, r′, A_b) + β · KL̂_{b,t} )
+
+    ============== ========== ==================================================
+    argument       shape      meaning
+    ============== ========== ==================================================
+    ``logp``       ``[B, T]`` log π_θ of the sampled tokens (with gradient)
+    ``logp_alpha`` ``[B, T]`` log α, returned by the sampler with the tokens
+    ``advantages`` ``[B]``    A_α per sequence (whitened group reward)
+    ``mask``       ``[B, T]`` completion tokens (padding False)
+    ``logp_k``     ``[B, T]`` log π_k; ``None`` means π_k = π_θ (first/only pass)
+    ``logp_ref``   ``[B, T]`` log π_ref, needed when β > 0
+    ``group_mask`` ``[P]``    zero-variance mask m(x); rows of groups with
+                              m = False drop out of numerator and denominator
+    ``weights``    ``[B, T]`` precomputed :func:`loss_weights` of the *whole*
+                              batch, for exact micro-batching
+    ============== ========== ==================================================
+
+    ``level="sequence"`` (GSPO-style) replaces per-token ratios by the ratio of
+    length-normalised sequence log-probabilities, broadcast to the tokens.
+
+    Metrics (floats, over counted tokens): ``clip_low_frac`` (r below the band
+    with A < 0), ``clip_high_frac`` (r above with A > 0), ``ratio_k_mean`` /
+    ``ratio_k_max`` (r′ = π_k/α), ``log_ratio_k_abs`` (mean |log π_k − log α|,
+    the lag drift), ``kl`` (mean KL̂ to π_ref, when given), ``masked_frac``
+    (when ``group_mask`` is given) and ``num_tokens``.
+    """
+    beta = require_number_in("beta", beta, 0.0)
+    require_choice("level", level, LEVELS)
+    require_same_shape(logp=logp, logp_alpha=logp_alpha, mask=mask)
+    if advantages.dim() != 1 or advantages.shape[0] != logp.shape[0]:
+        raise ValueError(f"advantages must have shape [B] = [{logp.shape[0]}], got {tuple(advantages.shape)}")
+    if beta > 0 and logp_ref is None:
+        raise ValueError(f"beta = {beta} > 0 needs logp_ref (the reference policy's log-probs)")
+    mask = mask.bool()
+    if group_mask is not None:
+        group_size = logp.shape[0] // group_mask.shape[0]
+        if group_size * group_mask.shape[0] != logp.shape[0]:
+            raise ValueError(f"group_mask has {group_mask.shape[0]} groups, which does not divide B = {logp.shape[0]}")
+        mask = mask & group_mask.bool().repeat_interleave(group_size)[:, None]
+    if weights is None:
+        weights = loss_weights(mask, loss_type, max_completion_length, run_ids, logp.dtype)
+    logp_k = logp.detach() if logp_k is None else logp_k.detach()
+
+    if level == "sequence":
+        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+
+        def seq_mean(x: torch.Tensor) -> torch.Tensor:
+            return (torch.where(mask, x, torch.zeros_like(x)).sum(dim=1, keepdim=True) / lengths).expand_as(x)
+
+        ratio_logp, ratio_logp_k, ratio_logp_alpha = seq_mean(logp), seq_mean(logp_k), seq_mean(logp_alpha)
+    else:
+        ratio_logp, ratio_logp_k, ratio_logp_alpha = logp, logp_k, logp_alpha
+    adv = advantages[:, None].to(logp.dtype)
+    surrogate = clipped_surrogate(ratio_logp, ratio_logp_k, ratio_logp_alpha, adv, eps_low, eps_high, band)
+    per_token = -surrogate
+    kl = None
+    if logp_ref is not None:
+        kl = kl_estimate(logp, logp_ref, kl_kind)
+        if kl_importance_weighted:
+            kl = kl * torch.exp(logp - logp_alpha).detach()
+        if beta > 0:
+            per_token = per_token + beta * kl
+    loss = weighted_sum(per_token, weights)
+
+    with torch.no_grad():
+        eps_high_value = eps_low if eps_high is None else eps_high
+        ratio = torch.exp(ratio_logp - ratio_logp_alpha)
+        ratio_k = torch.exp(ratio_logp_k - ratio_logp_alpha)
+        low, high = clip_bounds(ratio_k, eps_low, eps_high_value, band)
+        counted = weights > 0
+        n = int(counted.sum())
+
+        def mean(x: torch.Tensor) -> float:
+            return float(x[counted].double().mean()) if n else 0.0
+
+        metrics = {
+            "clip_low_frac": mean(((ratio < low) & (adv < 0)).to(logp.dtype)),
+            "clip_high_frac": mean(((ratio > high) & (adv > 0)).to(logp.dtype)),
+            "ratio_k_mean": mean(ratio_k),
+            "ratio_k_max": float(ratio_k[counted].max()) if n else 0.0,
+            "log_ratio_k_abs": mean((logp_k - logp_alpha).abs()),
+            "num_tokens": n,
+        }
+        if kl is not None:
+            metrics["kl"] = mean(kl)
+        if group_mask is not None:
+            metrics["masked_frac"] = 1.0 - float(group_mask.float().mean())
+    return loss, metrics

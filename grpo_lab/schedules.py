@@ -1,0 +1,97 @@
+"""When the sampler's α is replaced by π_θ (sync), and when π_ref is reset (SPEC §5, §7).
+
+A schedule answers one question per step k, *before* sampling: sync now?
+``lag(k) = k − k0`` with k0 the step of the last sync, so α = π_{k0}.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .checks import require_int_at_least, require_number_in
+
+
+@dataclass
+class SyncSchedule:
+    """Fixed period: sync at every k with k % v == 0 (Algorithm 1).
+
+    ==== =============================================================
+    v    sync period; v = 1 is on-policy (α = π_k at every step)
+    k0   last sync step, v·⌊k/v⌋; the lag k − k0 cycles 0 … v−1
+    ==== =============================================================
+    """
+
+    v: int = 1
+    last_sync: int = field(default=-1, init=False)
+
+    def __post_init__(self) -> None:
+        require_int_at_least("v", self.v, 1)
+
+    def should_sync(self, k: int) -> bool:
+        return k % self.v == 0 or self.last_sync < 0
+
+    def mark_synced(self, k: int) -> None:
+        self.last_sync = k
+
+    def lag(self, k: int) -> int:
+        return k - self.last_sync
+
+    def observe(self, drift: float) -> None:
+        """Fixed schedules ignore the measured drift."""
+
+    def state_dict(self) -> dict:
+        return {"last_sync": self.last_sync}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_sync = int(state["last_sync"])
+
+
+@dataclass
+class AdaptiveSyncSchedule(SyncSchedule):
+    """Sync when the measured drift of α from π_k passes ``threshold`` (SPEC §7).
+
+    The drift is the batch mean of |log π_k − log α| over the sampled tokens
+    (logged as ``log_ratio_k_abs``): a cheap proxy of KL(π_k ‖ α), available
+    from log-probs the step computes anyway. ``v`` is the longest lag allowed,
+    so the schedule never lags more than a fixed ``v`` would.
+    """
+
+    v: int = 16
+    threshold: float = 0.05
+    last_drift: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_number_in("threshold", self.threshold, 0.0, math.inf, low_open=True)
+
+    def should_sync(self, k: int) -> bool:
+        return self.last_sync < 0 or k - self.last_sync >= self.v or self.last_drift > self.threshold
+
+    def mark_synced(self, k: int) -> None:
+        super().mark_synced(k)
+        self.last_drift = 0.0
+
+    def observe(self, drift: float) -> None:
+        self.last_drift = drift
+
+    def state_dict(self) -> dict:
+        return {"last_sync": self.last_sync, "last_drift": self.last_drift}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.last_drift = float(state["last_drift"])
+
+
+@dataclass(frozen=True)
+class RefResetSchedule:
+    """π_ref ← π_θ after every ``ref_period`` steps (0 = never reset)."""
+
+    ref_period: int = 0
+
+    def __post_init__(self) -> None:
+        require_int_at_least("ref_period", self.ref_period, 0)
+
+    def should_reset(self, k: int) -> bool:
+        """True after step k when π_ref should take the current weights."""
+        return self.ref_period > 0 and (k + 1) % self.ref_period == 0
