@@ -64,7 +64,7 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
     ratio = torch.exp(logp - logp_alpha)
     ratio_k = torch.exp(logp_k - logp_alpha).detach()
     low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
-    clipped = torch.minimum(torch.maximum(ratio, low), high)
+    clipped = torch.clamp(ratio, low, high)  # clamp passes the gradient at the bounds (ε = 0 keeps r′·A)
     return torch.minimum(ratio * advantages, clipped * advantages)
 
 

@@ -1,0 +1,64 @@
+"""Checkpoints: atomic write, exact resume, safe loading."""
+
+import pickle
+
+import pytest
+import torch
+
+from grpo_lab.bandit import BanditProblem, bandit_config, build_bandit_loop
+from grpo_lab.checkpoint import load_checkpoint, save_checkpoint
+
+
+def make_loop():
+    cfg = bandit_config(v=3, i=2, beta=0.05, ref_period=5, steps=14, optimizer="adamw", lr=0.05)
+    return build_bandit_loop(BanditProblem.random(contexts=5, arms=4, seed=1), cfg, runs=3)
+
+
+def test_resume_from_file_equals_uninterrupted_run(tmp_path):
+    full = make_loop()
+    list(full.run())
+    part = make_loop()
+    list(part.run(6))
+    save_checkpoint(part, tmp_path / "ckpt.pt")
+    resumed = load_checkpoint(make_loop(), tmp_path / "ckpt.pt")
+    assert resumed.k == 6
+    list(resumed.run())
+    assert [r.to_dict() | {"sample_seconds": 0, "train_seconds": 0, "sync_seconds": 0} for r in resumed.history] == \
+           [r.to_dict() | {"sample_seconds": 0, "train_seconds": 0, "sync_seconds": 0} for r in full.history]
+    for a, b in [(resumed.policy.logits, full.policy.logits), (resumed.sampler.logits, full.sampler.logits),
+                 (resumed.reference.logits, full.reference.logits)]:
+        assert torch.equal(a, b)
+
+
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    loop = make_loop()
+    list(loop.run(2))
+    target = save_checkpoint(loop, tmp_path / "ckpt.pt")
+    before = target.read_bytes()
+    list(loop.run(2))
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(loop, target)
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]   # no temp file left behind
+    assert load_checkpoint(make_loop(), target).k == 2
+
+
+def test_load_refuses_arbitrary_pickles(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "evil.pt"
+    path.write_bytes(pickle.dumps({"k": Evil()}))
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(make_loop(), path)
+
+
+def test_load_missing_path_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.pt"):
+        load_checkpoint(make_loop(), tmp_path / "nope.pt")

@@ -1,0 +1,180 @@
+"""Algorithm 1: sync schedule, lag, passes, skipped steps, exactness of batching, resume."""
+
+import copy
+
+import pytest
+import torch
+
+from grpo_lab import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
+from grpo_lab.bandit import BanditProblem, bandit_config, build_bandit_loop
+
+
+def counting_loop(**changes):
+    loop = build_bandit_loop(BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(**changes), runs=2)
+    loop.sync_calls = []
+    real_sync = loop.sampler.sync
+
+    def sync(policy):
+        loop.sync_calls.append(loop.k)
+        return real_sync(policy)
+
+    loop.sampler.sync = sync
+    loop.optimizer_steps = 0
+    real_step = loop.optimizer.step
+
+    def step(*args, **kwargs):
+        loop.optimizer_steps += 1
+        return real_step(*args, **kwargs)
+
+    loop.optimizer.step = step
+    return loop
+
+
+def test_v1_syncs_every_step_and_lag_is_zero():
+    loop = counting_loop(v=1, steps=6)
+    records = list(loop.run())
+    assert loop.sync_calls == list(range(6))
+    assert [r.lag for r in records] == [0] * 6 and all(r.synced for r in records)
+    assert all(r.ratio_k_max == pytest.approx(1.0) for r in records if not r.skipped)   # α = π_k exactly
+
+
+def test_v4_syncs_at_0_4_8_and_lag_cycles():
+    loop = counting_loop(v=4, steps=10)
+    records = list(loop.run())
+    assert loop.sync_calls == [0, 4, 8]
+    assert [r.lag for r in records] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    # the sampler really lags: α differs from π_θ inside a period, equals it right after a sync
+    assert any(r.log_ratio_k_abs > 0 for r in records if r.lag > 0)
+    assert all(r.log_ratio_k_abs == 0 for r in records if r.lag == 0)
+
+
+def test_i3_makes_three_optimiser_steps_per_batch():
+    loop = counting_loop(i=3, steps=4, eps_low=0.05)
+    records = list(loop.run())
+    assert loop.optimizer_steps == 3 * sum(not r.skipped for r in records)
+    # passes 2–3 move π_θ away from π_k, so the band starts to bite (pass 1 never clips)
+    assert any(r.clip_low_frac + r.clip_high_frac > 0 for r in records)
+    assert loop.sync_calls == [0, 1, 2, 3]
+
+
+def test_each_batch_is_freshly_sampled_even_when_lagged():
+    loop = counting_loop(v=5, steps=3)
+    seen = []
+    real_sample = loop.sampler.sample
+    loop.sampler.sample = lambda *a: seen.append(real_sample(*a)) or seen[-1]
+    list(loop.run())
+    assert len(seen) == 3 and not torch.equal(seen[0].completions, seen[1].completions)
+
+
+def test_all_masked_step_is_skipped_with_zero_loss():
+    p = torch.ones(3, 2)                       # every arm always pays: every group is all-right
+    loop = build_bandit_loop(BanditProblem(p), bandit_config(steps=2), runs=1)
+    before = loop.policy.logits.detach().clone()
+    records = list(loop.run())
+    assert all(r.skipped and r.loss == 0.0 and r.masked_frac == 1.0 for r in records)
+    assert torch.equal(loop.policy.logits.detach(), before)
+
+
+def test_mask_off_counts_constant_groups_in_the_denominator():
+    loop_on = build_bandit_loop(BanditProblem.random(4, 3), bandit_config(steps=1), runs=1)
+    loop_off = build_bandit_loop(BanditProblem.random(4, 3), bandit_config(steps=1, mask_zero_variance=False), runs=1)
+    r_on, r_off = loop_on.step(), loop_off.step()
+    assert r_on.masked_frac == r_off.masked_frac          # measured either way
+    if 0 < r_on.masked_frac < 1:
+        assert r_off.num_tokens > r_on.num_tokens
+
+
+def test_beta_zero_keeps_no_reference_and_ref_reset_copies():
+    assert counting_loop(beta=0.0).reference is None
+    loop = counting_loop(beta=0.1, ref_period=2, steps=4)
+    records = list(loop.run())
+    assert [r.ref_reset for r in records] == [False, True, False, True]
+    assert torch.equal(loop.reference.logits, loop.policy.logits.detach())
+    assert not loop.reference.logits.requires_grad
+
+
+def test_same_seed_same_records_different_seed_differs():
+    def curve(seed):
+        return [r.reward_mean for r in counting_loop(seed=seed, steps=20).run()]
+    assert curve(3) == curve(3)
+    assert curve(3) != curve(4)
+
+
+def test_resume_from_state_dict_is_bit_identical():
+    full = counting_loop(v=3, beta=0.05, ref_period=4, steps=12)
+    list(full.run())
+    first = counting_loop(v=3, beta=0.05, ref_period=4, steps=12)
+    list(first.run(7))
+    state = copy.deepcopy(first.state_dict())
+    second = counting_loop(v=3, beta=0.05, ref_period=4, steps=12)
+    second.load_state_dict(state)
+    list(second.run())
+    assert [r.reward_mean for r in second.history] == [r.reward_mean for r in full.history]
+    assert torch.equal(second.policy.logits, full.policy.logits)
+    assert torch.equal(second.sampler.logits, full.sampler.logits)
+
+
+def test_resume_refuses_a_different_config():
+    a, b = counting_loop(v=2), counting_loop(v=3)
+    with pytest.raises(ValueError, match="'v': \\(2, 3\\)"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_failed_sampling_leaves_state_unchanged():
+    loop = counting_loop(v=2, steps=4)
+    loop.step()
+    rng, logits, k = loop.generator.get_state(), loop.policy.logits.detach().clone(), loop.k
+
+    def broken(rollout, generator):
+        raise RuntimeError("reward server down")
+
+    real = loop.task.rewards
+    loop.task.rewards = broken
+    with pytest.raises(RuntimeError):
+        loop.step()
+    assert loop.k == k and torch.equal(loop.generator.get_state(), rng) and len(loop.history) == 1
+    assert torch.equal(loop.policy.logits.detach(), logits)
+    loop.task.rewards = real
+    assert loop.step().step == 1
+
+
+def test_reward_function_returning_nan_names_prompt_and_value():
+    loop = counting_loop()
+
+    def nan_rewards(rollout, generator):
+        r = torch.zeros(len(rollout.prompts), rollout.group_size)
+        r[1, 2] = float("nan")
+        return r
+
+    loop.task.rewards = nan_rewards
+    with pytest.raises(ValueError, match=r"rewards\[1, 2\] = nan \(prompt 1, sample 2\)"):
+        loop.step()
+
+
+def test_sync_schedules():
+    s = SyncSchedule(3)
+    synced = []
+    for k in range(7):
+        if s.should_sync(k):
+            s.mark_synced(k)
+            synced.append(k)
+    assert synced == [0, 3, 6] and s.lag(7) == 1
+    a = AdaptiveSyncSchedule(v=5, threshold=0.1)
+    assert a.should_sync(0)
+    a.mark_synced(0)
+    a.observe(0.05)
+    assert not a.should_sync(1)
+    a.observe(0.2)
+    assert a.should_sync(2)                     # drift passed the threshold
+    a.mark_synced(2)
+    a.observe(0.0)
+    assert not a.should_sync(6) and a.should_sync(7)   # longest lag v = 5
+    r = RefResetSchedule(3)
+    assert [k for k in range(9) if r.should_reset(k)] == [2, 5, 8]
+    assert not any(RefResetSchedule(0).should_reset(k) for k in range(10))
+
+
+def test_adaptive_schedule_runs_in_the_loop():
+    loop = counting_loop(sync="adaptive", v=8, sync_threshold=1e-3, steps=12)
+    records = list(loop.run())
+    assert max(r.lag for r in records) <= 7 and loop.sync_calls[0] == 0

@@ -1,0 +1,285 @@
+"""Primitives of SPEC §2–§3: hand-computed cases, plain-loop references, properties."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_lab import (aggregate_loss, clip_bounds, clipped_surrogate, grpo_objective, kl_estimate, loss_weights,
+                      whiten, zero_variance_mask)
+
+torch.set_default_dtype(torch.float64)
+
+
+# ----------------------------------------------------------------------------- whitening and mask
+
+def test_whiten_hand_computed():
+    # group [1, 0, 0, 1]: mean 0.5, population var 0.25, sqrt(0.25 + 0) = 0.5 → A = ±1
+    # group [1, 0, 0, 0]: mean 0.25, var = (0.75² + 3·0.25²)/4 = 0.1875 → A = 0.75/√0.1875 = √3, −0.25/√0.1875 = −1/√3
+    r = torch.tensor([[1.0, 0, 0, 1], [1, 0, 0, 0]])
+    A = whiten(r, eps=0.0)
+    assert torch.allclose(A[0], torch.tensor([1.0, -1, -1, 1]))
+    assert torch.allclose(A[1], torch.tensor([math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)]))
+    # eps under the root: (1 − 0.5)/sqrt(0.25 + 0.75) = 0.5
+    assert torch.allclose(whiten(r, eps=0.75)[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+    # TRL's form std + eps: 0.5 / (0.5 + 0.5) = 0.5 as well here; differs for group 2: 0.75/(√0.1875 + 0.5)
+    assert torch.allclose(whiten(r, eps=0.5, eps_placement="added_to_std")[1, 0],
+                          torch.tensor(0.75 / (math.sqrt(0.1875) + 0.5)))
+    # sample variance /(G−1): group 1 var = 1/3 → A = 0.5/√(1/3)
+    assert torch.allclose(whiten(r, eps=0.0, unbiased=True)[0, 0], torch.tensor(0.5 * math.sqrt(3)))
+
+
+def test_whiten_constant_group_is_zero_not_nan():
+    r = torch.tensor([[1.0, 1, 1], [0, 0, 0]])
+    for eps in (0.0, 1e-4):
+        A = whiten(r, eps=eps)
+        assert torch.equal(A, torch.zeros_like(r))
+
+
+def test_whiten_matches_plain_loop():
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(7, 5, generator=g)
+    for unbiased in (False, True):
+        for placement in ("under_sqrt", "added_to_std"):
+            A = whiten(r, eps=1e-3, unbiased=unbiased, eps_placement=placement)
+            for p in range(7):
+                vals = [float(x) for x in r[p]]
+                mu = sum(vals) / len(vals)
+                var = sum((x - mu) ** 2 for x in vals) / (len(vals) - (1 if unbiased else 0))
+                scale = math.sqrt(var + 1e-3) if placement == "under_sqrt" else math.sqrt(var) + 1e-3
+                for j, x in enumerate(vals):
+                    assert A[p, j].item() == pytest.approx((x - mu) / scale, rel=1e-12, abs=1e-12)
+
+
+@given(st.lists(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=2, max_size=6), min_size=1, max_size=5)
+       .filter(lambda rows: len({len(r) for r in rows}) == 1))
+def test_whitened_groups_have_mean_zero(rows):
+    A = whiten(torch.tensor(rows))
+    assert torch.allclose(A.mean(dim=1), torch.zeros(len(rows)), atol=1e-12)
+
+
+def test_zero_variance_mask():
+    r = torch.tensor([[1.0, 1, 1], [0, 0, 0], [0, 1, 0], [0.5, 0.5, 0.5000001]])
+    assert zero_variance_mask(r).tolist() == [False, False, True, True]
+
+
+# ----------------------------------------------------------------------------- clipped surrogate
+
+def test_clipped_surrogate_hand_computed():
+    # r = exp(log 1.5) = 1.5, r′ = exp(log 1.2) = 1.2, ε = 0.2
+    # additive band [1.0, 1.4]: A = +1 → min(1.5, 1.4) = 1.4; A = −1 → min(−1.5, −1.4) = −1.5
+    # multiplicative band [0.96, 1.44]: A = +1 → 1.44
+    logp, logp_k, logp_a = torch.log(torch.tensor([1.5, 1.5])), torch.log(torch.tensor([1.2, 1.2])), torch.zeros(2)
+    adv = torch.tensor([1.0, -1.0])
+    f_add = clipped_surrogate(logp, logp_k, logp_a, adv, eps_low=0.2, band="additive")
+    f_mul = clipped_surrogate(logp, logp_k, logp_a, adv, eps_low=0.2, band="multiplicative")
+    assert torch.allclose(f_add, torch.tensor([1.4, -1.5]))
+    assert torch.allclose(f_mul, torch.tensor([1.44, -1.5]))
+    # r′ = 0.1: additive lower bound max(0.1 − 0.2, 0) = 0; r = 0.05, A = −1 → min(−0.05, −0.05) = −0.05
+    f = clipped_surrogate(torch.log(torch.tensor([0.05])), torch.log(torch.tensor([0.1])), torch.zeros(1),
+                          torch.tensor([-1.0]), eps_low=0.2)
+    assert torch.allclose(f, torch.tensor([-0.05]))
+    # asymmetric: ε_low = 0.2, ε_high = 0.28 → upper 1 + 0.28
+    f = clipped_surrogate(torch.log(torch.tensor([2.0])), torch.zeros(1), torch.zeros(1), torch.tensor([1.0]),
+                          eps_low=0.2, eps_high=0.28)
+    assert torch.allclose(f, torch.tensor([1.28]))
+
+
+def test_clipped_surrogate_matches_plain_loop():
+    g = torch.Generator().manual_seed(1)
+    B, T = 6, 5
+    logp, logp_k, logp_a = (torch.randn(B, T, generator=g) * 0.3 for _ in range(3))
+    adv = torch.randn(B, 1, generator=g)
+    for band in ("additive", "multiplicative"):
+        f = clipped_surrogate(logp, logp_k, logp_a, adv, eps_low=0.15, eps_high=0.25, band=band)
+        for b in range(B):
+            for t in range(T):
+                r = math.exp(logp[b, t] - logp_a[b, t])
+                rk = math.exp(logp_k[b, t] - logp_a[b, t])
+                lo, hi = (max(rk - 0.15, 0), rk + 0.25) if band == "additive" else (rk * 0.85, rk * 1.25)
+                a = adv[b, 0].item()
+                expected = min(r * a, min(max(r, lo), hi) * a)
+                assert f[b, t].item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+finite = st.floats(-2.0, 2.0, allow_nan=False)
+
+
+@given(logp=finite, logp_a=finite, adv=st.floats(-3, 3, allow_nan=False), eps=st.floats(0.0, 0.5))
+def test_both_bands_equal_ppo_clip_on_policy(logp, logp_a, adv, eps):
+    # α = π_k ⇒ r′ = 1: both bands are PPO's min(r A, clip(r, 1 − ε, 1 + ε) A)
+    lp, la, a = torch.tensor([logp]), torch.tensor([logp_a]), torch.tensor([adv])
+    r = math.exp(logp - logp_a)
+    ppo = min(r * adv, min(max(r, 1 - eps), 1 + eps) * adv)
+    for band in ("additive", "multiplicative"):
+        f = clipped_surrogate(lp, la, la, a, eps_low=eps, band=band)
+        assert f.item() == pytest.approx(ppo, rel=1e-9, abs=1e-12)
+
+
+@given(logp=finite, logp_a=finite, adv=st.floats(-3, 3, allow_nan=False), eps=st.floats(0.0, 0.5),
+       band=st.sampled_from(["additive", "multiplicative"]))
+def test_gradient_at_pi_k_is_importance_weighted_policy_gradient(logp, logp_a, adv, eps, band):
+    # logp = logp_k ⇒ r = r′ is inside the band; ∂f/∂logp = r′ · A (i = 1: importance-weighted PG)
+    lp = torch.tensor([logp], requires_grad=True)
+    f = clipped_surrogate(lp, lp.detach(), torch.tensor([logp_a]), torch.tensor([adv]), eps_low=eps, band=band)
+    f.sum().backward()
+    assert lp.grad.item() == pytest.approx(math.exp(logp - logp_a) * adv, rel=1e-9, abs=1e-12)
+
+
+def test_clip_bounds_bands():
+    rk = torch.tensor([0.1, 1.0, 2.0])
+    lo, hi = clip_bounds(rk, 0.2, 0.3, "additive")
+    assert torch.allclose(lo, torch.tensor([0.0, 0.8, 1.8])) and torch.allclose(hi, torch.tensor([0.4, 1.3, 2.3]))
+    lo, hi = clip_bounds(rk, 0.2, 0.3, "multiplicative")
+    assert torch.allclose(lo, torch.tensor([0.08, 0.8, 1.6])) and torch.allclose(hi, torch.tensor([0.13, 1.3, 2.6]))
+
+
+# ----------------------------------------------------------------------------- KL
+
+def test_kl_estimators_hand_computed():
+    # d = log π_ref − log π = log 0.5 − log 0.25 = log 2
+    logp, logp_ref = torch.log(torch.tensor([0.25])), torch.log(torch.tensor([0.5]))
+    d = math.log(2)
+    assert kl_estimate(logp, logp_ref, "k1").item() == pytest.approx(-d)
+    assert kl_estimate(logp, logp_ref, "k2").item() == pytest.approx(d * d / 2)
+    assert kl_estimate(logp, logp_ref, "k3").item() == pytest.approx(2 - d - 1)
+
+
+@given(st.floats(-20, 20), st.floats(-20, 20))
+def test_k3_is_non_negative(a, b):
+    assert kl_estimate(torch.tensor([a]), torch.tensor([b]), "k3").item() >= 0
+
+
+def test_k1_and_k3_are_unbiased_on_policy():
+    # exact expectations over a 4-outcome π: E_π[k1] = E_π[k3] = KL(π‖π_ref)
+    pi, ref = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.25, 0.25, 0.25, 0.25])
+    kl = (pi * (pi / ref).log()).sum()
+    for kind in ("k1", "k3"):
+        assert (pi * kl_estimate(pi.log(), ref.log(), kind)).sum().item() == pytest.approx(kl.item(), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def test_aggregate_loss_hand_computed():
+    # two sequences: lengths 2 and 1 (T = 3); per-token values 1, 3 | 5
+    x = torch.tensor([[1.0, 3.0, 100.0], [5.0, 100.0, 100.0]])
+    m = torch.tensor([[True, True, False], [True, False, False]])
+    assert aggregate_loss(x, m, "grpo").item() == pytest.approx(((1 + 3) / 2 + 5) / 2)   # mean of means = 3.5
+    assert aggregate_loss(x, m, "bnpo").item() == pytest.approx((1 + 3 + 5) / 3)          # token mean = 3
+    assert aggregate_loss(x, m, "dapo").item() == pytest.approx(3.0)
+    assert aggregate_loss(x, m, "dr_grpo").item() == pytest.approx(9 / (2 * 3))          # sum/(B·T)
+    assert aggregate_loss(x, m, "dr_grpo", max_completion_length=6).item() == pytest.approx(9 / 12)
+
+
+def test_aggregate_loss_matches_plain_loop():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 4, generator=g)
+    m = torch.rand(5, 4, generator=g) > 0.3
+    m[2] = False  # a fully masked sequence drops out of every denominator
+    rows = [[x[b, t].item() for t in range(4) if m[b, t]] for b in range(5)]
+    kept = [r for r in rows if r]
+    tokens = sum(len(r) for r in kept)
+    expected = {
+        "grpo": sum(sum(r) / len(r) for r in kept) / len(kept),
+        "bnpo": sum(sum(r) for r in kept) / tokens,
+        "dr_grpo": sum(sum(r) for r in kept) / (len(kept) * 4),
+    }
+    for loss_type, value in expected.items():
+        assert aggregate_loss(x, m, loss_type).item() == pytest.approx(value, rel=1e-12)
+
+
+def test_masked_groups_contribute_exactly_zero():
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 3
+    logp = torch.randn(B, T, generator=g, requires_grad=True)
+    logp_a = torch.randn(B, T, generator=g)
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])          # group 1 has zero variance
+    adv = whiten(rewards).reshape(-1)
+    keep = zero_variance_mask(rewards)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    kw = dict(logp_ref=logp_a + 0.1, beta=0.5, loss_type="grpo")
+    loss, metrics = grpo_objective(logp, logp_a, adv, mask, group_mask=keep, **kw)
+    # the same batch with the masked group's rows removed
+    rows = torch.tensor([0, 1, 4, 5])
+    loss_drop, _ = grpo_objective(logp[rows], logp_a[rows], adv[rows], mask[rows], logp_ref=(logp_a + 0.1)[rows],
+                                  beta=0.5, loss_type="grpo")
+    assert loss.item() == pytest.approx(loss_drop.item(), rel=1e-12)
+    loss.backward()
+    assert torch.equal(logp.grad[2:4], torch.zeros(2, T))                 # no gradient, KL included
+    assert metrics["masked_frac"] == pytest.approx(1 / 3)
+    w = loss_weights(mask & keep.repeat_interleave(2)[:, None], "bnpo", dtype=torch.float64)
+    assert w[2:4].sum() == 0 and w.sum().item() == pytest.approx(1.0)   # out of the denominator too
+
+
+def test_all_masked_batch_gives_exact_zero_loss():
+    logp = torch.full((4, 2), float("nan"), requires_grad=True)
+    rewards = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    loss, metrics = grpo_objective(logp, torch.zeros(4, 2), whiten(rewards).reshape(-1), torch.ones(4, 2),
+                                   group_mask=zero_variance_mask(rewards))
+    assert loss.item() == 0.0 and not math.isnan(loss.item())
+    assert metrics["masked_frac"] == 1.0 and metrics["num_tokens"] == 0
+
+
+def test_run_ids_normalise_each_run_separately():
+    # two runs stacked: the gradient of run 0's rows equals run 0 computed alone
+    g = torch.Generator().manual_seed(4)
+    logp = torch.randn(8, 3, generator=g, requires_grad=True)
+    logp_a, adv = torch.randn(8, 3, generator=g), torch.randn(8, generator=g)
+    mask = torch.rand(8, 3, generator=g) > 0.2
+    run_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    for loss_type in ("grpo", "bnpo", "dr_grpo"):
+        logp.grad = None
+        loss, _ = grpo_objective(logp, logp_a, adv, mask, loss_type=loss_type, run_ids=run_ids)
+        loss.backward()
+        stacked = logp.grad[:4].clone()
+        alone = logp.detach()[:4].clone().requires_grad_(True)
+        loss0, _ = grpo_objective(alone, logp_a[:4], adv[:4], mask[:4], loss_type=loss_type)
+        loss0.backward()
+        assert torch.allclose(stacked, alone.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_micro_batches_with_global_weights_are_exact():
+    g = torch.Generator().manual_seed(5)
+    logp = torch.randn(6, 4, generator=g, requires_grad=True)
+    logp_a, adv = torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
+    mask = torch.rand(6, 4, generator=g) > 0.3
+    for loss_type in ("grpo", "bnpo", "dr_grpo"):
+        full, _ = grpo_objective(logp, logp_a, adv, mask, loss_type=loss_type, logp_ref=logp_a, beta=0.1)
+        w = loss_weights(mask, loss_type, dtype=torch.float64)
+        parts = sum(grpo_objective(logp[s], logp_a[s], adv[s], mask[s], loss_type=loss_type, logp_ref=logp_a[s],
+                                   beta=0.1, weights=w[s])[0] for s in (slice(0, 4), slice(4, 6)))
+        assert parts.item() == pytest.approx(full.item(), rel=1e-12)
+
+
+def test_sequence_level_ratio_is_length_normalised():
+    # one sequence of 2 tokens: log-ratio per token 0.2 and 0.4 → sequence ratio exp(0.3)
+    logp = torch.tensor([[0.2, 0.4]], requires_grad=True)
+    zero = torch.zeros(1, 2)
+    loss, _ = grpo_objective(logp, zero, torch.tensor([1.0]), torch.ones(1, 2), logp_k=logp.detach(),
+                             level="sequence", eps_low=0.5)
+    assert loss.item() == pytest.approx(-math.exp(0.3))
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.full((1, 2), -math.exp(0.3) / 2))
+
+
+def test_objective_metrics_hand_computed():
+    # r′ = 1 (α = π_k); r = 1.5 with A = +1 (above 1.2 → clipped high), r = 0.5 with A = −1 (below 0.8 → clipped low)
+    logp = torch.log(torch.tensor([[1.5], [0.5], [1.0], [1.0]]))
+    logp_k = torch.zeros(4, 1)
+    _, m = grpo_objective(logp, torch.zeros(4, 1), torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.ones(4, 1),
+                          logp_k=logp_k, eps_low=0.2)
+    assert m["clip_high_frac"] == 0.25 and m["clip_low_frac"] == 0.25
+    assert m["ratio_k_mean"] == 1.0 and m["ratio_k_max"] == 1.0 and m["log_ratio_k_abs"] == 0.0
+
+
+@settings(max_examples=30)
+@given(st.integers(0, 2**31 - 1))
+def test_importance_weighted_kl_is_unbiased_off_policy(seed):
+    # exact expectation over α: E_α[(π/α) k3] = KL(π‖π_ref), while E_α[k3] is not in general
+    g = torch.Generator().manual_seed(seed)
+    pi, alpha, ref = (torch.softmax(torch.randn(5, generator=g), 0) for _ in range(3))
+    kl = (pi * (pi / ref).log()).sum()
+    weighted = (alpha * (pi / alpha) * kl_estimate(pi.log(), ref.log(), "k3")).sum()
+    assert weighted.item() == pytest.approx(kl.item(), rel=1e-9)
