@@ -1,0 +1,92 @@
+"""``grpo-lab train | eval`` — the LLM path from a YAML recipe.
+
+    grpo-lab train --config configs/cpu_arith_smollm2.yaml [--set v=4 --set steps=20]
+    grpo-lab eval  --config configs/cpu_arith_smollm2.yaml [--checkpoint runs/x/checkpoint.pt]
+
+A recipe is a flat YAML mapping of :class:`~grpo_lab.experiment.TrainConfig`
+fields; ``--set key=value`` overrides one (the value is read as YAML: ``v=4``,
+``eps_high=0.28``, ``report_to=[tensorboard]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from .experiment import TrainConfig
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A :class:`TrainConfig` from a YAML file and ``key=value`` overrides; unknown keys are errors."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {str(path)!r} must hold a mapping of TrainConfig fields")
+        values.update(loaded)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes key=value, got {item!r}")
+        values[key.strip()] = yaml.safe_load(raw)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown config field(s) {unknown}; fields are {sorted(known)}")
+    return TrainConfig(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="grpo-lab", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("train", "train (or resume) a run"), ("eval", "Pass@1 of a model or checkpoint")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", help="YAML recipe (see configs/)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+    sub.choices["train"].add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    sub.choices["eval"].add_argument("--checkpoint", help="evaluate π_θ of this checkpoint (default: the model)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.set)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    if args.command == "train":
+        from .experiment import train
+
+        loop = train(config, progress=not args.quiet, resume=not args.no_resume)
+        last = loop.history[-1] if loop.history else None
+        print(json.dumps({"steps": loop.k, "last_reward_mean": last and last.reward_mean,
+                          "output_dir": config.output_dir}))
+        return 0
+    return _evaluate(config, args.checkpoint, progress=not args.quiet)
+
+
+def _evaluate(config: TrainConfig, checkpoint: str | None, progress: bool) -> int:
+    from .checkpoint import load_checkpoint
+    from .evaluate import evaluate
+    from .experiment import build_loop, eval_problems
+
+    problems = eval_problems(config)
+    loop = build_loop(config, problems=problems)
+    if checkpoint:
+        load_checkpoint(loop, checkpoint)
+    result = evaluate(loop.policy, loop.tokenizer, problems, n=config.eval_samples,
+                      max_completion_length=config.max_completion_length, seed=config.seed, progress=progress,
+                      system_prompt=config.system_prompt)
+    print(json.dumps({"model": config.model, "checkpoint": checkpoint, "task": config.eval_task or config.task,
+                      "questions": len(problems), "n": config.eval_samples, "pass@1": result.pass_at(1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Pass@k of a policy on held-out problems, n samples per question (SPEC §6).
+
+Pass@1 with n samples is the mean correctness over the n·Q completions; the
+general Pass@k uses the unbiased estimator 1 − C(n−c, k)/C(n, k) per question
+(c correct out of n), averaged over questions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+from typing import Any, Sequence
+
+import torch
+
+from .checks import require_int_at_least
+from .tasks import SYSTEM_PROMPT, Problem, build_prompt
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k of one question with c correct among n samples."""
+    require_int_at_least("n", n, 1)
+    require_int_at_least("k", k, 1)
+    if not 0 <= c <= n or k > n:
+        raise ValueError(f"need 0 <= c <= n and k <= n, got n = {n}, c = {c}, k = {k}")
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    """Correct counts per question and a few completions to read."""
+
+    n: int
+    correct: list[int]
+    examples: list[tuple[str, str, str, float]]   # (question, gold, completion, reward)
+
+    def pass_at(self, k: int = 1) -> float:
+        return sum(pass_at_k(self.n, c, k) for c in self.correct) / len(self.correct)
+
+
+@torch.no_grad()
+def evaluate(policy: Any, tokenizer: Any, problems: Sequence[Problem], n: int = 8, max_completion_length: int = 64,
+             prompts_per_batch: int = 8, seed: int = 0, system_prompt: str | None = SYSTEM_PROMPT,
+             progress: bool = True, examples: int = 4) -> EvalResult:
+    """Sample n completions per question from ``policy`` (an :class:`~grpo_lab.policy.LMPolicy`,
+    at its temperature) and score their correctness."""
+    from tqdm.auto import tqdm
+
+    from .rewards import correctness_reward
+    from .sampling import HFSampler
+
+    require_int_at_least("n", n, 1)
+    require_int_at_least("prompts_per_batch", prompts_per_batch, 1)
+    if len(problems) == 0:
+        raise ValueError("problems is empty: nothing to evaluate")
+    sampler = HFSampler(policy, tokenizer, max_completion_length)
+    generator = torch.Generator().manual_seed(seed)
+    correct, shown = [], []
+    batches = range(0, len(problems), prompts_per_batch)
+    for start in tqdm(batches, desc="eval", unit="batch", disable=not progress):
+        batch = problems[start:start + prompts_per_batch]
+        rollout = sampler.sample([build_prompt(p, tokenizer, system_prompt) for p in batch], n, generator)
+        texts = rollout.extra["texts"]
+        for q, problem in enumerate(batch):
+            rewards = [correctness_reward(texts[q * n + j], problem.answer) for j in range(n)]
+            correct.append(int(sum(rewards)))
+            if len(shown) < examples:
+                shown.append((problem.question, problem.answer, texts[q * n], rewards[0]))
+    return EvalResult(n=n, correct=correct, examples=shown)

@@ -1,0 +1,139 @@
+"""The LLM path wired together: TextTask, TrainConfig, train/resume/interrupt, CLI, Pass@k.
+
+A tiny random Llama with the bundled SmolLM2 tokenizer (real chat template) keeps it to seconds.
+"""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from grpo_lab.cli import load_config, main
+from grpo_lab.evaluate import EvalResult, pass_at_k
+from grpo_lab.experiment import TextTask, TrainConfig, build_loop, train
+from grpo_lab.models import bundled_model_dir
+from grpo_lab.tasks import Problem, load_problems
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = AutoTokenizer.from_pretrained(bundled_model_dir())
+    tok.padding_side = "left"
+    return tok
+
+
+def tiny_model(tokenizer, seed=0):
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                        tie_word_embeddings=True))
+
+
+def even_length(text, problem):
+    return float(len(text) % 2 == 0)
+
+
+def tiny_config(tmp_path, **changes):
+    base = dict(G=4, prompts_per_step=2, v=2, steps=4, lr=1e-3, max_completion_length=6, train_problems=20,
+                output_dir=str(tmp_path / "run"), checkpoint_every=2, seed=0)
+    return TrainConfig(**{**base, **changes})
+
+
+def tiny_loop(config, tokenizer):
+    loop = build_loop(config, tiny_model(tokenizer), tokenizer, load_problems("add1", 20, seed=0))
+    loop.task.reward_fn = even_length
+    return loop
+
+
+def test_text_task_prompts_and_rewards(tokenizer):
+    problems = [Problem("1 + 1 = ?", "2", "t:0", "number"), Problem("2 + 2 = ?", "4", "t:1", "number")]
+    task = TextTask(problems, tokenizer)
+    prompts = task.prompts(2, torch.Generator().manual_seed(0))
+    assert sorted(prompts) == sorted(task.prompt_of[id(p)] for p in problems)
+    assert all("Answer with just the number." in p and p.endswith("<|im_start|>assistant\n") for p in prompts)
+
+    class FakeRollout:
+        group_size = 2
+        extra = {"texts": ["2", "3", "four", "4"]}
+    FakeRollout.prompts = [task.prompt_of[id(problems[0])], task.prompt_of[id(problems[1])]]
+    assert task.rewards(FakeRollout, None).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    with pytest.raises(ValueError, match="problems is empty"):
+        TextTask([], tokenizer)
+
+
+def test_reward_function_errors_name_the_prompt(tokenizer, tmp_path):
+    loop = tiny_loop(tiny_config(tmp_path), tokenizer)
+    loop.task.reward_fn = lambda text, p: float("nan")
+    with pytest.raises(ValueError, match=r"reward nan for prompt 0 \(completion 0\)"):
+        loop.step()
+    loop.task.reward_fn = lambda text, p: 1 / 0
+    with pytest.raises(ValueError, match="reward function raised ZeroDivisionError.*prompt 0"):
+        loop.step()
+    assert loop.k == 0   # nothing applied
+
+
+def test_train_writes_metrics_and_resumes_exactly(tokenizer, tmp_path):
+    full_cfg = tiny_config(tmp_path / "full")
+    full = train(full_cfg, tiny_loop(full_cfg, tokenizer), progress=False)
+    assert [r.lag for r in full.history] == [0, 1, 0, 1]
+    rows = [json.loads(line) for line in (tmp_path / "full/run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[0]["sync_bytes"] > 0
+
+    cfg = tiny_config(tmp_path / "part")
+    part = tiny_loop(cfg, tokenizer)
+    list(part.run(2))
+    from grpo_lab.checkpoint import save_checkpoint
+    save_checkpoint(part, tmp_path / "part/run/checkpoint.pt")
+    resumed = train(cfg, tiny_loop(cfg, tokenizer), progress=False)
+    assert resumed.k == 4
+    assert [r.reward_mean for r in resumed.history] == [r.reward_mean for r in full.history]
+    assert [r.loss for r in resumed.history] == [r.loss for r in full.history]
+    for a, b in zip(resumed.policy.parameters(), full.policy.parameters()):
+        assert torch.equal(a, b)
+    rows = (tmp_path / "part/run/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2, 3]
+
+
+def test_interrupt_saves_a_consistent_checkpoint(tokenizer, tmp_path):
+    cfg = tiny_config(tmp_path, steps=6, checkpoint_every=0)
+    loop = tiny_loop(cfg, tokenizer)
+    real_sample = loop.sampler.sample
+
+    def interrupted(*args):
+        if loop.k == 3:
+            raise KeyboardInterrupt
+        return real_sample(*args)
+
+    loop.sampler.sample = interrupted
+    train(cfg, loop, progress=False)
+    assert loop.k == 3 and len(loop.history) == 3
+    again = tiny_loop(cfg, tokenizer)
+    train(cfg, again, progress=False)           # resumes from step 3 and finishes
+    assert again.k == 6 and [r.step for r in again.history] == list(range(6))
+
+
+def test_cli_config_loading(tmp_path):
+    cfg = load_config("configs/cpu_arith_smollm2.yaml", ["v=8", "eps_high=0.28"])
+    assert (cfg.v, cfg.eps_high, cfg.model) == (8, 0.28, "smollm2-135m")
+    for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10"):
+        c = load_config(f"configs/gsm8k_qwen05b_{name}.yaml")
+        assert c.model == "Qwen/Qwen2.5-0.5B-Instruct" and c.eval_samples == 50
+    with pytest.raises(ValueError, match=r"unknown config field\(s\) \['vv'\]"):
+        load_config(None, ["vv=3"])
+    with pytest.raises(ValueError, match="v must be an integer >= 1, got 0"):
+        load_config(None, ["v=0"])
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(SystemExit):
+        main(["train", "--set", "i=0"])
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 − C(2,2)/C(4,2)
+    assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 5, 1) == 1.0
+    assert EvalResult(n=4, correct=[4, 0, 2], examples=[]).pass_at(1) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(3, 1, 4)
