@@ -14,8 +14,8 @@ computed exactly (no sampling), vectorised over any leading dimensions.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -108,7 +108,7 @@ class BanditProblem:
         return self.p.shape[1]
 
     @classmethod
-    def random(cls, contexts: int = 16, arms: int = 8, seed: int = 0, hardness: float = 1.5) -> "BanditProblem":
+    def random(cls, contexts: int = 16, arms: int = 8, seed: int = 0, hardness: float = 1.5) -> BanditProblem:
         """Contexts of mixed difficulty: p = sigmoid(2·z − d_c) with z ~ N(0, 1) per arm
         and d_c spread over [−hardness, 2·hardness], so some contexts start near
         p = 0 (all-wrong groups) and some near 1 (all-right groups)."""

@@ -4,7 +4,8 @@ that names the parameter and the offending value, before any expensive work."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

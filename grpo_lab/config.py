@@ -4,6 +4,7 @@ its SPEC symbol; the TRL name is given where the concept is TRL's."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ from .advantages import EPS_PLACEMENTS
 from .checks import require_choice, require_int_at_least, require_number_in
 from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES
 
+SMOKE_ENV = "GRPO_LAB_SMOKE"
 SYNC_MODES = ("fixed", "adaptive")
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -110,7 +112,7 @@ class GRPOConfig:
         if self.ref_period > 0 and self.beta == 0:
             raise ValueError(f"ref_period = {self.ref_period} resets π_ref, but beta = 0 keeps no reference")
 
-    def replace(self, **changes: Any) -> "GRPOConfig":
+    def replace(self, **changes: Any) -> GRPOConfig:
         """A copy with ``changes`` applied (and validated)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
@@ -119,3 +121,8 @@ class GRPOConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def smoke_mode() -> bool:
+    """True when ``GRPO_LAB_SMOKE`` is set (to anything but ``""``/``"0"``): every notebook run shrinks for CI."""
+    return os.environ.get(SMOKE_ENV, "").strip() not in ("", "0")

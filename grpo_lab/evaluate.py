@@ -7,14 +7,15 @@ general Pass@k uses the unbiased estimator 1 − C(n−c, k)/C(n, k) per questio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import comb
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from .checks import require_int_at_least
-from .tasks import SYSTEM_PROMPT, Problem, build_prompt
+from .tasks import Problem, build_prompt
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -40,7 +41,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(policy: Any, tokenizer: Any, problems: Sequence[Problem], n: int = 8, max_completion_length: int = 64,
-             prompts_per_batch: int = 8, seed: int = 0, system_prompt: str | None = SYSTEM_PROMPT,
+             prompts_per_batch: int = 8, seed: int = 0, system_prompt: str | None = None,
              progress: bool = True, examples: int = 4) -> EvalResult:
     """Sample n completions per question from ``policy`` (an :class:`~grpo_lab.policy.LMPolicy`,
     at its temperature) and score their correctness."""

@@ -11,17 +11,18 @@ This is the LLM path wired into the one (v, i) loop::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
-from .checks import require_choice, require_int_at_least, require_number_in
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import GRPOConfig
+from .checks import require_choice, require_int_at_least, require_number_in
+from .config import GRPOConfig, smoke_mode
 from .loop import GRPOLoop, Rollout, StepRecord
-from .tasks import SYSTEM_PROMPT, Problem, build_prompt, load_problems, sample_problems
+from .tasks import Problem, build_prompt, load_problems, sample_problems
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPORTERS = ("tensorboard", "wandb")
@@ -49,8 +50,8 @@ class TrainConfig(GRPOConfig):
     """Evaluate every this many steps (0 = only when asked)."""
     format_weight: float = 0.0
     """Reward for a wrong answer in the right format (0 = correctness only); total stays in [0, 1]."""
-    system_prompt: str | None = SYSTEM_PROMPT
-    """System message of the chat prompt (None = none)."""
+    system_prompt: str | None = None
+    """System message of the chat prompt (None = the chat template's own default)."""
     dtype: str = "float32"
     """Weights dtype: ``float32`` (CPU), ``bfloat16`` (GPU)."""
     device: str = "auto"
@@ -97,7 +98,7 @@ class TextTask:
     :func:`grpo_lab.rewards.answer_reward` with the problem's answer format.
     """
 
-    def __init__(self, problems: Sequence[Problem], tokenizer: Any, system_prompt: str | None = SYSTEM_PROMPT,
+    def __init__(self, problems: Sequence[Problem], tokenizer: Any, system_prompt: str | None = None,
                  reward_fn: Callable[[str, Problem], float] | None = None, format_weight: float = 0.0) -> None:
         if len(problems) == 0:
             raise ValueError("problems is empty: the task has nothing to train on")
@@ -250,3 +251,36 @@ def load_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(output_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+
+
+# ----------------------------------------------------------------------------- notebook recipes
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def run_mode() -> str:
+    """``smoke`` (CI), ``full`` (a CUDA GPU is present) or ``reduced`` (CPU)."""
+    if smoke_mode():
+        return "smoke"
+    return "full" if torch.cuda.is_available() else "reduced"
+
+
+def recipe(name: str, **changes: Any) -> TrainConfig:
+    """``configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
+    from .cli import load_config
+
+    return load_config(CONFIG_DIR / f"{name}.yaml").replace(**changes)
+
+
+def gsm8k_lab_configs(mode: str) -> dict[str, TrainConfig]:
+    """Notebook 02's runs. ``full``: the paper's four GSM8K configurations on
+    Qwen2.5-0.5B-Instruct. ``reduced``: SmolLM2-135M on one-digit additions, v = 1
+    vs v = 4. ``smoke``: the reduced runs shrunk to a few tiny steps."""
+    require_choice("mode", mode, ("smoke", "reduced", "full"))
+    if mode == "full":
+        return {name: recipe(f"gsm8k_qwen05b_{name}")
+                for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10")}
+    shrink = dict(G=4, prompts_per_step=2, max_completion_length=6, steps=5, micro_batch_size=8,
+                  checkpoint_every=0, eval_problems=4, eval_samples=2) if mode == "smoke" else {}
+    return {f"v={v}": recipe("cpu_arith_smollm2", v=v, output_dir=f"runs/nb02_{mode}_v{v}", **shrink)
+            for v in (1, 4)}

@@ -95,7 +95,7 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
         return -d
     if kind == "k2":
         return 0.5 * d * d
-    return torch.exp(d) - d - 1.0
+    return torch.expm1(d) - d  # = exp(d) − d − 1, without the cancellation that makes it < 0 near d = 0
 
 
 def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
@@ -242,26 +242,31 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     loss = weighted_sum(per_token, weights)
 
     with torch.no_grad():
-        eps_high_value = eps_low if eps_high is None else eps_high
-        ratio = torch.exp(ratio_logp - ratio_logp_alpha)
-        ratio_k = torch.exp(ratio_logp_k - ratio_logp_alpha)
-        low, high = clip_bounds(ratio_k, eps_low, eps_high_value, band)
-        counted = weights > 0
-        n = int(counted.sum())
-
-        def mean(x: torch.Tensor) -> float:
-            return float(x[counted].double().mean()) if n else 0.0
-
-        metrics = {
-            "clip_low_frac": mean(((ratio < low) & (adv < 0)).to(logp.dtype)),
-            "clip_high_frac": mean(((ratio > high) & (adv > 0)).to(logp.dtype)),
-            "ratio_k_mean": mean(ratio_k),
-            "ratio_k_max": float(ratio_k[counted].max()) if n else 0.0,
-            "log_ratio_k_abs": mean((logp_k - logp_alpha).abs()),
-            "num_tokens": n,
-        }
-        if kl is not None:
-            metrics["kl"] = mean(kl)
+        metrics = _metrics(ratio_logp - ratio_logp_alpha, ratio_logp_k - ratio_logp_alpha, logp_k - logp_alpha,
+                           adv, kl, weights > 0, eps_low, eps_low if eps_high is None else eps_high, band)
         if group_mask is not None:
             metrics["masked_frac"] = 1.0 - float(group_mask.float().mean())
     return loss, metrics
+
+
+def _metrics(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, token_log_ratio_k: torch.Tensor,
+             adv: torch.Tensor, kl: torch.Tensor | None, counted: torch.Tensor, eps_low: float, eps_high: float,
+             band: str) -> dict[str, float]:
+    """The step's diagnostics over counted tokens, read out with one conversion to Python floats."""
+    n = int(counted.sum())
+    if n == 0:
+        return {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0, "ratio_k_max": 0.0,
+                "log_ratio_k_abs": 0.0, "num_tokens": 0, **({"kl": 0.0} if kl is not None else {})}
+    ratio, ratio_k = log_ratio.exp(), log_ratio_k.exp()
+    low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
+    weight = counted.to(torch.float64) / n
+    values = [((ratio < low) & (adv < 0)), ((ratio > high) & (adv > 0)), ratio_k, token_log_ratio_k.abs()]
+    values += [kl] if kl is not None else []
+    means = torch.stack([(v.to(torch.float64) * weight).sum() for v in values])
+    peak = torch.where(counted, ratio_k, torch.zeros_like(ratio_k)).max().to(torch.float64)
+    out = torch.cat([means, peak[None]]).tolist()
+    metrics = dict(zip(("clip_low_frac", "clip_high_frac", "ratio_k_mean", "log_ratio_k_abs"), out[:4]))
+    if kl is not None:
+        metrics["kl"] = out[4]
+    metrics["ratio_k_max"], metrics["num_tokens"] = out[-1], n
+    return metrics

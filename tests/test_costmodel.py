@@ -1,7 +1,13 @@
 import pytest
 
-from grpo_lab.costmodel import (StepCostModel, fit_from_records, fit_from_step_times, paper_cost_model,
-                                paper_effective_bandwidth_gb_s, sync_seconds_for)
+from grpo_lab.costmodel import (
+    StepCostModel,
+    fit_from_records,
+    fit_from_step_times,
+    paper_cost_model,
+    paper_effective_bandwidth_gb_s,
+    sync_seconds_for,
+)
 from grpo_lab.loop import StepRecord
 
 

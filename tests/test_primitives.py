@@ -7,8 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab import (aggregate_loss, clip_bounds, clipped_surrogate, grpo_objective, kl_estimate, loss_weights,
-                      whiten, zero_variance_mask)
+from grpo_lab import (
+    aggregate_loss,
+    clip_bounds,
+    clipped_surrogate,
+    grpo_objective,
+    kl_estimate,
+    loss_weights,
+    whiten,
+    zero_variance_mask,
+)
 
 torch.set_default_dtype(torch.float64)
 

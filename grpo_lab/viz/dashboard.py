@@ -1,0 +1,53 @@
+"""A dashboard of an LLM run's step records (notebooks 02 and 03).
+
+One figure, one panel per question a reader asks of a run: is reward rising,
+how many groups carry signal, how stale is α, how far did α drift, what does a
+step cost. Several runs (e.g. v = 1 and v = 4) share the panels, one colour each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .display import new_figure
+
+PANELS = (
+    ("reward_mean", "reward (mean of P·G samples)"),
+    ("masked_frac", "masked fraction (σ = 0 groups)"),
+    ("lag", "lag k − k0"),
+    ("ratio_k_max", "max r′ = π_k/α"),
+    ("log_ratio_k_abs", "mean |log π_k − log α|"),
+    ("clip_low_frac", "clip fraction (low)"),
+    ("kl", "KL(π_θ‖π_ref)"),
+    ("step_seconds", "seconds per step (sample + train + sync)"),
+)
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def _values(records: Sequence[Any], key: str) -> list[float]:
+    rows = [r if isinstance(r, Mapping) else r.to_dict() for r in records]
+    if key == "step_seconds":
+        return [r["sample_seconds"] + r["train_seconds"] + r["sync_seconds"] for r in rows]
+    return [r[key] for r in rows]
+
+
+def dashboard(runs: Mapping[str, Sequence[Any]], mode: str | None = None) -> go.Figure:
+    """Panels of the metrics in ``docs/metrics.md`` for each named run's records
+    (``StepRecord`` s or their dicts, e.g. from ``experiment.load_metrics``)."""
+    fig = make_subplots(rows=2, cols=4, subplot_titles=[title for _, title in PANELS],
+                        horizontal_spacing=0.06, vertical_spacing=0.14)
+    fig.update_layout(height=620, margin=dict(t=40, b=30))
+    for colour, (name, records) in zip(COLOURS * 4, runs.items()):
+        steps = _values(records, "step")
+        for index, (key, _) in enumerate(PANELS):
+            fig.add_trace(go.Scatter(x=steps, y=_values(records, key), name=name, legendgroup=name,
+                                     showlegend=index == 0, mode="lines+markers", marker_size=4,
+                                     line=dict(color=colour)), row=index // 4 + 1, col=index % 4 + 1)
+    live = new_figure(mode)
+    live.update_layout(fig.layout)
+    live.add_traces(list(fig.data))
+    return live

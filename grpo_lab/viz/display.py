@@ -1,0 +1,71 @@
+"""Where figures go: a live widget, a static figure, or nowhere (headless runs).
+
+One switch, in this order: the ``mode`` argument, else the environment variable
+``GRPO_LAB_DISPLAY``, else ``auto``.
+
+========== ====================================================================
+mode       effect
+========== ====================================================================
+``widget`` ``plotly.graph_objects.FigureWidget`` (needs ``anywidget``): a panel's
+           sliders redraw the figure in place
+``static`` plain ``go.Figure``, displayed once (nbconvert, HTML export)
+``none``   figures are built but not displayed (scripts, tests)
+``auto``   ``widget`` inside a Jupyter kernel, ``none`` elsewhere
+========== ====================================================================
+
+Every code path runs in every mode: only the display differs, so a notebook
+executed without a front end (nbval, ``jupyter nbconvert --execute``) builds the
+same figures and raises no error.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import plotly.graph_objects as go
+
+from ..checks import require_choice
+
+DISPLAY_ENV = "GRPO_LAB_DISPLAY"
+DISPLAY_MODES = ("auto", "widget", "static", "none")
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (a front end may be listening)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def display_mode(mode: str | None = None) -> str:
+    """Resolve the display mode: argument > ``GRPO_LAB_DISPLAY`` > ``auto``; never returns ``auto``."""
+    chosen = mode if mode is not None else os.environ.get(DISPLAY_ENV, "auto").strip().lower() or "auto"
+    require_choice("mode" if mode is not None else DISPLAY_ENV, chosen, DISPLAY_MODES)
+    if chosen == "auto":
+        return "widget" if in_kernel() else "none"
+    return chosen
+
+
+def new_figure(mode: str | None = None, **layout: Any) -> go.Figure:
+    """An empty figure: a ``FigureWidget`` in widget mode (plain ``go.Figure`` if
+    ``anywidget`` is missing), a ``go.Figure`` otherwise."""
+    if display_mode(mode) == "widget":
+        try:
+            return go.FigureWidget(layout=layout)
+        except ImportError:
+            pass
+    return go.Figure(layout=layout)
+
+
+def show(obj: Any, mode: str | None = None) -> None:
+    """Display a figure or widget in a kernel unless the mode is ``none``; outside
+    a kernel nothing is displayed (no browser is opened)."""
+    if display_mode(mode) == "none" or not in_kernel():
+        return
+    from IPython.display import display
+
+    display(obj)

@@ -1,0 +1,135 @@
+"""Exercises of notebook 01: write a piece of GRPO, check it against the library.
+
+=================== ============================================= =========================
+exercise            signature                                     checked against
+=================== ============================================= =========================
+``whiten``          ``f(rewards [P, G], eps_std) -> A [P, G]``     :func:`grpo_lab.whiten`
+``f_eps``           ``f(r, r_prime, A, eps) -> f_ε`` (elementwise) :func:`grpo_lab.clipped_surrogate`
+``bound``           ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
+=================== ============================================= =========================
+
+A stub that raises ``NotImplementedError`` is not a failure: the check then
+verifies the reference solution instead (so the notebook runs unattended) and
+prints a hint; ``show_solution(name)`` prints it. A wrong function raises
+``AssertionError`` naming the first case where it differs from the library.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+
+from ..advantages import whiten
+from ..bandit import improvement_lower_bound
+from ..checks import require_choice
+from ..objective import clipped_surrogate
+
+
+def solution_whiten(rewards: torch.Tensor, eps_std: float) -> torch.Tensor:
+    mu = rewards.mean(dim=1, keepdim=True)                          # μ per group
+    var = ((rewards - mu) ** 2).mean(dim=1, keepdim=True)           # population variance (/G)
+    return (rewards - mu) / (var + eps_std).sqrt()                  # ε_std under the square root
+
+
+def solution_f_eps(r: torch.Tensor, r_prime: torch.Tensor, A: torch.Tensor, eps: float) -> torch.Tensor:
+    clipped = torch.clamp(r, min=(r_prime - eps).clamp(min=0.0), max=r_prime + eps)   # band around r′
+    return torch.minimum(r * A, clipped * A)                                          # pessimistic of the two
+
+
+def solution_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor,
+                   eps_std: float) -> torch.Tensor:
+    mu = (alpha * p).sum(-1)                                        # μ_α(x)
+    sigma = (mu * (1 - mu) + eps_std).sqrt()                        # σ_{α,r,ε}(x) for 0/1 rewards
+    L = ((pi * p).sum(-1) - mu) / sigma                             # L_α(π) = (J(π) − μ_α)/σ
+
+    def tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (a - b).abs().sum(-1)
+
+    return L - 2 * (1 - sigma) / sigma * tv(pi, alpha) - 2 * tv(pi_k, alpha)
+
+
+SOLUTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "whiten": solution_whiten, "f_eps": solution_f_eps, "bound": solution_bound}
+HINTS = {
+    "whiten": "per row: subtract the mean, divide by sqrt(population variance + eps_std)",
+    "f_eps": "clip r into [max(r′ − ε, 0), r′ + ε], then take the smaller of r·A and clipped·A",
+    "bound": "L_α(π) = (J(π) − μ_α)/σ with σ = sqrt(μ_α(1 − μ_α) + ε_std); TV = ½ Σ |difference|",
+}
+
+
+def library_f_eps(r: torch.Tensor, r_prime: torch.Tensor, A: torch.Tensor, eps: float) -> torch.Tensor:
+    """f_ε from the library: ratios against α ≡ 1, so log r and log r′ are the log-probs."""
+    return clipped_surrogate(r.log(), r_prime.log(), torch.zeros_like(r), A, eps)
+
+
+def whiten_cases() -> list[tuple]:
+    g = torch.Generator().manual_seed(1)
+    binary = torch.bernoulli(torch.full((6, 8), 0.3, dtype=torch.float64), generator=g)
+    binary[0], binary[1] = 0.0, 1.0                                 # an all-wrong and an all-right group
+    graded = torch.rand(5, 4, generator=g, dtype=torch.float64)     # partial credit in [0, 1]
+    return [(binary, 1e-4), (binary, 0.1), (graded, 1e-4), (graded[:, :2], 0.5)]
+
+
+def f_eps_cases() -> list[tuple]:
+    g = torch.Generator().manual_seed(2)
+    r = torch.linspace(0.01, 4.0, 400, dtype=torch.float64)
+    cases = []
+    for eps in (0.1, 0.2, 0.3):
+        r_prime = torch.rand(400, generator=g, dtype=torch.float64) * 3 + 0.05     # r′ ≠ 1: off-policy
+        for a in (1.0, -1.0, 0.7):
+            cases.append((r, r_prime, torch.full_like(r, a), eps))
+        cases.append((r, torch.ones_like(r), torch.randn(400, generator=g, dtype=torch.float64), eps))
+    return cases
+
+
+def bound_cases() -> list[tuple]:
+    g = torch.Generator().manual_seed(3)
+
+    def simplex(*shape: int) -> torch.Tensor:
+        return torch.softmax(2 * torch.randn(*shape, generator=g, dtype=torch.float64), dim=-1)
+
+    p = torch.rand(6, 5, generator=g, dtype=torch.float64)
+    return [(simplex(6, 5), simplex(6, 5), simplex(6, 5), p, eps) for eps in (1e-4, 0.05, 0.75)]
+
+
+REFERENCES = {"whiten": (whiten, whiten_cases), "f_eps": (library_f_eps, f_eps_cases),
+              "bound": (improvement_lower_bound, bound_cases)}
+
+
+def check(name: str, candidate: Callable[..., torch.Tensor]) -> str:
+    """Compare ``candidate`` with the library on every case of exercise ``name``.
+
+    Returns ``"yours"`` if the candidate passed, ``"reference"`` if it raised
+    ``NotImplementedError`` and the reference solution was checked instead.
+    """
+    require_choice("name", name, SOLUTIONS)
+    reference, cases = REFERENCES[name]
+    checked = "yours"
+    try:
+        candidate(*cases()[0])
+    except NotImplementedError:
+        print(f"{name}: not implemented yet, so the reference solution is checked instead.\n"
+              f"  hint: {HINTS[name]}\n  reveal it with show_solution({name!r})")
+        candidate, checked = SOLUTIONS[name], "reference"
+    for n, args in enumerate(cases()):
+        expected = reference(*args)
+        got = candidate(*args)
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            raise AssertionError(f"{name}, case {n}: expected a tensor of shape {tuple(expected.shape)}, "
+                                 f"got {getattr(got, 'shape', type(got).__name__)}")
+        if not torch.allclose(got.to(expected.dtype), expected, rtol=1e-6, atol=1e-9):
+            worst = int((got - expected).abs().argmax())
+            raise AssertionError(f"{name}, case {n}: differs from the library, e.g. at flat index {worst}: "
+                                 f"expected {expected.flatten()[worst].item():.6g}, "
+                                 f"got {got.flatten()[worst].item():.6g}\n  hint: {HINTS[name]}")
+    print(f"{name}: {'your function' if checked == 'yours' else 'the reference solution'} matches the library "
+          f"on {len(cases())} cases ✓")
+    return checked
+
+
+def show_solution(name: str) -> None:
+    """Print the reference solution of exercise ``name``."""
+    require_choice("name", name, SOLUTIONS)
+    print(inspect.getsource(SOLUTIONS[name]))

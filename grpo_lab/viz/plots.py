@@ -1,0 +1,174 @@
+"""Plotly figures for notebook 01. Each function takes results from
+:mod:`grpo_lab.viz.lab` (or the bandit) and returns a ``go.Figure``;
+nothing here computes what it draws beyond means and bands."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from ..bandit import BanditRun, bound_weight
+from ..costmodel import StepCostModel
+from .lab import LONG_ON_POLICY, GroupBatch, KLStudy, LagStudy, surrogate_curves, wall_clock
+
+COLORS = qualitative.Plotly
+HEIGHT = 420
+
+
+def band_traces(x: np.ndarray, Y: np.ndarray, name: str, color: str, dash: str | None = None,
+                showlegend: bool = True) -> list[go.Scatter]:
+    """Mean over runs as a line and mean ± std as a filled band; ``Y [len(x), R]``."""
+    mean, std = Y.mean(axis=1), Y.std(axis=1)
+    band = go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([mean + std, (mean - std)[::-1]]),
+                      fill="toself", fillcolor=color, opacity=0.2, line=dict(width=0), hoverinfo="skip",
+                      showlegend=False, legendgroup=name)
+    line = go.Scatter(x=x, y=mean, name=name, line=dict(color=color, dash=dash), legendgroup=name,
+                      showlegend=showlegend)
+    return [band, line]
+
+
+def whitening_figure(batch: GroupBatch) -> go.Figure:
+    """Heatmap of A_α for one sampled batch; each cell shows its arm, reward and advantage,
+    each row its context, group mean μ, std σ and whether the mask keeps it."""
+    r, A, arms = batch.rewards.numpy(), batch.advantages.numpy(), batch.arms.numpy()
+    labels = [f"x={int(c)}  μ={row.mean():.2f} σ={row.std():.2f}  {'kept' if k else 'MASKED'}"
+              for c, row, k in zip(batch.contexts, r, batch.keep, strict=True)]
+    text = [[f"arm {y}<br>r={rv:.0f}<br>A={av:+.2f}" for y, rv, av in zip(yy, rr, aa, strict=True)]
+            for yy, rr, aa in zip(arms, r, A, strict=True)]
+    fig = go.Figure(go.Heatmap(z=A, text=text, texttemplate="%{text}", y=labels,
+                               x=[f"y{j + 1}" for j in range(r.shape[1])],
+                               colorscale="RdBu", zmid=0, colorbar=dict(title="A_α")))
+    fig.update_layout(title=f"One batch from α: whitened advantages, ε_std = {batch.eps_std:g}",
+                      yaxis=dict(autorange="reversed"), height=120 + 60 * r.shape[0])
+    return fig
+
+
+def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float) -> go.Figure:
+    """f_ε(r, r′, A) against r for several r′: rows A = +1 / A = −1, columns additive / multiplicative band."""
+    fig = make_subplots(rows=2, cols=2, shared_xaxes=True, horizontal_spacing=0.08, vertical_spacing=0.1,
+                        subplot_titles=["additive band, A = +1", "multiplicative band, A = +1",
+                                        "additive band, A = −1", "multiplicative band, A = −1"])
+    x = ratio.numpy()
+    for row, a in ((1, 1.0), (2, -1.0)):
+        for col, band in ((1, "additive"), (2, "multiplicative")):
+            curves = surrogate_curves(ratio, list(ratio_ks), a, eps, band).numpy()
+            fig.add_trace(go.Scatter(x=x, y=a * x, name="r·A (no clip)", line=dict(color="lightgrey", dash="dot"),
+                                     showlegend=row == col == 1, legendgroup="raw"), row=row, col=col)
+            for n, (rk, y) in enumerate(zip(ratio_ks, curves, strict=True)):
+                fig.add_trace(go.Scatter(x=x, y=y, name=f"r′ = {rk:g}", line=dict(color=COLORS[n]),
+                                         showlegend=row == col == 1, legendgroup=str(rk)), row=row, col=col)
+    fig.update_xaxes(title_text="r = π_θ/α", row=2)
+    fig.update_yaxes(title_text="f_ε", col=1)
+    fig.update_layout(title=f"Clipped surrogate f_ε(r, r′, A), ε = {eps:g}", height=2 * HEIGHT - 100)
+    return fig
+
+
+def kl_figure(study: KLStudy) -> go.Figure:
+    """Left: each estimator's mean under y ~ α = π_{k−lag} against the exact KL (importance
+    weighting removes the bias). Right: per-sample standard deviation."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["mean of the estimate (exact KL dashed)",
+                                                        "per-sample std"])
+    for n, kind in enumerate(study.mean):
+        c = COLORS[n]
+        fig.add_trace(go.Scatter(x=study.lags, y=study.mean[kind], name=kind, mode="lines+markers",
+                                 line=dict(color=c), legendgroup=kind), row=1, col=1)
+        fig.add_trace(go.Scatter(x=study.lags, y=study.std[kind], name=kind, mode="lines+markers",
+                                 line=dict(color=c), legendgroup=kind, showlegend=False), row=1, col=2)
+        fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.iw_mean[kind]),
+                                 name=f"{kind} × π/α", line=dict(color=c, dash="dot"), legendgroup=kind), row=1, col=1)
+    fig.add_hline(y=study.exact, line=dict(color="black", dash="dash"), row=1, col=1)
+    fig.update_xaxes(title_text="lag of α behind π (steps); 0 = on-policy samples")
+    fig.update_layout(title=f"KL(π ‖ π_ref) = {study.exact:.4f} estimated from samples of α", height=HEIGHT)
+    return fig
+
+
+def bound_figure(runs: Mapping[str, BanditRun], run: int = 0, steps: int | None = None) -> go.Figure:
+    """Per step k, mean over contexts: true J(π_{k+1}) − J(π_k) and Theorem 1's lower bound, one row per run."""
+    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=list(runs))
+    for row, r in enumerate(runs.values(), start=1):
+        n = len(r.improvement) if steps is None else min(steps, len(r.improvement))
+        k = np.arange(n)
+        fig.add_trace(go.Scatter(x=k, y=r.improvement[:n, run].mean(-1), name="J(π_{k+1}) − J(π_k)",
+                                 line=dict(color=COLORS[0]), showlegend=row == 1), row=row, col=1)
+        fig.add_trace(go.Scatter(x=k, y=r.bound[:n, run].mean(-1), name="Theorem 1 lower bound",
+                                 line=dict(color=COLORS[1]), showlegend=row == 1), row=row, col=1)
+    fig.update_xaxes(title_text="step k", row=len(runs))
+    fig.update_layout(title=f"Theorem 1 per step (run {run}, mean over contexts)", height=HEIGHT * len(runs) * 0.7)
+    return fig
+
+
+def lag_figure(study: LagStudy) -> go.Figure:
+    """Left: the two TV terms against v. Right: mean bound and mean true improvement against v."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["TV terms of the bound", "per-step means"])
+    for n, (y, name) in enumerate([(study.tv_pi_alpha, "TV(π_{k+1}, α)"), (study.tv_pik_alpha, "TV(π_k, α)")]):
+        fig.add_trace(go.Scatter(x=study.v, y=y, name=name, mode="lines+markers", line=dict(color=COLORS[n + 2])),
+                      row=1, col=1)
+    fig.add_trace(go.Scatter(x=study.v, y=study.improvement, name="J(π_{k+1}) − J(π_k)", mode="lines+markers",
+                             line=dict(color=COLORS[0])), row=1, col=2)
+    fig.add_trace(go.Scatter(x=study.v, y=study.bound, name="lower bound", mode="lines+markers",
+                             line=dict(color=COLORS[1])), row=1, col=2)
+    fig.update_xaxes(title_text="sync period v")
+    fig.update_layout(title="What a lag costs the guarantee", height=HEIGHT)
+    return fig
+
+
+def bound_weight_figure(eps_stds: Sequence[float], points: int = 401) -> go.Figure:
+    """(1 − σ)/σ with σ = sqrt(p(1 − p) + ε_std) against the success probability p (log scale)."""
+    p = torch.linspace(0, 1, points, dtype=torch.float64)[:, None]           # [N, 1]: N one-arm contexts
+    fig = go.Figure()
+    for n, eps in enumerate(eps_stds):
+        w = bound_weight(torch.ones_like(p), p, eps)                    # [N]
+        fig.add_trace(go.Scatter(x=p[:, 0].numpy(), y=w.numpy(), name=f"ε_std = {eps:g}", line=dict(color=COLORS[n])))
+    fig.add_hline(y=1, line=dict(color="grey", dash="dash"),
+                  annotation_text="weight ≥ 1 (σ ≤ ½): the bound is ≤ 0", annotation_position="top left")
+    fig.update_layout(title="Theorem 1's weight (1 − σ)/σ on TV(π, α)", xaxis_title="success probability p = μ_α(x)",
+                      yaxis=dict(title="(1 − σ)/σ", type="log"), height=HEIGHT)
+    return fig
+
+
+def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
+    """The paper's four findings, mean ± std over runs: (a) mask, (b) v and i per step,
+    (c) sample reuse per optimiser pass, (d) resetting π_ref."""
+    panels = [["on-policy, no mask", "on-policy + mask"],
+              ["on-policy + mask", "v = 10", "sample reuse i = 10"],
+              [LONG_ON_POLICY, "sample reuse i = 10"],
+              ["β = 1, fixed π_ref", "β = 1, π_ref reset every 20", "on-policy + mask"]]
+    titles = ["(a) zero-variance mask, v = 1", "(b) per step: lag v vs reuse i",
+              "(c) per optimiser pass", "(d) KL to π_ref: fixed vs reset"]
+    color = {name: COLORS[n % len(COLORS)] for n, name in enumerate(results)}
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.14)
+    seen: set[str] = set()
+    for n, names in enumerate(panels):
+        row, col = divmod(n, 2)
+        for name in names:
+            r = results[name]
+            x = np.concatenate([[0], r.optimizer_passes]) if n == 2 else np.arange(len(r.J))
+            dash = "dot" if (n == 3 and name == "on-policy + mask") else None
+            for trace in band_traces(x, r.J, name, color[name], dash, showlegend=name not in seen):
+                fig.add_trace(trace, row=row + 1, col=col + 1)
+            seen.add(name)
+    runs = next(iter(results.values())).J.shape[1]
+    fig.update_xaxes(title_text="step k")
+    fig.update_xaxes(title_text="optimiser passes", row=2, col=1)
+    fig.update_yaxes(title_text="J(π_θ)", col=1)
+    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)", height=2 * HEIGHT)
+    return fig
+
+
+def wall_clock_figure(results: Mapping[str, BanditRun], names: Sequence[str], model: StepCostModel) -> go.Figure:
+    """J against modelled wall-clock hours: each step costs gen + i·train + sync (sync only when synced)."""
+    fig = go.Figure()
+    for n, name in enumerate(names):
+        hours = wall_clock(results[name], model) / 3600
+        for trace in band_traces(hours, results[name].J, name, COLORS[n]):
+            fig.add_trace(trace)
+    fig.update_layout(title=(f"J against modelled time: gen {model.gen:.1f} s + i × train {model.train:.1f} s"
+                             f" + sync {model.sync:.1f} s every v steps"),
+                      xaxis_title="hours (7B cost model)", yaxis_title="J(π_θ)", height=HEIGHT)
+    return fig

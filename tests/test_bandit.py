@@ -1,0 +1,154 @@
+"""The exact bandit (SPEC §4): Theorem 1 holds, L_α matches sampling, runs are reproducible and batched exactly."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_lab import grpo_objective, whiten, zero_variance_mask
+from grpo_lab.bandit import (
+    BanditProblem,
+    LaggedTabularSampler,
+    TabularPolicy,
+    bandit_config,
+    bound_weight,
+    improvement_lower_bound,
+    run_bandit,
+    sigma_alpha,
+    surrogate_L,
+    true_improvement,
+    tv,
+)
+
+
+def table(weights: list[float], contexts: int, arms: int) -> torch.Tensor:
+    """Rows of non-negative weights normalised to probabilities (an all-zero row becomes uniform)."""
+    w = torch.tensor(weights, dtype=torch.float64).reshape(contexts, arms)
+    w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))
+    return w / w.sum(-1, keepdim=True)
+
+
+@st.composite
+def bandit_tables(draw):
+    C, K = draw(st.integers(1, 3)), draw(st.integers(2, 5))
+    unit = st.floats(0.0, 1.0)
+    p = torch.tensor(draw(st.lists(st.one_of(unit, st.sampled_from([0.0, 1.0])), min_size=C * K, max_size=C * K)),
+                     dtype=torch.float64).reshape(C, K)
+    pi, pi_k, alpha = (table(draw(st.lists(unit, min_size=C * K, max_size=C * K)), C, K) for _ in range(3))
+    eps_std = draw(st.floats(1e-8, 0.75))
+    return p, pi, pi_k, alpha, eps_std
+
+
+@settings(max_examples=300, deadline=None)
+@given(bandit_tables())
+def test_theorem_1_is_never_violated(tables):
+    p, pi, pi_k, alpha, eps_std = tables
+    bound = improvement_lower_bound(pi, pi_k, alpha, p, eps_std)
+    gain = true_improvement(pi, pi_k, p)
+    assert (gain >= bound - 1e-9 * (1 + bound.abs())).all(), (gain, bound)
+    # the notebook's reading: bound <= TV(π, α)(2σ − 1)/σ − 2 TV(π_k, α), so it is <= 0 whenever σ <= ½
+    sigma = sigma_alpha(alpha, p, eps_std)
+    ceiling = tv(pi, alpha) * (2 * sigma - 1) / sigma - 2 * tv(pi_k, alpha)
+    assert (bound <= ceiling + 1e-9 * (1 + ceiling.abs())).all()
+
+
+def test_surrogate_L_equals_a_monte_carlo_estimate():
+    """L_α(π) = E_{y~α, r~Bernoulli(p)}[π/α · (r − μ_α)/σ_α] with the exact μ_α, σ_α."""
+    g = torch.Generator().manual_seed(0)
+    C, K, N, eps_std = 3, 4, 200_000, 0.25
+    p = torch.rand(C, K, generator=g, dtype=torch.float64)
+    alpha = torch.softmax(torch.randn(C, K, generator=g, dtype=torch.float64), -1)
+    pi = torch.softmax(torch.randn(C, K, generator=g, dtype=torch.float64), -1)
+    y = torch.multinomial(alpha, N, replacement=True, generator=g)                    # [C, N]
+    r = torch.bernoulli(p.gather(1, y), generator=g)
+    mu = (alpha * p).sum(-1, keepdim=True)
+    sigma = (mu * (1 - mu) + eps_std).sqrt()
+    samples = pi.gather(1, y) / alpha.gather(1, y) * (r - mu) / sigma
+    estimate, stderr = samples.mean(1), samples.std(1) / N ** 0.5
+    exact = surrogate_L(pi, alpha, p, eps_std)
+    assert ((estimate - exact).abs() < 4 * stderr).all(), (estimate, exact, stderr)
+    assert not torch.allclose(exact, torch.zeros_like(exact), atol=0.05)             # a real, non-trivial value
+
+
+def test_alpha_equal_pi_k_gives_the_on_policy_corollary():
+    g = torch.Generator().manual_seed(1)
+    p = torch.rand(4, 5, generator=g, dtype=torch.float64)
+    pi_k = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
+    pi = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
+    eps_std = 1e-3
+    mu = (pi_k * p).sum(-1)
+    sigma = (mu * (1 - mu) + eps_std).sqrt()
+    L = ((pi * p).sum(-1) - mu) / sigma
+    corollary = L - 2 * (1 - sigma) / sigma * 0.5 * (pi - pi_k).abs().sum(-1)
+    assert torch.allclose(improvement_lower_bound(pi, pi_k, pi_k, p, eps_std), corollary, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(bound_weight(pi_k, p, eps_std), (1 - sigma) / sigma)
+
+
+def test_same_seed_same_curves_different_seed_differs():
+    problem = BanditProblem.random(contexts=6, arms=4, seed=2)
+    a, b = (run_bandit(problem, bandit_config(steps=30, seed=5), runs=2) for _ in range(2))
+    c = run_bandit(problem, bandit_config(steps=30, seed=6), runs=2)
+    assert np.array_equal(a.J, b.J) and np.array_equal(a.masked_frac, b.masked_frac)
+    assert not np.array_equal(a.J, c.J)
+
+
+def test_per_run_gradient_equals_the_run_alone():
+    """R stacked runs normalise the loss per run: each run's gradient is what it gets alone on its rows."""
+    g = torch.Generator().manual_seed(3)
+    runs, P, G, C, K = 3, 4, 6, 5, 4
+    p = torch.rand(C, K, generator=g, dtype=torch.float64)
+    p[0] = 0.0                                                          # context 0: always an all-wrong group
+    policy, sampler = TabularPolicy(runs, C, K), LaggedTabularSampler(runs, C, K)
+    with torch.no_grad():
+        policy.logits.copy_(torch.randn(runs, C, K, generator=g, dtype=torch.float64))
+    sampler.logits.copy_(policy.logits.detach() + 0.3 * torch.randn(runs, C, K, generator=g, dtype=torch.float64))
+    prompts = torch.randint(C, (runs * P,), generator=g)
+    prompts[::P] = 0                                                    # each run has a masked group
+    rollout = sampler.sample(prompts, G, g)
+    rewards = torch.bernoulli(p[rollout.extra["context"], rollout.completions[:, 0]], generator=g).reshape(-1, G)
+    keep = zero_variance_mask(rewards)
+    assert not keep.all() and keep.any()
+
+    def loss_of(pol, roll, rew, kept, run_ids=None):
+        logp = pol.logprobs(roll, slice(None))
+        loss, _ = grpo_objective(logp, roll.logp_alpha, whiten(rew).reshape(-1), roll.mask, group_mask=kept,
+                                 run_ids=run_ids, eps_low=0.2)
+        return loss
+
+    loss_of(policy, rollout, rewards, keep, torch.arange(runs).repeat_interleave(P * G)).backward()
+    for r in range(runs):
+        rows, groups = slice(r * P * G, (r + 1) * P * G), slice(r * P, (r + 1) * P)
+        alone = TabularPolicy(1, C, K)
+        with torch.no_grad():
+            alone.logits.copy_(policy.logits[r:r + 1])
+        sub = type(rollout)(prompts=prompts[groups], completions=rollout.completions[rows],
+                            logp_alpha=rollout.logp_alpha[rows], mask=rollout.mask[rows],
+                            extra={"run": torch.zeros(P * G, dtype=torch.long),
+                                   "context": rollout.extra["context"][rows]})
+        loss_of(alone, sub, rewards[groups], keep[groups]).backward()
+        assert torch.allclose(policy.logits.grad[r], alone.logits.grad[0], rtol=1e-12, atol=1e-14)
+        assert alone.logits.grad.abs().sum() > 0
+
+
+def test_v4_lag_cycles_and_syncs_every_fourth_step_and_the_bound_holds():
+    run = run_bandit(BanditProblem.random(contexts=6, arms=4, seed=4), bandit_config(v=4, steps=10), runs=2,
+                     track_bound=True)
+    assert run.lag.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert [r.step for r in run.records if r.synced] == [0, 4, 8]
+    assert run.bound.shape == run.improvement.shape == (10, 2, 6)
+    assert (run.improvement >= run.bound - 1e-12).all()
+    assert (run.tv_pik_alpha[run.lag == 0] == 0).all() and (run.tv_pik_alpha[run.lag > 0] > 0).any()
+
+
+def test_default_config_raises_J():
+    run = run_bandit(BanditProblem.random(), bandit_config(steps=150), runs=4)
+    assert run.J.shape == (151, 4)
+    assert (run.J[-1] > run.J[0] + 0.03).all(), run.J[[0, -1]]
+
+
+@pytest.mark.parametrize("eps_std", [-0.1, 0.8])
+def test_track_bound_rejects_eps_std_outside_the_theorem(eps_std):
+    with pytest.raises(ValueError, match="eps_std"):
+        run_bandit(BanditProblem.random(contexts=2, arms=2), bandit_config(steps=1, eps_std=eps_std), runs=1,
+                   track_bound=True)

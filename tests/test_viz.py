@@ -1,0 +1,196 @@
+"""grpo_lab.viz: the exercise checks catch wrong answers, the display switch, the live panel, the studies."""
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
+from grpo_lab.config import smoke_mode
+from grpo_lab.costmodel import StepCostModel
+from grpo_lab.viz import BanditPanel, check, display_mode, lab, new_figure, plots, show_solution
+from grpo_lab.viz.exercises import SOLUTIONS
+
+# ----------------------------------------------------------------------------- exercises
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTIONS))
+def test_reference_solutions_pass_and_a_stub_checks_the_reference(name, capsys):
+    assert check(name, SOLUTIONS[name]) == "yours"
+    assert check(name, stub) == "reference"
+    assert "hint" in capsys.readouterr().out
+    show_solution(name)
+    assert f"def solution_{name}" in capsys.readouterr().out
+
+
+def sample_variance_whiten(rewards, eps_std):
+    return (rewards - rewards.mean(1, keepdim=True)) / (rewards.var(1, unbiased=True, keepdim=True) + eps_std).sqrt()
+
+
+def eps_added_to_std_whiten(rewards, eps_std):
+    return (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, unbiased=False, keepdim=True) + eps_std)
+
+
+def uncentred_whiten(rewards, eps_std):
+    return rewards / (rewards.var(1, unbiased=False, keepdim=True) + eps_std).sqrt()
+
+
+def on_policy_clip_f_eps(r, r_prime, A, eps):
+    return torch.minimum(r * A, torch.clamp(r, 1 - eps, 1 + eps) * A)
+
+
+def optimistic_f_eps(r, r_prime, A, eps):
+    return torch.maximum(r * A, torch.clamp(r, r_prime - eps, r_prime + eps) * A)
+
+
+def multiplicative_f_eps(r, r_prime, A, eps):
+    return torch.minimum(r * A, torch.clamp(r, r_prime * (1 - eps), r_prime * (1 + eps)) * A)
+
+
+def half_lag_bound(pi, pi_k, alpha, p, eps_std):
+    return SOLUTIONS["bound"](pi, pi_k, alpha, p, eps_std) + (pi_k - alpha).abs().sum(-1) * 0.5
+
+
+def no_eps_bound(pi, pi_k, alpha, p, eps_std):
+    return SOLUTIONS["bound"](pi, pi_k, alpha, p, 0.0)
+
+
+def summed_bound(pi, pi_k, alpha, p, eps_std):
+    return SOLUTIONS["bound"](pi, pi_k, alpha, p, eps_std).sum()
+
+
+@pytest.mark.parametrize("name, wrong", [
+    ("whiten", sample_variance_whiten), ("whiten", eps_added_to_std_whiten), ("whiten", uncentred_whiten),
+    ("f_eps", on_policy_clip_f_eps), ("f_eps", optimistic_f_eps), ("f_eps", multiplicative_f_eps),
+    ("bound", half_lag_bound), ("bound", no_eps_bound), ("bound", summed_bound)])
+def test_wrong_implementations_fail(name, wrong):
+    with pytest.raises(AssertionError, match=name):
+        check(name, wrong)
+
+
+def test_unknown_exercise_is_rejected():
+    with pytest.raises(ValueError, match="name"):
+        check("softmax", stub)
+
+
+# ----------------------------------------------------------------------------- display switch
+
+
+def test_display_mode_resolution(monkeypatch):
+    monkeypatch.delenv("GRPO_LAB_DISPLAY", raising=False)
+    assert display_mode() == "none"                                   # auto, outside a kernel
+    monkeypatch.setenv("GRPO_LAB_DISPLAY", "static")
+    assert display_mode() == "static" and display_mode("widget") == "widget"
+    monkeypatch.setenv("GRPO_LAB_DISPLAY", "fancy")
+    with pytest.raises(ValueError, match="GRPO_LAB_DISPLAY"):
+        display_mode()
+    with pytest.raises(ValueError, match="mode"):
+        display_mode("fancy")
+    assert type(new_figure("static")) is go.Figure
+    assert isinstance(new_figure("widget"), go.FigureWidget)
+
+
+# ----------------------------------------------------------------------------- live panel
+
+
+def test_panel_reruns_when_a_knob_changes():
+    problem = BanditProblem.random(contexts=4, arms=3, seed=0)
+    panel = BanditPanel(problem, bandit_config(steps=20, lr=1.0), runs=2, mode="none")
+    before = np.array(panel.figure.data[3].y)
+    assert np.allclose(before, panel.last.J.mean(1)) and np.allclose(before, panel.figure.data[1].y)
+    panel.controls["i"].value = 4                                      # fires the observer
+    assert panel.last.config.i == 4 and panel.last.optimizer_passes[-1] > 20
+    assert not np.allclose(panel.figure.data[3].y, before)
+    panel.controls["ref_period"].value = 10                            # β = 0: ignored, not an error
+    assert panel.last.config.ref_period == 0 and "ignored" in panel.status.value
+    panel.controls["beta"].value = 0.5
+    assert panel.last.config.ref_period == 10 and panel.last.config.beta == 0.5
+    panel.controls["runs"].value = 3
+    assert panel.last.J.shape == (21, 3)
+    assert panel.figure not in panel.widget.children                   # a plain go.Figure is not a widget
+
+
+def test_widget_mode_panel_holds_a_figure_widget():
+    panel = BanditPanel(BanditProblem.random(contexts=3, arms=2), bandit_config(steps=5), runs=1, mode="widget")
+    assert isinstance(panel.figure, go.FigureWidget) and panel.widget.children[1] is panel.figure
+    panel.controls["v"].value = 2
+    assert panel.last.config.v == 2 and np.allclose(panel.figure.data[3].y, panel.last.J.mean(1))
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+def test_smoke_switch_shrinks_the_lab(monkeypatch):
+    monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
+    assert smoke_mode() and lab.lab_size() == lab.SMOKE and lab.lab_config().steps == lab.SMOKE.steps
+    monkeypatch.setenv("GRPO_LAB_SMOKE", "0")
+    assert not smoke_mode() and lab.lab_size() == lab.FULL
+
+
+def test_band_gaps_hand_computed():
+    rows = lab.band_gaps([1.0, 3.0], 0.2, torch.linspace(0.01, 5, 500, dtype=torch.float64))
+    assert rows[0]["max_gap_A+"] == pytest.approx(0.0) and rows[0]["max_gap_A-"] == pytest.approx(0.0)
+    # r′ = 3: additive [2.8, 3.2], multiplicative [2.4, 3.6]; the largest gap is ε·|r′ − 1| = 0.4
+    assert (rows[1]["additive_low"], rows[1]["additive_high"]) == pytest.approx((2.8, 3.2))
+    assert (rows[1]["multiplicative_low"], rows[1]["multiplicative_high"]) == pytest.approx((2.4, 3.6))
+    assert rows[1]["max_gap_A+"] == pytest.approx(0.4, abs=0.01)
+    assert rows[1]["max_gap_A-"] == pytest.approx(0.4, abs=0.01)
+
+
+def test_kl_study_on_policy_unbiased_lagged_biased():
+    problem = BanditProblem.random(contexts=4, arms=5, seed=1)
+    trajectory = lab.policy_trajectory(problem, bandit_config(steps=40, lr=2.0))
+    assert trajectory.shape == (41, 4, 5)
+    study = lab.kl_study(trajectory, [0, 30], ref_lag=20)
+    for kind in ("k1", "k3"):
+        assert study.mean[kind][0] == pytest.approx(study.exact, rel=1e-9)     # on-policy: unbiased
+        assert study.iw_mean[kind] == pytest.approx(study.exact, rel=1e-9)     # × π/α: unbiased at any lag
+        assert abs(study.mean[kind][1] - study.exact) > 1e-3 * study.exact     # lagged: biased
+    with pytest.raises(ValueError, match="ref_lag"):
+        lab.kl_study(trajectory, [0], ref_lag=41)
+
+
+def test_example_batch_has_a_masked_group():
+    batch = lab.example_batch(lab.lab_problem(), lab.lab_config())
+    masked = ~batch.keep
+    assert masked.any()
+    assert (batch.rewards[masked] == batch.rewards[masked][:, :1]).all()
+    assert (batch.advantages[masked] == 0).all()
+
+
+def test_wall_clock_follows_the_cost_model():
+    model = StepCostModel(gen=2.0, train=3.0, sync=10.0)
+    problem = BanditProblem.random(contexts=4, arms=3, seed=0)
+    run = run_bandit(problem, bandit_config(steps=20, v=10, i=2), runs=1)
+    seconds = lab.wall_clock(run, model)
+    assert seconds.shape == (21,)
+    assert seconds[-1] == pytest.approx(20 * 2.0 + 3.0 * run.optimizer_passes[-1] + 2 * 10.0)
+    paper = lab.lab_cost_model(0.4)
+    assert paper.gen + paper.train + paper.sync == pytest.approx(1 / 0.02828, rel=1e-6)
+    assert paper.gen + paper.train + paper.sync / 10 == pytest.approx(1 / 0.03828, rel=1e-6)
+
+
+def test_reward_at_passes():
+    run = run_bandit(BanditProblem.random(contexts=4, arms=3), bandit_config(steps=10, i=3), runs=2)
+    assert np.array_equal(lab.reward_at_passes(run, run.optimizer_passes[4]), run.J[5])
+    with pytest.raises(ValueError, match="passes"):
+        lab.reward_at_passes(run, 10_000)
+
+
+def test_figures_build(monkeypatch):
+    monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
+    problem, config = BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=12, lr=1.0)
+    results = lab.run_findings(problem, config, runs=2)
+    assert set(results) == set(lab.FINDINGS) | {lab.LONG_ON_POLICY}
+    figures = [plots.findings_figure(results),
+               plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], lab.lab_cost_model()),
+               plots.lag_figure(lab.lag_study(problem, config, [1, 3], runs=2)),
+               plots.bound_weight_figure([1e-4, 0.1]),
+               plots.surrogate_figure(torch.linspace(0.1, 3, 30, dtype=torch.float64), [0.5, 2.0], 0.2),
+               plots.whitening_figure(lab.example_batch(lab.lab_problem(), lab.lab_config()))]
+    assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
+    assert len(figures[0].data) == 2 * 10                       # 10 curves over four panels, line + band each
