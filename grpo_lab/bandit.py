@@ -248,8 +248,8 @@ def _run_bandit(problem: BanditProblem, config: GRPOConfig, runs: int, track_bou
     J_curve = [J(loop.policy.probs(), p).mean(-1)]
     improvement, bound, tv_a, tv_k = [], [], [], []
     for _ in range(config.steps):
-        pi_k = loop.policy.probs()
-        record = loop.step()
+        pi_k = loop.policy.probs() if track_bound else None
+        loop.step()
         pi_next = loop.policy.probs()
         J_curve.append(J(pi_next, p).mean(-1))
         if track_bound:
