@@ -38,10 +38,16 @@ class TrainConfig(GRPOConfig):
     """Training problems: a name of ``grpo_lab.tasks.TASK_NAMES``."""
     train_problems: int = 2000
     """How many problems to generate (reasoning-gym) or keep at most (datasets)."""
+    train_split: str = "train"
+    """Split of a dataset task to train on (generated tasks have none)."""
     data_files: str | None = None
     """Local files for a dataset task (jsonl/parquet/csv with its columns), instead of the hub."""
     eval_task: str | None = None
-    """Held-out problems for evaluation; None = the training task with another seed / the test split."""
+    """Held-out problems for evaluation; None = the training task (another seed, or its evaluation split)."""
+    eval_split: str | None = None
+    """Split of a dataset eval task; None = the dataset's usual evaluation split (GSM8K, MATH500: test)."""
+    eval_data_files: str | None = None
+    """Local files for the eval task, instead of the hub."""
     eval_problems: int = 64
     """Questions in an evaluation."""
     eval_samples: int = 8
@@ -133,7 +139,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
         model, tokenizer = load_policy(config.model, dtype=DTYPES[config.dtype], device=config.torch_device(),
                                        trust_remote_code=config.trust_remote_code)
     if problems is None:
-        problems = load_problems(config.task, config.train_problems, seed=config.seed, data_files=config.data_files)
+        problems = _load(config.task, config.train_problems, config.seed, config.train_split, config.data_files)
     if config.prompts_per_step > len(problems):
         raise ValueError(f"prompts_per_step = {config.prompts_per_step} exceeds the {len(problems)} problems")
     model.requires_grad_(True)
@@ -145,14 +151,19 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     return loop
 
 
-def eval_problems(config: TrainConfig) -> list[Problem]:
-    """Held-out problems: another seed for generated tasks, the test split for datasets."""
-    name = config.eval_task or config.task
+def _load(name: str, n: int, seed: int, split: str | None, data_files: str | None) -> list[Problem]:
+    """Generated tasks take a seed; datasets take a split and optional local files."""
     from .tasks import GYM_TASKS
 
     if name in GYM_TASKS:
-        return load_problems(name, config.eval_problems, seed=config.seed + 10_000)
-    return load_problems(name, config.eval_problems, split="test", data_files=config.data_files)
+        return load_problems(name, n, seed=seed)
+    return load_problems(name, n, split=split, data_files=data_files)
+
+
+def eval_problems(config: TrainConfig) -> list[Problem]:
+    """Held-out problems: another seed of a generated task, or a dataset's evaluation split."""
+    name = config.eval_task or config.task
+    return _load(name, config.eval_problems, config.seed + 10_000, config.eval_split, config.eval_data_files)
 
 
 def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = True,

@@ -137,3 +137,16 @@ def test_pass_at_k():
     assert EvalResult(n=4, correct=[4, 0, 2], examples=[]).pass_at(1) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="k <= n"):
         pass_at_k(3, 1, 4)
+
+
+def test_gsm8k_recipe_reads_local_files(tmp_path):
+    from grpo_lab.experiment import eval_problems
+
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} plus {i}.\n#### {2 * i:,}"} for i in range(600, 606)]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = load_config("configs/gsm8k_qwen05b_offpolicy_v10.yaml",
+                      [f"eval_data_files={path}", "eval_problems=4"])
+    problems = eval_problems(cfg)
+    assert [p.answer for p in problems] == ["1200", "1202", "1204", "1206"]
+    assert problems[0].answer_format == "boxed"
