@@ -1,0 +1,195 @@
+"""α in process: a frozen copy of π_θ's language model that samples G completions per prompt (SPEC §1, §5).
+
+:class:`HFSampler` holds its own copy of the model — that copy *is* α. It
+changes only at :meth:`HFSampler.sync`, an in-place copy of π_θ's weights, so
+between syncs the sampler lags the trainer exactly as a separate inference
+server would. The small functions before it (tokenising prompts, masking after
+EOS, building the :class:`~grpo_lab.loop.Rollout`) are what any sampler of
+text needs, a vLLM one included.
+
+Rollout layout (what :class:`~grpo_lab.policy.LMPolicy` reads), B = P·G rows, row = p·G + g:
+
+============================ =========== ==================================================
+field                        shape       meaning
+============================ =========== ==================================================
+``prompts``                  P strings   the formatted prompts (chat template applied)
+``extra["prompt_ids"]``      ``[B, Lp]`` prompt token ids, **left**-padded with the pad id
+``extra["prompt_mask"]``     ``[B, Lp]`` 1 on real prompt tokens, 0 on left padding
+``completions``              ``[B, T]``  sampled tokens, **right**-padded with the pad id
+``mask``                     ``[B, T]``  True up to and including the first EOS
+``logp_alpha``               ``[B, T]``  log α of each sampled token (0 where ``mask`` is False)
+``extra["texts"]``           B strings   decoded completions (through EOS, special tokens dropped)
+============================ =========== ==================================================
+
+All tensors live on the CPU, next to the task's rewards; the policy moves the
+rows it scores to its own device.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from .checks import require_int_at_least, require_number_in
+from .loop import Rollout
+from .policy import LMPolicy, token_logprobs
+
+
+def tokenize_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask ``[P, Lp]`` of already-formatted prompts, left-padded.
+
+    No special tokens are added: the task's chat template already wrote them.
+    """
+    if len(prompts) == 0 or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompts must be a non-empty sequence of strings, got {prompts!r}")
+    encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False)
+    if encoded["attention_mask"].sum(dim=1).min() == 0:
+        raise ValueError("every prompt must have at least one token")
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def completion_mask(completions: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """True on each row's tokens up to and including its first EOS, False after. ``[B, T]`` → ``[B, T]``."""
+    is_eos = torch.isin(completions, torch.as_tensor(list(eos_token_ids), device=completions.device))
+    eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()
+    return eos_before == 0
+
+
+def build_rollout(prompts: Sequence[str], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  completions: torch.Tensor, logp_alpha: torch.Tensor, tokenizer: Any,
+                  eos_token_ids: Sequence[int], pad_token_id: int) -> Rollout:
+    """The :class:`Rollout` of the layout above from rows already repeated G times.
+
+    Cuts each completion after its first EOS: tokens after it become the pad id,
+    their log α 0 (finite), and the decoded text stops at it.
+    """
+    mask = completion_mask(completions, eos_token_ids)
+    completions = completions.masked_fill(~mask, pad_token_id)
+    logp_alpha = logp_alpha.masked_fill(~mask, 0.0)
+    texts = tokenizer.batch_decode([row[keep].tolist() for row, keep in zip(completions, mask, strict=True)],
+                                   skip_special_tokens=True)
+    return Rollout(prompts=list(prompts), completions=completions, logp_alpha=logp_alpha, mask=mask,
+                   extra={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "texts": texts})
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """A seed for libraries that use the global RNG, drawn from the loop's generator."""
+    return int(torch.randint(2**62, (1,), generator=generator))
+
+
+class HFSampler:
+    """The inference server in process: α is a frozen copy of the policy's model.
+
+    ========================= =====================================================
+    argument                  meaning
+    ========================= =====================================================
+    ``policy``                π_θ (:class:`LMPolicy`); its model is deep-copied once
+    ``tokenizer``             the model's tokenizer (needs a pad or an EOS token)
+    ``max_completion_length`` T_max, tokens generated at most per completion
+    ``temperature``           T; must equal ``policy.temperature`` (None: take it)
+    ``eos_token_ids``         ids that end a completion; None: the model's
+                              generation config, else the tokenizer's EOS
+    ========================= =====================================================
+
+    Sampling is plain ancestral sampling at temperature T: ``top_k=0``,
+    ``top_p=1``, no ``min_p``, no repetition penalty, whatever the model's own
+    generation config says — any truncation would make log α the log-prob of
+    another distribution than the one :meth:`LMPolicy.logprobs` scores.
+
+    log α comes from the generation itself: ``output_scores`` returns, per step,
+    the scores ``generate`` sampled from (logits / T, in float32), and log α is
+    their log-softmax at the sampled token — no extra forward pass. It agrees
+    with :meth:`LMPolicy.logprobs` of the same tokens right after a sync up to
+    float rounding between the KV-cached and the full forward (tested: ~1e-5 in
+    float32; in bfloat16 the gap is bf16 rounding, up to ~0.1 on a tiny model).
+    ``generate`` keeps those scores, B·T·V floats (32 × 128 × 49152 ≈ 0.8 GB).
+    """
+
+    def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
+                 temperature: float | None = None, eos_token_ids: Sequence[int] | None = None) -> None:
+        self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
+        self.temperature = policy.temperature if temperature is None else temperature
+        if self.temperature != policy.temperature:
+            raise ValueError(f"temperature = {temperature!r} must equal the policy's ({policy.temperature}): "
+                             "log α and log π are taken at one temperature")
+        require_number_in("temperature", self.temperature, 0.0, low_open=True)
+        if eos_token_ids is None:
+            eos = policy.model.generation_config.eos_token_id
+            eos = tokenizer.eos_token_id if eos is None else eos
+            eos_token_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if len(eos_token_ids) == 0:
+            raise ValueError("eos_token_ids is empty and neither the model nor the tokenizer names an EOS token")
+        self.eos_token_ids = [int(e) for e in eos_token_ids]
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.tokenizer = tokenizer
+        self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        self.model.generation_config = GenerationConfig(
+            do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0, min_p=None, typical_p=1.0,
+            repetition_penalty=1.0, max_new_tokens=self.max_completion_length, eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id, use_cache=True, output_scores=True, return_dict_in_generate=True)
+        self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
+        self._shapes = tuple(t.shape for t in self._targets)
+        self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[str], group_size: int, generator: torch.Generator) -> Rollout:
+        """G completions of each prompt from α with their log α (layout in the module docstring).
+
+        ``generate`` draws from the global RNG; it runs under a seed drawn from
+        ``generator`` inside ``torch.random.fork_rng``, so the same generator
+        state gives the same rollout and the caller's global RNG is untouched.
+        """
+        require_int_at_least("group_size", group_size, 1)
+        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts)
+        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+        device = self.device
+        cuda_devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+        seed = draw_seed(generator)
+        with torch.random.fork_rng(devices=cuda_devices):
+            torch.manual_seed(seed)
+            out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                                      generation_config=self.model.generation_config)
+        completions = out.sequences[:, prompt_ids.shape[1]:]
+        logp_alpha = torch.cat([token_logprobs(scores[:, None], completions[:, t:t + 1])
+                                for t, scores in enumerate(out.scores)], dim=1)
+        return build_rollout(prompts, prompt_ids, prompt_mask, completions.cpu(), logp_alpha.cpu(),
+                             self.tokenizer, self.eos_token_ids, self.pad_token_id)
+
+    @torch.no_grad()
+    def sync(self, policy: LMPolicy) -> int:
+        """α ← π_θ: copy every parameter and buffer in place (storage kept); return the bytes moved.
+
+        Tied weights (e.g. embeddings = LM head) are one tensor and copied once.
+        One ``torch._foreach_copy_`` from π_θ's tensors into α's (listed once, at
+        construction) keeps the cost at that of copying the bytes
+        (``benchmarks/sync_copy.py``). π_θ's tensors are listed at every call
+        (~0.7 ms for 30 layers), so a replaced weight is never missed.
+        """
+        names, sources = zip(*_named_tensors(policy.model), strict=True)
+        if names != self._names or tuple(t.shape for t in sources) != self._shapes:
+            mismatch = sorted(set(names) ^ set(self._names))[:4] or "same names; order or shapes differ"
+            raise ValueError(f"policy.model's parameters and buffers do not match the sampler's: {mismatch}")
+        torch._foreach_copy_(self._targets, sources)
+        return self._bytes
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """α's weights (references, as ``nn.Module.state_dict``: save before the next sync)."""
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> Any:
+        return self.model.load_state_dict(state)
+
+
+def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, each shared tensor once (tied weights)."""
+    return list(model.named_parameters()) + list(model.named_buffers())

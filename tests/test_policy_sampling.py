@@ -1,0 +1,263 @@
+"""LMPolicy and HFSampler on a tiny random Llama (seconds on CPU, nothing downloaded)."""
+
+import copy
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from grpo_lab import GRPOConfig, GRPOLoop, Rollout
+from grpo_lab.policy import LMPolicy
+from grpo_lab.sampling import HFSampler, completion_mask, tokenize_prompts
+
+VOCAB = 128  # > 50, so HF's default top_k=50 would truncate and be caught
+PAD, EOS = 0, 1
+PROMPTS = ["w1 w2 w3", "w5", "w7 w8 w9 w10 w11 w12", "w20 w21"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_model(seed: int = 0, kind: str = "llama") -> torch.nn.Module:
+    """Random Llama with tied embeddings and GQA (or a GPT-2, whose absolute
+    positions show wrong position ids, invisible to RoPE); a large init range
+    makes the next-token distributions sharp, so a shifted or truncated log-prob shows."""
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                                          initializer_range=0.5, bos_token_id=EOS, eos_token_id=EOS,
+                                          pad_token_id=PAD)).float()
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.5, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
+                         bos_token_id=None)
+    return LlamaForCausalLM(config).float()  # float32 whatever the default dtype (test_primitives sets float64)
+
+
+def perturb(policy: LMPolicy, scale: float = 0.05, seed: int = 1) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def sample(sampler: HFSampler, prompts=PROMPTS, G: int = 4, seed: int = 0) -> Rollout:
+    return sampler.sample(prompts, G, torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- layout helpers
+
+def test_completion_mask_through_first_eos():
+    completions = torch.tensor([[5, 1, 7, 1], [1, 3, 3, 3], [4, 4, 4, 4], [4, 9, 4, 1]])
+    expected = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.equal(completion_mask(completions, [1, 9]), expected)
+    assert torch.equal(completion_mask(completions, [1])[3], torch.ones(4, dtype=torch.bool))
+
+
+def test_tokenize_prompts_left_pads(tokenizer):
+    ids, mask = tokenize_prompts(tokenizer, ["w1 w2 w3", "w5"])
+    assert ids.tolist() == [[4, 5, 6], [PAD, PAD, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    with pytest.raises(ValueError, match="prompts"):
+        tokenize_prompts(tokenizer, [])
+
+
+# ----------------------------------------------------------------------------- log α = log π at sync
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_alpha_from_generate_matches_logprobs_after_sync(tokenizer, temperature):
+    policy = LMPolicy(tiny_model(), temperature)
+    # A generation config that truncates must not leak into sampling (log α would be another distribution).
+    policy.model.generation_config.update(top_k=5, top_p=0.5, min_p=0.2, repetition_penalty=1.5)
+    sampler = HFSampler(policy, tokenizer, max_completion_length=12)
+    perturb(policy)
+    sampler.sync(policy)
+    rollout = sample(sampler)
+    with torch.no_grad():
+        logp = policy.logprobs(rollout, slice(None))
+    mask = rollout.mask
+    diff = float((logp - rollout.logp_alpha)[mask].abs().max())
+    print(f"T={temperature}: max |log α (generate) − log π (LMPolicy)| = {diff:.2e}")
+    assert diff < 1e-4
+    assert float(logp[mask].std()) > 0.5  # sharp distributions: the test could see a shift or a truncation
+    assert torch.isfinite(logp).all() and torch.isfinite(rollout.logp_alpha).all()
+
+
+def test_completions_are_masked_and_padded_after_eos(tokenizer):
+    sampler = HFSampler(LMPolicy(tiny_model(seed=3)), tokenizer, max_completion_length=30)
+    rollout = sample(sampler, G=8)
+    B, T = rollout.completions.shape
+    assert B == len(PROMPTS) * 8 and T <= 30
+    lengths = rollout.mask.sum(dim=1)
+    assert (lengths < T).any() and (lengths == T).any()  # some rows stopped at EOS, some ran to the end
+    for row, keep, logp, text, n in zip(rollout.completions, rollout.mask, rollout.logp_alpha,
+                                        rollout.extra["texts"], lengths, strict=True):
+        assert keep[:n].all() and not keep[n:].any()
+        assert (row[:n - 1] != EOS).all()
+        assert n == T or row[n - 1] == EOS
+        assert (row[n:] == PAD).all() and (logp[n:] == 0).all()
+        assert text == " ".join(f"w{t - 3}" for t in row[:n].tolist() if t >= 3)  # special tokens dropped
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_left_padding_gives_the_logprobs_of_each_prompt_alone(tokenizer, kind):
+    policy = LMPolicy(tiny_model(kind=kind))
+    sampler = HFSampler(policy, tokenizer, max_completion_length=10)
+    G = 3
+    rollout = sample(sampler, G=G)
+    assert (rollout.extra["prompt_mask"] == 0).any()  # left padding is present
+    with torch.no_grad():
+        batched = policy.logprobs(rollout, slice(None))
+        for p, prompt in enumerate(PROMPTS):
+            rows = slice(p * G, (p + 1) * G)
+            ids, mask = tokenize_prompts(tokenizer, [prompt])
+            alone = Rollout(prompts=[prompt], completions=rollout.completions[rows],
+                            logp_alpha=rollout.logp_alpha[rows], mask=rollout.mask[rows],
+                            extra={"prompt_ids": ids.repeat(G, 1), "prompt_mask": mask.repeat(G, 1)})
+            single = policy.logprobs(alone, slice(None))
+            keep = rollout.mask[rows]
+            assert torch.allclose(single[keep], batched[rows][keep], atol=1e-5)
+            assert torch.allclose(single[keep], rollout.logp_alpha[rows][keep], atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- sync, lag, seeds
+
+def test_sync_copies_in_place_and_counts_bytes(tokenizer):
+    policy = LMPolicy(tiny_model())
+    sampler = HFSampler(policy, tokenizer, max_completion_length=4)
+    alpha = sampler.model
+    assert alpha.lm_head.weight is alpha.model.embed_tokens.weight  # tied in the copy too
+    pointers = {name: t.data_ptr() for name, t in alpha.state_dict().items()}
+    perturb(policy)
+    assert not torch.equal(alpha.lm_head.weight, policy.model.lm_head.weight)
+    moved = sampler.sync(policy)
+    assert {name: t.data_ptr() for name, t in alpha.state_dict().items()} == pointers
+    for (name, a), (_, b) in zip(alpha.state_dict().items(), policy.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+        assert not a.requires_grad
+    unique = [*policy.model.parameters(), *policy.model.buffers()]
+    assert moved == sum(t.numel() * t.element_size() for t in unique)
+    assert moved < sum(t.numel() * t.element_size() for t in policy.model.state_dict().values())  # tie once
+    with pytest.raises(ValueError, match="do not match"):
+        sampler.sync(LMPolicy(LlamaForCausalLM(LlamaConfig(**{**alpha.config.to_dict(), "num_hidden_layers": 1}))))
+
+
+def test_sampler_lags_until_sync(tokenizer):
+    policy = LMPolicy(tiny_model())
+    sampler = HFSampler(policy, tokenizer, max_completion_length=8)
+    before = sample(sampler, seed=5)
+    frozen = copy.deepcopy(sampler.state_dict())
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    for _ in range(2):
+        optimizer.zero_grad()
+        (-policy.logprobs(before, slice(None))[before.mask].sum()).backward()
+        optimizer.step()
+    assert all(torch.equal(frozen[k], v) for k, v in sampler.state_dict().items())
+    during = sample(sampler, seed=5)
+    assert torch.equal(during.completions, before.completions)
+    assert torch.equal(during.logp_alpha, before.logp_alpha)
+    sampler.sync(policy)
+    after = sample(sampler, seed=5)
+    assert not torch.equal(after.logp_alpha, before.logp_alpha)
+
+
+def test_sampler_state_dict_round_trip(tokenizer):
+    policy = LMPolicy(tiny_model())
+    sampler = HFSampler(policy, tokenizer, max_completion_length=6)
+    saved = {k: v.clone() for k, v in sampler.state_dict().items()}
+    before = sample(sampler, seed=2)
+    perturb(policy)
+    sampler.sync(policy)
+    assert not torch.equal(sample(sampler, seed=2).logp_alpha, before.logp_alpha)
+    sampler.load_state_dict(saved)
+    restored = sample(sampler, seed=2)
+    assert torch.equal(restored.completions, before.completions)
+    assert torch.equal(restored.logp_alpha, before.logp_alpha)
+
+
+def test_same_generator_seed_same_rollout(tokenizer):
+    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=8)
+    global_state = torch.random.get_rng_state()
+    a, b, c = sample(sampler, seed=7), sample(sampler, seed=7), sample(sampler, seed=8)
+    assert torch.equal(torch.random.get_rng_state(), global_state)  # fork_rng: caller's RNG untouched
+    assert torch.equal(a.completions, b.completions) and torch.equal(a.logp_alpha, b.logp_alpha)
+    assert a.extra["texts"] == b.extra["texts"]
+    assert not torch.equal(a.completions, c.completions)
+
+
+def test_sampler_rejects_bad_arguments(tokenizer):
+    policy = LMPolicy(tiny_model(), temperature=0.7)
+    with pytest.raises(ValueError, match="temperature"):
+        HFSampler(policy, tokenizer, max_completion_length=4, temperature=1.0)
+    with pytest.raises(ValueError, match="max_completion_length"):
+        HFSampler(policy, tokenizer, max_completion_length=0)
+    with pytest.raises(ValueError, match="temperature"):
+        LMPolicy(tiny_model(), temperature=0.0)
+    with pytest.raises(ValueError, match="group_size"):
+        HFSampler(policy, tokenizer, max_completion_length=4).sample(PROMPTS, 0, torch.Generator())
+
+
+# ----------------------------------------------------------------------------- gradients and the loop
+
+def test_gradient_flows_through_logprobs(tokenizer):
+    policy = LMPolicy(tiny_model(), temperature=0.7)
+    rollout = sample(HFSampler(policy, tokenizer, max_completion_length=6))
+    logp = policy.logprobs(rollout, slice(2, 9))
+    assert logp.shape == (7, rollout.completions.shape[1]) and logp.requires_grad
+    logp[rollout.mask[2:9]].sum().backward()
+    for name, p in policy.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+class EvenTokenTask:
+    """Reward = fraction of even token ids in the completion: varies within every group."""
+
+    def prompts(self, n: int, generator: torch.Generator) -> list[str]:
+        return [PROMPTS[i] for i in torch.randint(len(PROMPTS), (n,), generator=generator)]
+
+    def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
+        even = ((rollout.completions % 2 == 0) & rollout.mask).sum(1) / rollout.mask.sum(1)
+        return even.reshape(len(rollout.prompts), -1).double()
+
+
+def build_loop(tokenizer, **changes) -> GRPOLoop:
+    config = GRPOConfig(**{**dict(G=4, prompts_per_step=2, max_completion_length=8, lr=1e-2, steps=4, seed=0),
+                           **changes})
+    policy = LMPolicy(tiny_model(), config.temperature)
+    sampler = HFSampler(policy, tokenizer, config.max_completion_length)
+    return GRPOLoop(policy, sampler, EvenTokenTask(), config)
+
+
+def test_loop_end_to_end_with_lagged_sampler(tokenizer):
+    loop = build_loop(tokenizer, v=2, beta=0.04, temperature=0.9)
+    records = list(loop.run())
+    assert [r.synced for r in records] == [True, False, True, False]
+    assert [r.lag for r in records] == [0, 1, 0, 1]
+    assert all(r.sync_bytes > 0 for r in records if r.synced)
+    for r in records:
+        assert not r.skipped
+        for key, value in r.to_dict().items():
+            assert not isinstance(value, float) or math.isfinite(value), key
+    # Right after a sync α = π_k (log α from generate = log π); one step later they differ.
+    assert [r.log_ratio_k_abs < 1e-4 for r in records] == [True, False, True, False]
+
+
+def test_micro_batches_give_the_whole_batch_gradient(tokenizer):
+    deltas = []
+    for micro in (None, 2):
+        loop = build_loop(tokenizer, micro_batch_size=micro, optimizer="sgd", lr=1.0, max_grad_norm=None)
+        before = [p.detach().clone() for p in loop.policy.parameters()]
+        record = loop.step()
+        assert not record.skipped
+        deltas.append([b - p.detach() for b, p in zip(before, loop.policy.parameters(), strict=True)])
+    assert any(d.abs().max() > 0 for d in deltas[0])
+    for whole, micro in zip(*deltas, strict=True):
+        assert torch.allclose(whole, micro, rtol=1e-4, atol=1e-7)
