@@ -291,7 +291,7 @@ def gsm8k_lab_configs(mode: str) -> dict[str, TrainConfig]:
     if mode == "full":
         return {name: recipe(f"gsm8k_qwen05b_{name}")
                 for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10")}
-    shrink = dict(G=4, prompts_per_step=2, max_completion_length=6, steps=5, micro_batch_size=8,
-                  checkpoint_every=0, eval_problems=4, eval_samples=2) if mode == "smoke" else {}
+    shrink = dict(G=3, prompts_per_step=2, max_completion_length=4, steps=5, micro_batch_size=6,
+                  checkpoint_every=0, eval_problems=2, eval_samples=2) if mode == "smoke" else {}
     return {f"v={v}": recipe("cpu_arith_smollm2", v=v, output_dir=f"runs/nb02_{mode}_v{v}", **shrink)
             for v in (1, 4)}

@@ -18,7 +18,15 @@ from grpo_lab import (
     zero_variance_mask,
 )
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def float64_default():
+    """Exact arithmetic checks in float64, restored afterwards (other modules load real models)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 # ----------------------------------------------------------------------------- whitening and mask

@@ -1,0 +1,198 @@
+"""The TRL adapter (grpo_lab.trl): same maths as grpo_objective, sync every v steps, lagged
+sampler α, zero-variance mask across processes. A tiny random Llama keeps each test fast."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from grpo_lab.trl import OffPolicyGRPOTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("trl_two_process", ROOT / "scripts" / "trl_two_process.py")
+two = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(two)
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return two.build_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def alternating_reward(completions, **kwargs):
+    """Half of every group right: no group is ever masked, so every step learns."""
+    return [float(j % 2) for j in range(len(completions))]
+
+
+def constant_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def trainer_for(model_dir, tmp_path, reward, rows=8, **overrides):
+    config = two.make_config(str(tmp_path / "out"), 1, rows, **overrides)
+    dataset = Dataset.from_dict({"prompt": list(two.TRAIN_PROMPTS)})
+    return OffPolicyGRPOTrainer(model=model_dir, reward_funcs=reward, args=config, train_dataset=dataset)
+
+
+CASES = [dict(clip_band=band, zero_variance_mask=mask) for band in ("additive", "multiplicative")
+         for mask in (True, False)]
+CASES += [dict(loss_type="bnpo"), dict(loss_type="dr_grpo"), dict(importance_sampling_level="sequence", epsilon=0.05),
+          dict(beta=0.0, zero_variance_mask=False)]
+
+
+def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):
+    """One fixed batch (perturbed log α and log π_k, a masked group, 2 micro-batches, shuffled):
+    the adapter's loss and gradient equal grpo_objective's within 1e-5, for every option."""
+    losses = []
+    for case in CASES:
+        options = {"beta": 0.04, **case}
+        trainer = trainer_for(model_dir, tmp_path, two.fixed_reward, rows=12, max_completion_length=two.FIXED_T,
+                              **options)
+        result = two.run_fixed_batch(trainer)
+        assert result["loss_error"] < 1e-5, (case, result)
+        assert result["grad_error"] < 1e-5, (case, result)
+        assert result["grad_scale"] > 1e-3, (case, result)  # the gradient is not trivially zero
+        assert result["lab_clip_low_frac"] + result["lab_clip_high_frac"] > 0, (case, result)  # the band bites
+        losses.append(result["loss"])
+    assert len({round(x, 6) for x in losses}) == len(losses)  # band, mask, aggregation each change the loss
+
+
+def test_lagged_copy_generates_and_syncs_every_v(model_dir, tmp_path):
+    """v = 2 over 4 steps: α ← π_θ at k = 0, 2 only; generation never touches π_θ;
+    r′ = π_k/α is 1 right after a sync and not one step later; π_ref hard-resets every 2 steps."""
+    trainer = trainer_for(model_dir, tmp_path, alternating_reward, max_steps=4, vllm_sync_interval=2, beta=0.04,
+                          sync_ref_model=True, ref_model_sync_steps=2)
+    policy_calls = []
+    trainer.model.model.register_forward_pre_hook(lambda *args: policy_calls.append(1))
+    generate = trainer._generate_single_turn
+
+    def generate_without_policy(*args, **kwargs):
+        before = len(policy_calls)
+        result = generate(*args, **kwargs)
+        assert len(policy_calls) == before, "generation must run the copy α, never π_θ"
+        return result
+
+    trainer._generate_single_turn = generate_without_policy
+    initial = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+
+    assert trainer.sync_steps == [0, 2]
+    logs = [h for h in trainer.state.log_history if "off_policy/lag" in h]
+    assert [h["off_policy/lag"] for h in logs] == [0, 1, 0, 1]
+    assert [h["off_policy/synced"] for h in logs] == [1, 0, 1, 0]
+    assert [h["off_policy/sync_count"] for h in logs] == [1, 1, 2, 2]
+    for h in logs:
+        if h["off_policy/lag"] == 0:
+            assert abs(h["off_policy/ratio_k_mean"] - 1) < 1e-5 and abs(h["off_policy/ratio_k_max"] - 1) < 1e-5
+        else:
+            assert h["off_policy/ratio_k_max"] > 1 + 1e-3
+    for p, ref in zip(trainer.model.parameters(), trainer.ref_model.parameters(), strict=True):
+        assert torch.equal(p, ref)  # reset after the last step
+    assert any(not torch.equal(p, p0) for p, p0 in zip(trainer.model.parameters(), initial, strict=True))
+
+
+def test_all_masked_step_is_skipped(model_dir, tmp_path):
+    """Every group agrees: loss exactly 0, step recorded as skipped, weights untouched."""
+    trainer = trainer_for(model_dir, tmp_path, constant_reward, max_steps=2)
+    initial = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "off_policy/lag" in h]
+    assert [h["off_policy/skipped"] for h in logs] == [1, 1]
+    assert [h["off_policy/masked_frac"] for h in logs] == [1, 1]
+    assert all(h["loss"] == 0 for h in logs)
+    assert all(torch.equal(p, p0) for p, p0 in zip(trainer.model.parameters(), initial, strict=True))
+
+
+class FakeVLLM:
+    """Stands in for TRL's VLLMGeneration: counts pushes, returns fixed tokens and log-probs
+    (one token unscored, as vLLM reports a NaN log-prob)."""
+
+    def __init__(self):
+        self.pushes = 0
+
+    def sync_weights(self):
+        self.pushes += 1
+
+    def generate(self, prompts, images, num_generations, profiler):
+        completions = [two.fixed_completion(j) for j in range(len(prompts))]
+        logprobs = [[[None if t == 1 else -2.0] for t in range(len(c))] for c in completions]
+        return None, completions, logprobs, None
+
+
+def test_vllm_path_pushes_only_every_v_steps(model_dir, tmp_path):
+    """Through TRL's own vLLM branch: weights are pushed at k = 0, 2, 4 of k = 0..5 (v = 2)
+    although global_step changes every step; unscored tokens leave the loss finite."""
+    trainer = trainer_for(model_dir, tmp_path, alternating_reward, vllm_sync_interval=2)
+    trainer.use_vllm, trainer.vllm_generation = True, FakeVLLM()
+    trainer.model.train()
+    rows = [{"prompt": p} for p in two.TRAIN_PROMPTS[:2] for _ in range(two.FIXED_G)]
+    pushes = []
+    for k in range(6):
+        trainer.state.global_step = k
+        out = trainer._generate_and_score_completions(rows)
+        pushes.append(trainer.vllm_generation.pushes)
+    assert pushes == [1, 1, 2, 2, 3, 3]
+    assert trainer.sync_steps == [0, 2, 4]
+    assert torch.isnan(out["sampling_per_token_logps"][:, 1]).all()
+    assert torch.isfinite(trainer.compute_loss(trainer.model, out))
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(vllm_sync_interval=0), "vllm_sync_interval"),
+    (dict(clip_band="box"), "clip_band"),
+    (dict(loss_type="sapo"), "loss_type"),
+    (dict(eps_placement="inside"), "eps_placement"),
+    (dict(vllm_importance_sampling_correction=True), "vllm_importance_sampling_correction"),
+    (dict(scale_rewards="batch"), "scale_rewards"),
+    (dict(steps_per_generation=4), "steps_per_generation"),
+    (dict(vllm_enable_sleep_mode=True, vllm_sync_interval=2), "vllm_enable_sleep_mode"),
+])
+def test_bad_config_names_the_field(tmp_path, change, name):
+    with pytest.raises(ValueError, match=name):
+        two.make_config(str(tmp_path), 1, 8, **change)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(model_dir, tmp_path):
+    """accelerate launch, 2 CPU processes (gloo): on the fixed batch, whose middle group is split
+    between the processes, loss and averaged gradient equal grpo_objective's and the one-process
+    adapter's; a 4-step run with v = 2 syncs at k = 0, 2 on both processes."""
+    out = tmp_path / "result.json"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
+               str(ROOT / "scripts" / "trl_two_process.py"), "--model-dir", model_dir, "--out", str(out),
+               "--steps", "4", "--v", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["num_processes"] == 2
+    fixed = result["fixed"]
+    assert fixed["loss_error"] < 1e-5 and fixed["grad_error"] < 1e-5, fixed
+    assert fixed["lab_masked_frac"] == pytest.approx(2 / 3)
+
+    one = two.run_fixed_batch(trainer_for(model_dir, tmp_path, two.fixed_reward, rows=12, beta=0.04,
+                                          max_completion_length=two.FIXED_T))
+    assert abs(one["loss"] - fixed["loss"]) < 1e-5
+    for rank in result["train"]:
+        assert rank["sync_steps"] == [0, 2]
+        assert [h["off_policy/lag"] for h in rank["history"]] == [0, 1, 0, 1]
