@@ -11,7 +11,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # CPU torch first on a machine without CUDA, so nothing pulls a multi-GB CUDA wheel.
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= llm,trl,dev
-DEMO_DIR ?= outputs/demo
+DEMO_DIR ?= docs/figures
 PORT ?= 8888
 STAMP := $(VENV)/.grpo-lab-installed
 

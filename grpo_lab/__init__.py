@@ -9,7 +9,22 @@ Where things live:
 ``loop``            Algorithm 1, the one (v, i) loop                     (§5)
 ``config``          GRPOConfig, one field per knob
 ``bandit``          exact bandit: J, L_α, TV, Theorem 1's bound          (§4)
+``checkpoint``      atomic save, exact resume
+``costmodel``       step(v) = gen + train + sync / v                     (§7)
+``models``          load_policy: bundled SmolLM2 (offline), local dir, hub id
+``tasks``           problems: reasoning-gym, GSM8K, MATH500, AIME24, DeepScaleR
+``rewards``         verifiable rewards with a real timeout
+``policy``          LMPolicy: log π_θ of completions at temperature T
+``sampling``        HFSampler: the lagged in-process α (log α from generate)
+``experiment``      TrainConfig, TextTask, train (the LLM path), recipes
+``evaluate``        Pass@k with n samples per question
+``trl``             OffPolicyGRPOTrainer: the same knobs on TRL (optional extra)
+``viz``             display switch, figures, widgets, exercises
+``cli``             ``grpo-lab train | eval``
 =================== ==========================================================
+
+The top level imports only torch-level primitives; the LLM modules import
+``transformers`` (the ``llm`` extra) when you import them.
 """
 
 from .advantages import whiten, zero_variance_mask
