@@ -3,6 +3,8 @@
 #   make test    set up and run the library tests and the notebooks (reduced mode)
 #   make demo    run the bandit demo without a browser; figures go to $(DEMO_DIR)
 #   make bench   print the benchmarks' side-by-side ratios
+#   make test-browser  JupyterLab + notebook 01 in headless Chromium (installs Chromium/Playwright if missing)
+#   make docs    execute the notebooks (smoke mode) into an HTML gallery under docs/gallery/
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +17,7 @@ DEMO_DIR ?= docs/figures
 PORT ?= 8888
 STAMP := $(VENV)/.grpo-lab-installed
 
-.PHONY: setup lab demo test test-lib test-notebooks bench docs clean
+.PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,13 +44,24 @@ demo: setup
 test: setup test-lib test-notebooks
 
 test-lib: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/browser
 
 test-notebooks: setup
 	GRPO_LAB_SMOKE=1 $(PY) -m pytest -q --nbval-lax notebooks/
 
+browser-deps: setup
+	scripts/browser_deps.sh $(VENV)
+
+test-browser: browser-deps
+	GRPO_LAB_BROWSER=1 $(PY) -m pytest -q tests/browser
+
+docs: setup
+	$(PY) scripts/build_gallery.py --out docs/gallery
+
 bench: setup
 	$(PY) benchmarks/bandit_rerun.py
+	$(PY) benchmarks/sync_copy.py
+	$(PY) benchmarks/trl_step_ratio.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .hypothesis

@@ -1,0 +1,148 @@
+"""End to end in headless Chromium: notebook 01 runs in JupyterLab, its figures and live panel render,
+and moving a slider re-trains in the kernel and redraws the panel's figure; the gallery page draws
+every figure offline. Screenshots go to ``outputs/browser/``. Run with ``make test-browser``."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ipywidgets as W
+import pytest
+
+from grpo_lab.viz.lab import lab_config
+from grpo_lab.viz.widgets import make_controls
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+
+NOTEBOOK = "01_bandit.ipynb"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+KERNEL_IDLE = re.compile(r"^Python 3 \(ipykernel\) \| Idle$")   # the status bar, once the kernel is up
+# Run All has finished (or stopped at an error): the kernel is idle, the first cell has run, none is queued.
+RUN_ALL_DONE = """() => {
+    const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+    const kernel = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    return kernel && kernel.dataset.status === 'idle' && /^\\[\\d+\\]:$/.test(prompts[0] ?? '')
+        && !prompts.includes('[*]:');
+}"""
+# The panel's figure: per trace, its y data (from plotly's graph div) and its drawn SVG paths.
+FIGURE_STATE = """gd => gd.data.map((trace, n) => ({
+    y: Array.from(trace.y),
+    d: [...gd.querySelectorAll('.scatterlayer .trace')][n]?.querySelector('path.js-line, path.js-fill')
+           ?.getAttribute('d') ?? null,
+}))"""
+DRAWN = ".scatterlayer .trace, .heatmaplayer .hm"      # a plotly figure's drawn data (SVG)
+CURRENT = 3          # BanditPanel's traces: baseline band, baseline mean, current band, current mean
+BASELINE = 1
+
+
+def slider_labels() -> set[str]:
+    """The descriptions of the panel's sliders, as BanditPanel builds them."""
+    sliders = (W.IntSlider, W.FloatSlider, W.FloatLogSlider)
+    return {c.description for c in make_controls(lab_config(), runs=1).values() if isinstance(c, sliders)}
+
+
+def saved_notebook(page, path: Path, deadline) -> dict:
+    """Save with Ctrl+S, as a user would, and return the notebook once JupyterLab has written all of it
+    (the server rewrites the file in place: a new mtime alone may still be a partial file)."""
+    before = path.stat().st_mtime_ns
+    page.keyboard.press("Control+s")
+    while True:
+        time.sleep(deadline.ms(0.2) / 1000)
+        if path.stat().st_mtime_ns != before:
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:
+                continue
+
+
+def redraw(page, figure, before: list[dict], deadline) -> list[dict]:
+    """Wait until the current-knobs trace has new data *and* a new drawn path; return the new state."""
+    page.wait_for_function(
+        f"""([gd, before]) => {{
+            const now = ({FIGURE_STATE})(gd)[{CURRENT}];
+            return JSON.stringify(now.y) !== JSON.stringify(before.y) && now.d !== before.d;
+        }}""", arg=[figure.element_handle(), before[CURRENT]], timeout=deadline.ms(30), polling=200)
+    return figure.evaluate(FIGURE_STATE)
+
+
+def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromium_page, screenshot_dir, deadline):
+    page, notebook = chromium_page.page, lab_server.notebook_dir / NOTEBOOK
+    code_cells = sum(c["cell_type"] == "code" for c in json.loads(notebook.read_text())["cells"])
+
+    page.goto(lab_server.url(f"lab/tree/{NOTEBOOK}"), timeout=deadline.ms(60))
+    page.locator(".jp-StatusBar-Widget").get_by_text(KERNEL_IDLE).wait_for(timeout=deadline.ms(90))
+    assert page.locator(".jp-CodeCell").count() == code_cells
+
+    page.get_by_role("menuitem", name="Run", exact=True).click(timeout=deadline.ms(10))
+    page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click(timeout=deadline.ms(10))
+    page.wait_for_function(RUN_ALL_DONE, timeout=deadline.ms(120), polling=500)
+
+    # What the kernel sent, from JupyterLab's own save: no error, every cell ran once, in order.
+    nb = saved_notebook(page, notebook, deadline)
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert not [f"{o['ename']}: {o['evalue']}" for o in outputs if o["output_type"] == "error"]
+    counts = [c["execution_count"] for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(isinstance(n, int) for n in counts), f"cells not run: {counts}"
+    assert counts == sorted(counts) and len(set(counts)) == len(counts) == code_cells
+    static_figures = sum(PLOTLY_MIME in o.get("data", {}) for o in outputs)
+    assert static_figures >= 1 and sum(WIDGET_MIME in o.get("data", {}) for o in outputs) == 1
+
+    # What the browser drew: each static figure as an SVG plot, and the live panel.
+    static = page.locator(".jp-RenderedPlotly.js-plotly-plot")      # jupyterlab-plotly's mime renderer
+    assert static.count() == static_figures
+    assert static.evaluate_all(f"plots => plots.every(p => p.querySelector('{DRAWN}'))")
+    panel = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider"))
+    assert panel.count() == 1
+    assert set(panel.locator(".widget-slider .widget-label").all_inner_texts()) == slider_labels()
+    figure = panel.locator(".js-plotly-plot")           # the FigureWidget (anywidget)
+    figure.locator(".scatterlayer .trace").nth(CURRENT).wait_for(timeout=deadline.ms(30))
+    before = figure.evaluate(FIGURE_STATE)
+    assert len(before) == 4 and all(t["d"] for t in before)
+
+    # The v slider by keyboard: one step right re-trains the runs in the kernel and redraws the curve.
+    v = panel.locator(".widget-slider", has=page.locator(".widget-label", has_text="v (sync)"))
+    v0 = int(v.locator(".widget-readout").inner_text())
+    v.locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowRight")
+    assert v.locator(".widget-readout").inner_text() == str(v0 + 1)
+    after_v = redraw(page, figure, before, deadline)
+    assert after_v[BASELINE]["y"] == before[BASELINE]["y"]          # the baseline is not re-run
+
+    # The i slider through its readout box, as a user types a value.
+    i = panel.locator(".widget-slider", has=page.locator(".widget-label", has_text="i (passes)"))
+    readout = i.locator(".widget-readout")
+    readout.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.type("10")
+    page.keyboard.press("Enter")
+    redraw(page, figure, after_v, deadline)
+    assert readout.inner_text() == "10"
+
+    page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current').click()   # more room for the page
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=screenshot_dir / "notebook01.png")
+    assert not chromium_page.errors, chromium_page.errors
+
+
+def test_gallery_page_draws_every_figure_offline(tmp_path, chromium_page, screenshot_dir, deadline):
+    subprocess.run([sys.executable, "scripts/build_gallery.py", f"notebooks/{NOTEBOOK}", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, timeout=deadline.ms(150) / 1000)
+    html = tmp_path / NOTEBOOK.replace(".ipynb", ".html")
+    figures = len(re.findall(r'class="plotly-graph-div"', html.read_text(encoding="utf-8")))
+    assert figures >= 1
+
+    page = chromium_page.page
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+               else route.abort())                      # offline: no CDN
+    page.goto(html.as_uri(), timeout=deadline.ms(30))
+    page.wait_for_function(f"[...document.querySelectorAll('.js-plotly-plot')].filter(p => p.querySelector('{DRAWN}'))"
+                           f".length >= {figures}", timeout=deadline.ms(30))
+    assert page.locator(".js-plotly-plot").count() == figures
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+    page.screenshot(path=screenshot_dir / "gallery01.png")
+    assert (tmp_path / "index.html").is_file()
