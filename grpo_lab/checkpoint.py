@@ -11,6 +11,7 @@ tensors and plain Python values only, never arbitrary pickled objects.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -41,7 +42,14 @@ def load_checkpoint(loop: GRPOLoop, path: str | Path) -> GRPOLoop:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint path {str(path)!r} does not exist or is not a file")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # objects other than tensors and plain values, or not a torch file
+        raise pickle.UnpicklingError(f"checkpoint {str(path)!r} refused by weights_only loading: {exc}") from exc
+    except OSError:
+        raise
+    except Exception as exc:  # a truncated or corrupt file: RuntimeError, EOFError, KeyError, … from torch
+        raise ValueError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(exc).__name__}: {exc})") from exc
     if not isinstance(state, dict) or "k" not in state:
         raise ValueError(f"checkpoint {str(path)!r} is not a grpo_lab checkpoint (no step counter 'k')")
     loop.load_state_dict(state)

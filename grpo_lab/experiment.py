@@ -130,7 +130,11 @@ class TextTask:
 
 def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                problems: Sequence[Problem] | None = None) -> GRPOLoop:
-    """π_θ, α, the task and the loop of a run (loading the model and problems unless given)."""
+    """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
+
+    The memory guard checks the run fits before α is copied (it may shrink ``micro_batch_size``).
+    """
+    from .memory import guard_memory, longest_prompt
     from .models import load_policy
     from .policy import LMPolicy
     from .sampling import HFSampler
@@ -143,9 +147,10 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     if config.prompts_per_step > len(problems):
         raise ValueError(f"prompts_per_step = {config.prompts_per_step} exceeds the {len(problems)} problems")
     model.requires_grad_(True)
+    task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight)
+    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
     policy = LMPolicy(model, temperature=config.temperature)
     sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature)
-    task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight)
     loop = GRPOLoop(policy, sampler, task, config)
     loop.tokenizer = tokenizer
     return loop
@@ -182,7 +187,7 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
     # metrics.jsonl restarts from the history the checkpoint holds: steps logged after it are redone
-    (out / "metrics.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in loop.history))
+    _write_metrics(out, loop.history)
     loggers = _open_loggers(config, out)
     bar = _progress(total=config.steps, initial=loop.k, enabled=progress)
     try:
@@ -191,12 +196,16 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
             if config.checkpoint_every and loop.k % config.checkpoint_every == 0:
                 save_checkpoint(loop, ckpt)
     except KeyboardInterrupt:
+        # a step that deferred_interrupt let finish is in the history but was never yielded
+        _write_metrics(out, loop.history)
         print(f"interrupted: saving a checkpoint at step {loop.k} in {ckpt}")
     finally:
         bar.close()
-        save_checkpoint(loop, ckpt)
         for logger in loggers:
             logger.close()
+    # Not after any other exception: a failed step (e.g. FloatingPointError) may have left π_θ
+    # half-updated; the last checkpoint written stays the one to resume from.
+    save_checkpoint(loop, ckpt)
     return loop
 
 
@@ -206,6 +215,11 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, disable=not enabled, desc="GRPO", unit="step")
+
+
+def _write_metrics(out: Path, history: list[StepRecord]) -> None:
+    """``metrics.jsonl`` = exactly ``history``, one record per line."""
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in history))
 
 
 def _log(record: StepRecord, out: Path, loggers: list[Any], bar: Any) -> None:

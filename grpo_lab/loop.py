@@ -303,13 +303,18 @@ class GRPOLoop:
         return metrics, loss_sum / cfg.i, grad_norm, False
 
     def _optimizer_step(self) -> float:
+        """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
+        so π_θ and the optimiser state stay as they were."""
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norms = torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+        norm = torch.linalg.vector_norm(norms)
+        if not torch.isfinite(norm):
+            names = {id(p): name for name, p in self.policy.named_parameters()}
+            bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(norms[j])]
+            raise FloatingPointError(f"non-finite gradient norm {norm.item()} at step {self.k} "
+                                     f"(non-finite gradients: {bad[:3] or 'none; their norm overflowed'})")
         if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm, error_if_nonfinite=True)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
-            if not torch.isfinite(norm):
-                raise FloatingPointError(f"non-finite gradient norm {norm.item()} at step {self.k}")
+            torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
         return float(norm)
 
