@@ -77,6 +77,20 @@ def build_rollout(prompts: Sequence[str], prompt_ids: torch.Tensor, prompt_mask:
                    extra={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "texts": texts})
 
 
+def stop_and_pad_ids(model: Any, tokenizer: Any, eos_token_ids: Sequence[int] | None) -> tuple[list[int], int]:
+    """The ids that end a completion (given, else the model's generation config, else the
+    tokenizer's EOS) and the pad id (the tokenizer's, else the first EOS)."""
+    if eos_token_ids is None:
+        eos = model.generation_config.eos_token_id
+        eos = tokenizer.eos_token_id if eos is None else eos
+        eos_token_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if len(eos_token_ids) == 0:
+        raise ValueError("eos_token_ids is empty and neither the model nor the tokenizer names an EOS token")
+    eos_token_ids = [int(e) for e in eos_token_ids]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
+    return eos_token_ids, pad
+
+
 def draw_seed(generator: torch.Generator) -> int:
     """A seed for libraries that use the global RNG, drawn from the loop's generator."""
     return int(torch.randint(2**62, (1,), generator=generator))
@@ -118,14 +132,7 @@ class HFSampler:
             raise ValueError(f"temperature = {temperature!r} must equal the policy's ({policy.temperature}): "
                              "log α and log π are taken at one temperature")
         require_number_in("temperature", self.temperature, 0.0, low_open=True)
-        if eos_token_ids is None:
-            eos = policy.model.generation_config.eos_token_id
-            eos = tokenizer.eos_token_id if eos is None else eos
-            eos_token_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if len(eos_token_ids) == 0:
-            raise ValueError("eos_token_ids is empty and neither the model nor the tokenizer names an EOS token")
-        self.eos_token_ids = [int(e) for e in eos_token_ids]
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
         self.tokenizer = tokenizer
         self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
         self.model.generation_config = GenerationConfig(
