@@ -46,9 +46,9 @@ def load_checkpoint(loop: GRPOLoop, path: str | Path) -> GRPOLoop:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:  # objects other than tensors and plain values, or not a torch file
         raise pickle.UnpicklingError(f"checkpoint {str(path)!r} refused by weights_only loading: {exc}") from exc
-    except OSError:
-        raise
-    except Exception as exc:  # a truncated or corrupt file: RuntimeError, EOFError, KeyError, … from torch
+    except Exception as exc:  # a truncated or corrupt file: RuntimeError, OSError, EOFError, KeyError, … from torch
+        if isinstance(exc, OSError) and exc.filename:  # the OS names the file itself (permissions, …)
+            raise
         raise ValueError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(exc).__name__}: {exc})") from exc
     if not isinstance(state, dict) or "k" not in state:
         raise ValueError(f"checkpoint {str(path)!r} is not a grpo_lab checkpoint (no step counter 'k')")

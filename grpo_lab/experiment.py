@@ -22,7 +22,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .checks import require_choice, require_int_at_least, require_number_in
 from .config import GRPOConfig, smoke_mode
 from .loop import GRPOLoop, Rollout, StepRecord
-from .tasks import Problem, build_prompt, load_problems, sample_problems
+from .tasks import TASK_NAMES, Problem, build_prompt, load_problems, sample_problems
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPORTERS = ("tensorboard", "wandb")
@@ -83,6 +83,11 @@ class TrainConfig(GRPOConfig):
         require_number_in("format_weight", self.format_weight, 0.0, 1.0)
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
+        require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
+        if self.eval_task is not None:
+            require_choice("eval_task", self.eval_task, TASK_NAMES)
+        if isinstance(self.report_to, str):
+            raise ValueError(f"report_to must be a list of logger names, got the string {self.report_to!r}")
         self.report_to = tuple(self.report_to)
         for name in self.report_to:
             require_choice("report_to", name, REPORTERS)
