@@ -61,18 +61,26 @@ _NUMBER_IN_TEXT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 # ----------------------------------------------------------------------------- extraction
 
 def last_boxed(text: str) -> str | None:
-    """Contents of the last ``\\boxed{...}`` with balanced braces, or None."""
+    """Contents of the last ``\\boxed{...}`` with balanced braces, or None.
+
+    Linear in the text: one pass pairs every ``{`` with its closing ``}``, then the
+    ``\\boxed`` occurrences are tried from the last one back (a 100k-character run of
+    unclosed ``\\boxed{`` must not cost a scan per occurrence).
+    """
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for j, char in enumerate(text):
+        if char == "{":
+            opened.append(j)
+        elif char == "}" and opened:
+            closing[opened.pop()] = j
     end = len(text)
     while (start := text.rfind("\\boxed", 0, end)) >= 0:
         i = start + len("\\boxed")
         while i < len(text) and text[i] == " ":
             i += 1
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                if depth == 0:
-                    return text[i + 1:j]
+        if i in closing and text[i] == "{":
+            return text[i + 1:closing[i]]
         end = start
     return None
 
