@@ -31,12 +31,12 @@ def lab_stepper(args: argparse.Namespace):
 
 def trl_stepper(args: argparse.Namespace):
     from datasets import Dataset
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_lab.models import bundled_model_dir
     from grpo_lab.rewards import correctness_reward
     from grpo_lab.tasks import build_prompt, load_problems
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     problems = load_problems("add1", 200, seed=0)
@@ -77,7 +77,7 @@ def main() -> None:
     torch.manual_seed(0)
     steppers = {"grpo_lab": lab_stepper(args), "trl": trl_stepper(args)}
     times: dict[str, list[float]] = {name: [] for name in steppers}
-    for name, step in steppers.items():  # warm-up step each, not timed
+    for step in steppers.values():  # warm-up step each, not timed
         step()
     for _ in range(args.steps):
         for name, step in steppers.items():

@@ -235,7 +235,8 @@ class GRPOLoop:
             if ref_reset:
                 self.reference.load_state_dict(self.policy.state_dict())
             train_seconds = time.perf_counter() - start
-            self.schedule.observe(metrics["log_ratio_k_abs"])
+            if not skipped:  # a skipped step measured no drift: keep what was measured before
+                self.schedule.observe(metrics["log_ratio_k_abs"])
             record = StepRecord(
                 step=k, lag=lag, synced=synced, skipped=skipped,
                 reward_mean=float(rewards.mean()), masked_frac=metrics["masked_frac"], loss=loss,

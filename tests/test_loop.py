@@ -178,3 +178,17 @@ def test_adaptive_schedule_runs_in_the_loop():
     loop = counting_loop(sync="adaptive", v=8, sync_threshold=1e-3, steps=12)
     records = list(loop.run())
     assert max(r.lag for r in records) <= 7 and loop.sync_calls[0] == 0
+
+
+def test_skipped_step_keeps_the_measured_drift():
+    loop = counting_loop(sync="adaptive", v=8, sync_threshold=0.5, steps=3)
+    loop.step()
+    loop.schedule.observe(0.3)                  # drift measured on step 0, below the threshold: no sync at 1
+
+    def all_equal_rewards(rollout, generator):  # step 1: every group masked → skipped, no drift measured
+        return torch.ones(len(rollout.prompts), rollout.group_size)
+
+    loop.task.rewards = all_equal_rewards
+    record = loop.step()
+    assert record.skipped and not record.synced
+    assert loop.schedule.last_drift == 0.3      # not reset to the 0 of an empty measurement

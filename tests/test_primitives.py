@@ -19,7 +19,6 @@ from grpo_lab import (
 )
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def float64_default():
     """Exact arithmetic checks in float64, restored afterwards (other modules load real models)."""
