@@ -5,6 +5,7 @@
 #   make bench   print the benchmarks' side-by-side ratios
 #   make test-browser  JupyterLab + notebook 01 in headless Chromium (installs Chromium/Playwright if missing)
 #   make docs    execute the notebooks (smoke mode) into an HTML gallery under docs/gallery/
+#   make binder-check  build binder/'s CPU-only environment in a fresh venv and run notebook 01 in it
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,7 +18,7 @@ DEMO_DIR ?= docs/figures
 PORT ?= 8888
 STAMP := $(VENV)/.grpo-lab-installed
 
-.PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs clean
+.PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs binder-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +58,9 @@ test-browser: browser-deps
 
 docs: setup
 	$(PY) scripts/build_gallery.py --out docs/gallery
+
+binder-check:
+	scripts/check_binder.sh
 
 bench: setup
 	$(PY) benchmarks/bandit_rerun.py

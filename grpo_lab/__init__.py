@@ -16,9 +16,13 @@ Where things live:
 ``rewards``         verifiable rewards with a real timeout
 ``policy``          LMPolicy: log π_θ of completions at temperature T
 ``sampling``        HFSampler: the lagged in-process α (log α from generate)
+``sampling_vllm``   VLLMSampler: α served by an in-process vLLM engine (GPU)
+``memory``          will an LLM run fit? estimate, measure, shrink micro-batches
 ``experiment``      TrainConfig, TextTask, train (the LLM path), recipes
 ``evaluate``        Pass@k with n samples per question
+``throughput``      measured step costs, cost-model fit, speed-up predictions
 ``trl``             OffPolicyGRPOTrainer: the same knobs on TRL (optional extra)
+``launch``          a recipe on GPUs: ``accelerate launch -m grpo_lab.launch``
 ``viz``             display switch, figures, widgets, exercises
 ``cli``             ``grpo-lab train | eval``
 =================== ==========================================================

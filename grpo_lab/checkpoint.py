@@ -4,8 +4,9 @@ A checkpoint holds everything the loop needs to continue exactly (π_θ, α,
 π_ref, optimiser, schedules, random state, history): see
 ``GRPOLoop.state_dict``. It is written to a temporary file in the same folder,
 flushed to disk, then renamed over the target, so a crash mid-write leaves the
-previous checkpoint intact. Loading uses ``torch.load(weights_only=True)``:
-tensors and plain Python values only, never arbitrary pickled objects.
+previous checkpoint intact (the next save removes the crashed write's temporary
+file). Loading uses ``torch.load(weights_only=True)``: tensors and plain Python
+values only, never arbitrary pickled objects.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def save_checkpoint(loop: GRPOLoop, path: str | Path) -> Path:
     """Write ``loop.state_dict()`` to ``path`` atomically and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write (SIGKILL, power loss)
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

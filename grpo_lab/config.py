@@ -15,6 +15,9 @@ from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES
 SMOKE_ENV = "GRPO_LAB_SMOKE"
 SYNC_MODES = ("fixed", "adaptive")
 OPTIMIZERS = ("adamw", "sgd")
+RESUME_FREE_FIELDS = ("micro_batch_size", "steps")
+"""Fields a resumed run may change: they set how far to go and in what pieces, not what any step computes
+(the memory guard may pick a different ``micro_batch_size`` on another machine)."""
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch
 
 from .advantages import whiten, zero_variance_mask
 from .checks import require_rewards
-from .config import GRPOConfig
+from .config import RESUME_FREE_FIELDS, GRPOConfig
 from .objective import grpo_objective, loss_weights
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 
@@ -334,9 +334,10 @@ class GRPOLoop:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != self.config.to_dict():
-            changed = {k: (v, self.config.to_dict().get(k)) for k, v in state["config"].items()
-                       if self.config.to_dict().get(k) != v}
+        current = self.config.to_dict()
+        changed = {k: (v, current.get(k)) for k, v in state["config"].items()
+                   if current.get(k) != v and k not in RESUME_FREE_FIELDS}
+        if changed:
             raise ValueError(f"checkpoint was written with a different config (saved, current): {changed}")
         self.policy.load_state_dict(state["policy"])
         self.sampler.load_state_dict(state["sampler"])

@@ -23,7 +23,8 @@ which raises off the main thread, and without it a pathological answer (a power
 tower) runs unbounded. Here math-verify runs in one persistent child process
 per parent process, on the child's main thread with its own timeouts off; the
 parent waits at most ``timeout`` seconds, then kills the child (reward 0,
-counted in :func:`verifier_stats`) and starts a new one.
+counted in :func:`verifier_stats`) and hands the next call to a spare child
+that has already imported math-verify (and starts a new spare).
 """
 
 from __future__ import annotations
@@ -139,70 +140,107 @@ except (BrokenPipeError, KeyboardInterrupt):  # the parent went away
 """
 
 
+class _Worker:
+    """One math-verify child process: started at once, ready once it has printed ``ready``."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0)
+        self.ready = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def readline(self, timeout: float) -> bytes | None:
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
+        return self.proc.stdout.readline() if ready else None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the worker has imported math-verify, waiting at most ``timeout`` seconds for it."""
+        if not self.ready:
+            line = self.readline(timeout)
+            if line is not None and line != b"ready\n":
+                raise RuntimeError(f"the math-verify worker printed {line!r} instead of ready")
+            self.ready = line == b"ready\n"
+        return self.ready
+
+    def detach(self) -> None:
+        """Close this end of the pipes without killing the process (a forked child's copy)."""
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.detach()
+
+
 class _Verifier:
-    """One math-verify worker process per parent process; calls are serialised by a lock."""
+    """One math-verify worker per parent process, calls serialised by a lock.
+
+    After the first kill (a timeout or a crash) a spare worker is kept started, so the
+    call after a kill does not wait for math-verify's import (~3 s) on top of its own time.
+    """
 
     def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.ready = False
+        self.worker: _Worker | None = None
+        self.spare: _Worker | None = None
         self.stats: Counter[str] = Counter()
 
     def forget_after_fork(self) -> None:
-        """In a forked child: drop the parent's worker (without killing it) and the lock."""
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.stdout.close()
+        """In a forked child: drop the parent's workers (without killing them) and the lock."""
+        for worker in (self.worker, self.spare):
+            if worker is not None:
+                worker.detach()
         self._reset()
 
-    def _start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0)
-        self.ready = False
+    def _start(self) -> _Worker:
         self.stats["starts"] += 1
+        return _Worker()
 
-    def _readline(self, timeout: float) -> bytes | None:
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
-        return self.proc.stdout.readline() if ready else None
+    def _take_spare(self) -> _Worker:
+        """The spare worker if it is alive (it is no longer the spare), else a new worker."""
+        spare, self.spare = self.spare, None
+        return spare if spare is not None and spare.alive() else self._start()
 
-    def _kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-        self.proc = None
+    def warm(self) -> bool:
+        """Whether the next call is answered by a worker that has already imported math-verify."""
+        return self.worker is not None and self.worker.alive() and self.worker.wait_ready(0.0)
 
     def verify(self, pred: str, gold: str, timeout: float) -> bool:
         with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self._start()
-            if not self.ready:
-                if self._readline(STARTUP_TIMEOUT_S) != b"ready\n":
-                    self._kill()
-                    raise RuntimeError("the math-verify worker did not start; is math-verify installed?")
-                self.ready = True
+            if self.worker is None or not self.worker.alive():
+                self.worker = self._take_spare()
+            if not self.worker.wait_ready(STARTUP_TIMEOUT_S):
+                self.worker.kill()
+                self.worker = None
+                raise RuntimeError("the math-verify worker did not start; is math-verify installed?")
             self.stats["calls"] += 1
             start = time.perf_counter()
             try:
-                self.proc.stdin.write((json.dumps([pred, gold]) + "\n").encode())
-                answer = self._readline(timeout)
+                self.worker.proc.stdin.write((json.dumps([pred, gold]) + "\n").encode())
+                answer = self.worker.readline(timeout)
             except BrokenPipeError:
                 answer = b""
             if answer in (b"1\n", b"0\n"):
                 self.stats["max_ms"] = max(self.stats["max_ms"], round(1000 * (time.perf_counter() - start)))
                 return answer == b"1\n"
             self.stats["timeouts" if answer is None else "crashes"] += 1
-            self._kill()
-            self._start()  # warm up the next worker while the caller goes on
+            self.worker.kill()
+            self.worker = self._take_spare()
+            self.spare = self._start()
             return False
 
     def close(self) -> None:
         with self.lock:
-            if self.proc is not None:
-                self._kill()
+            for worker in (self.worker, self.spare):
+                if worker is not None:
+                    worker.kill()
+            self.worker = self.spare = None
 
 
 _VERIFIER = _Verifier()

@@ -91,6 +91,15 @@ def stop_and_pad_ids(model: Any, tokenizer: Any, eos_token_ids: Sequence[int] | 
     return eos_token_ids, pad
 
 
+def sampler_temperature(policy: LMPolicy, temperature: float | None) -> float:
+    """The sampler's T: the policy's (None: take it); any other value is refused, since log α and
+    log π must be taken at one temperature for r′ = π_k/α to be a ratio of the same distributions."""
+    if temperature is not None and temperature != policy.temperature:
+        raise ValueError(f"temperature = {temperature!r} must equal the policy's ({policy.temperature}): "
+                         "log α and log π are taken at one temperature")
+    return require_number_in("temperature", policy.temperature, 0.0, low_open=True)
+
+
 def draw_seed(generator: torch.Generator) -> int:
     """A seed for libraries that use the global RNG, drawn from the loop's generator."""
     return int(torch.randint(2**62, (1,), generator=generator))
@@ -127,11 +136,7 @@ class HFSampler:
     def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
-        self.temperature = policy.temperature if temperature is None else temperature
-        if self.temperature != policy.temperature:
-            raise ValueError(f"temperature = {temperature!r} must equal the policy's ({policy.temperature}): "
-                             "log α and log π are taken at one temperature")
-        require_number_in("temperature", self.temperature, 0.0, low_open=True)
+        self.temperature = sampler_temperature(policy, temperature)
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
         self.tokenizer = tokenizer
         self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)

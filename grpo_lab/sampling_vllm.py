@@ -52,7 +52,7 @@ import torch
 from .checks import require_int_at_least, require_number_in
 from .loop import Rollout
 from .policy import LMPolicy
-from .sampling import build_rollout, draw_seed, stop_and_pad_ids, tokenize_prompts
+from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
 
 # Engine arguments the sampler sets itself; engine_kwargs may not override them.
 _OWN_ENGINE_ARGS = ("model", "tensor_parallel_size", "gpu_memory_utilization", "dtype", "seed",
@@ -129,11 +129,7 @@ class VLLMSampler:
                  seed: int = 0, enable_prefix_caching: bool = True,
                  engine_kwargs: dict[str, Any] | None = None) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
-        self.temperature = policy.temperature if temperature is None else temperature
-        if self.temperature != policy.temperature:
-            raise ValueError(f"temperature = {temperature!r} must equal the policy's ({policy.temperature}): "
-                             "log α and log π are taken at one temperature")
-        require_number_in("temperature", self.temperature, 0.0, low_open=True)
+        self.temperature = sampler_temperature(policy, temperature)
         require_number_in("gpu_memory_utilization", gpu_memory_utilization, 0.0, 1.0, low_open=True)
         if tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size = {tensor_parallel_size!r}: VLLMSampler runs one in-process "

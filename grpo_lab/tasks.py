@@ -17,6 +17,8 @@ name             source                                          answer format
 ``math500``      ``HuggingFaceH4/MATH-500``                      ``boxed``
 ``aime24``       ``HuggingFaceH4/aime_2024``                     ``boxed``
 ``deepscaler``   ``agentica-org/DeepScaleR-Preview-Dataset``     ``boxed``
+orz-math-57k     Open-Reasoner-Zero's JSON file (:func:`load_orz`;  ``boxed``
+                 the 7B throughput recipes)
 ================ =============================================== ===============
 
 The reasoning-gym tasks are generated offline from a seed (same seed, same
@@ -28,6 +30,7 @@ and what :func:`grpo_lab.rewards.format_reward` checks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +138,8 @@ HUB_DATASETS = {
                              meta=("solution",)),
 }
 
+ORZ_SOURCE = "orz_math_57k"
+"""Source tag of orz-math-57k rows (Open-Reasoner-Zero's training set, the paper's 7B runs)."""
 DATA_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -214,9 +219,23 @@ def load_problems(name: str, n: int | None = None, *, seed: int = 0, split: str 
             raise ValueError(f"task {name!r} is generated: it takes no split or data_files, "
                              f"got split={split!r}, data_files={data_files!r}")
         return generate_problems(name, n, seed, **overrides)
+    if n is not None:
+        require_int_at_least("n", n, 1)
     if overrides:
         raise ValueError(f"task {name!r} is a dataset and takes no config overrides, got {sorted(overrides)}")
     return load_hub_problems(name, split=split, data_files=data_files, limit=n)
+
+
+def load_orz(path: str | Path, limit: int | None = None) -> list[Problem]:
+    """orz-math-57k (Open-Reasoner-Zero's ``data/orz_math_57k_collected.json``): a JSON list of
+    ``[{"from": "human", "value": question}, {"from": "assistant", "ground_truth": {"value": answer}}]``;
+    ``limit`` keeps the first rows."""
+    rows = json.loads(Path(path).read_text())
+    problems = [Problem(question=q["value"], answer=str(a["ground_truth"]["value"]).strip(),
+                        source=f"{ORZ_SOURCE}:{i}") for i, (q, a) in enumerate(rows[:limit])]
+    if not problems:
+        raise ValueError(f"{str(path)!r} holds no problems")
+    return problems
 
 
 def sample_problems(problems: Sequence[Problem], n: int, generator: torch.Generator) -> list[Problem]:

@@ -48,6 +48,14 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert load_checkpoint(make_loop(), target).k == 2
 
 
+def test_save_removes_the_temp_file_of_a_killed_write(tmp_path):
+    loop = make_loop()
+    killed = tmp_path / ".ckpt.pt.abc123.tmp"   # what a writer killed mid-write leaves (the except never ran)
+    killed.write_bytes(b"half a checkpoint")
+    save_checkpoint(loop, tmp_path / "ckpt.pt")
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
 def test_load_refuses_arbitrary_pickles(tmp_path):
     class Evil:
         def __reduce__(self):

@@ -120,6 +120,14 @@ def test_resume_refuses_a_different_config():
         b.load_state_dict(a.state_dict())
 
 
+def test_resume_accepts_more_steps_and_another_micro_batch_size():
+    saved = counting_loop(v=2, steps=4)
+    list(saved.run())
+    longer = counting_loop(v=2, steps=8, micro_batch_size=3)
+    longer.load_state_dict(saved.state_dict())
+    assert longer.k == 4 and len(list(longer.run())) == 4
+
+
 def test_failed_sampling_leaves_state_unchanged():
     loop = counting_loop(v=2, steps=4)
     loop.step()

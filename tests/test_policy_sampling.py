@@ -5,47 +5,17 @@ import math
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
+from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
 from grpo_lab.policy import LMPolicy
 from grpo_lab.sampling import HFSampler, completion_mask, tokenize_prompts
 
-VOCAB = 128  # > 50, so HF's default top_k=50 would truncate and be caught
-PAD, EOS = 0, 1
-PROMPTS = ["w1 w2 w3", "w5", "w7 w8 w9 w10 w11 w12", "w20 w21"]
-
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-
-
-def tiny_model(seed: int = 0, kind: str = "llama") -> torch.nn.Module:
-    """Random Llama with tied embeddings and GQA (or a GPT-2, whose absolute
-    positions show wrong position ids, invisible to RoPE); a large init range
-    makes the next-token distributions sharp, so a shifted or truncated log-prob shows."""
-    torch.manual_seed(seed)
-    if kind == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=128,
-                                          initializer_range=0.5, bos_token_id=EOS, eos_token_id=EOS,
-                                          pad_token_id=PAD)).float()
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         initializer_range=0.5, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
-                         bos_token_id=None)
-    return LlamaForCausalLM(config).float()  # float32 whatever the default dtype (test_primitives sets float64)
-
-
-def perturb(policy: LMPolicy, scale: float = 0.05, seed: int = 1) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
+    return word_tokenizer()
 
 
 def sample(sampler: HFSampler, prompts=PROMPTS, G: int = 4, seed: int = 0) -> Rollout:
@@ -146,7 +116,7 @@ def test_sync_copies_in_place_and_counts_bytes(tokenizer):
     assert moved == sum(t.numel() * t.element_size() for t in unique)
     assert moved < sum(t.numel() * t.element_size() for t in policy.model.state_dict().values())  # tie once
     with pytest.raises(ValueError, match="do not match"):
-        sampler.sync(LMPolicy(LlamaForCausalLM(LlamaConfig(**{**alpha.config.to_dict(), "num_hidden_layers": 1}))))
+        sampler.sync(LMPolicy(tiny_model(layers=1)))
 
 
 def test_sampler_lags_until_sync(tokenizer):
@@ -215,17 +185,6 @@ def test_gradient_flows_through_logprobs(tokenizer):
     for name, p in policy.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
-
-
-class EvenTokenTask:
-    """Reward = fraction of even token ids in the completion: varies within every group."""
-
-    def prompts(self, n: int, generator: torch.Generator) -> list[str]:
-        return [PROMPTS[i] for i in torch.randint(len(PROMPTS), (n,), generator=generator)]
-
-    def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
-        even = ((rollout.completions % 2 == 0) & rollout.mask).sum(1) / rollout.mask.sum(1)
-        return even.reshape(len(rollout.prompts), -1).double()
 
 
 def build_loop(tokenizer, **changes) -> GRPOLoop:

@@ -454,8 +454,7 @@ def score_answer(completion: str, gold: str, timeout: float) -> tuple[float, flo
     with within(PARENT_SLACK_S, what):
         extract_answer(completion)
         format_reward(completion, "boxed")
-    verifier = rewards._VERIFIER
-    warm = verifier.ready and verifier.proc is not None and verifier.proc.poll() is None
+    warm = rewards._VERIFIER.warm()
     start = time.perf_counter()
     value = answer_reward(completion, gold, "boxed", 0.1, timeout=timeout)
     return value, time.perf_counter() - start, warm
@@ -566,8 +565,10 @@ def crash_mid_checkpoint(tmp: Path, kind: str) -> Outcome:
     except Exception:  # noqa: BLE001 - an unreadable checkpoint is the failure being measured
         previous = None
     outcome.checks["the previous checkpoint (k = 2) still loads"] = previous == 2
-    outcome.note = f"{len(partial)} partial temp file left beside it"
+    outcome.note = f"{len(partial)} partial temp file left beside it until the next save"
     resume_and_compare(kind, config, outcome, logged)
+    outcome.checks["the next save removed the partial temp file"] = not list(
+        Path(config.output_dir).glob(".checkpoint.pt.*.tmp"))
     return outcome
 
 

@@ -108,8 +108,17 @@ def test_pathological_answer_is_cut_at_the_timeout():
     assert elapsed < 0.5 + 1.0, f"took {elapsed:.2f} s with a 0.5 s timeout"
     after = verifier_stats()
     assert after["timeouts"] == before["timeouts"] + 1
-    assert after["starts"] == before["starts"] + 1  # killed and replaced
+    assert after["starts"] > before["starts"]  # killed and replaced (plus a spare after the first kill)
     assert answers_match("\\frac{2}{4}", "0.5")  # the new worker answers
+
+
+def test_the_call_after_a_kill_does_not_wait_for_a_worker_start():
+    assert answers_match(POWER_TOWER, "5", timeout=0.3) is False  # a kill: from now on a spare is kept
+    assert rewards._VERIFIER.spare.wait_ready(rewards.STARTUP_TIMEOUT_S)  # it imports while training goes on
+    assert answers_match(POWER_TOWER, "5", timeout=0.3) is False  # the spare takes over at once …
+    start = time.perf_counter()
+    assert answers_match("\\frac{3}{6}", "0.5")                   # … and answers without an import
+    assert time.perf_counter() - start < 1.0
 
 
 def test_overlong_answer_is_a_mismatch_without_parsing():
@@ -138,13 +147,13 @@ def test_works_from_a_thread():
 
 def test_works_from_forked_processes():
     assert answers_match("\\frac{1}{2}", "0.5")  # the parent has a live worker before the fork
-    parent_worker = rewards._VERIFIER.proc
+    parent_worker = rewards._VERIFIER.worker.proc
     calls = [("\\frac{1}{2}", "0.5", 3.0), ("(x+1)^2", "x^2+2x+1", 3.0), ("\\frac{1}{3}", "0.5", 3.0),
              (POWER_TOWER, "5", 1.0)]
     with multiprocessing.get_context("fork").Pool(2) as pool:
         results = pool.starmap(answers_match, calls)
     assert results == [True, True, False, False]
-    assert rewards._VERIFIER.proc is parent_worker and parent_worker.poll() is None  # children left it alone
+    assert rewards._VERIFIER.worker.proc is parent_worker and parent_worker.poll() is None  # children left it alone
     assert answers_match("\\sqrt{4}", "2")
 
 

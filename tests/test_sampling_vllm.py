@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 import grpo_lab.sampling_vllm as sampling_vllm
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
@@ -22,11 +22,6 @@ from grpo_lab.checkpoint import load_checkpoint, save_checkpoint
 from grpo_lab.policy import LMPolicy
 from grpo_lab.sampling import HFSampler
 from grpo_lab.sampling_vllm import VLLMSampler, load_weights_into_vllm
-
-VOCAB = 128
-PAD, EOS = 0, 1
-PROMPTS = ["w1 w2 w3", "w5", "w7 w8 w9 w10 w11 w12", "w20 w21"]
-
 
 # ----------------------------------------------------------------------------- the fake vllm
 
@@ -138,27 +133,7 @@ def fake_vllm(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-
-
-def tiny_model(seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
-    """Random Llama, tied embeddings, GQA; a large init range makes the distributions sharp."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         initializer_range=0.5, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
-                         bos_token_id=None)
-    return LlamaForCausalLM(config).float()
-
-
-def perturb(policy: LMPolicy, scale: float = 0.05, seed: int = 1) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
+    return word_tokenizer()
 
 
 def make_sampler(tmp_path, policy: LMPolicy, tokenizer, max_completion_length: int = 12, **kwargs) -> VLLMSampler:
@@ -303,17 +278,6 @@ def test_seeds_come_from_the_generator(fake_vllm, tmp_path, tokenizer):
 
 
 # ----------------------------------------------------------------------------- the loop
-
-class EvenTokenTask:
-    """Reward = fraction of even token ids in the completion: varies within every group."""
-
-    def prompts(self, n: int, generator: torch.Generator) -> list[str]:
-        return [PROMPTS[i] for i in torch.randint(len(PROMPTS), (n,), generator=generator)]
-
-    def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
-        even = ((rollout.completions % 2 == 0) & rollout.mask).sum(1) / rollout.mask.sum(1)
-        return even.reshape(len(rollout.prompts), -1).double()
-
 
 def test_loop_with_v2_syncs_at_steps_0_and_2(fake_vllm, tmp_path, tokenizer, monkeypatch):
     pushes = count_pushes(monkeypatch)

@@ -1,16 +1,18 @@
 """Notebook 03's logic (grpo_lab.throughput) on fake step records, the paper-anchored predictions,
-the launch recipes (DeepScaleR, 7B colocate) and their eval loaders on small local files."""
+the launch recipes (grpo_lab.launch: DeepScaleR, 7B colocate) and their loaders on small local files."""
 
 import json
 
 import numpy as np
 import pytest
 
+from grpo_lab import launch as gl
 from grpo_lab import throughput as tp
 from grpo_lab.cli import load_config
 from grpo_lab.costmodel import StepCostModel, fit_from_records, paper_cost_model
 from grpo_lab.experiment import CONFIG_DIR, eval_problems
 from grpo_lab.loop import StepRecord
+from grpo_lab.tasks import load_orz
 
 TRUTH = StepCostModel(gen=2.0, train=1.0, sync=0.8)
 
@@ -152,46 +154,46 @@ def test_aime24_and_math500_eval_loaders_on_local_files(tmp_path):
 
 
 def test_colocate_recipes_map_to_the_paper_setting():
-    for v, name in tp.COLOCATE_RECIPES.items():
-        launch_recipe = tp.load_launch_recipe(CONFIG_DIR / f"{name}.yaml")
+    for v, name in gl.COLOCATE_RECIPES.items():
+        launch_recipe = gl.load_launch_recipe(CONFIG_DIR / f"{name}.yaml")
         config = launch_recipe.config
         assert (config.model, config.v, config.i) == ("Qwen/Qwen2.5-7B", v, 1)
         assert launch_recipe.orz_data_files == "data/orz_math_57k_collected.json"
-        args = tp.trl_args(config, {**launch_recipe.trl, "use_cpu": True}, num_processes=8)  # bf16: GPU or use_cpu
+        args = gl.trl_args(config, {**launch_recipe.trl, "use_cpu": True}, num_processes=8)  # bf16: GPU or use_cpu
         assert (args.use_vllm, args.vllm_mode, args.vllm_tensor_parallel_size) == (True, "colocate", 4)
         assert args.vllm_gpu_memory_utilization == 0.3 and args.vllm_sync_interval == v
         rows = config.prompts_per_step * config.G
         assert args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps == rows
         assert args.steps_per_generation == args.gradient_accumulation_steps and args.max_steps == config.steps
-        command = tp.colocate_command(v)
+        command = gl.colocate_command(v)
         accelerate_config = command[command.index("--config_file") + 1]
-        assert (tp.ROOT / accelerate_config).is_file() and (tp.ROOT / command[-1]).is_file(), command
+        assert (gl.ROOT / accelerate_config).is_file() and (gl.ROOT / command[-1]).is_file(), command
         assert command[command.index("-m") + 1] == "accelerate.commands.launch"
     with pytest.raises(ValueError, match="v must be one of"):
-        tp.colocate_command(4)
+        gl.colocate_command(4)
 
 
 def test_trl_args_map_names_and_refuse_what_trl_cannot_do(tmp_path):
-    launch_recipe = tp.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
+    launch_recipe = gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
                                           ["i=2", "eps_high=0.28", "beta=0.04", "ref_period=5",
                                            f"output_dir={tmp_path}"], ["logging_steps=3"])
     config = launch_recipe.config
     assert launch_recipe.trl == {"logging_steps": 3} and launch_recipe.orz_data_files is None
-    args = tp.trl_args(config, launch_recipe.trl, num_processes=2)
+    args = gl.trl_args(config, launch_recipe.trl, num_processes=2)
     assert (args.num_generations, args.num_iterations, args.vllm_sync_interval) == (8, 2, 4)
     assert (args.epsilon, args.epsilon_high, args.beta, args.ref_model_sync_steps) == (0.2, 0.28, 0.04, 10)
     assert args.per_device_train_batch_size == 16 and args.gradient_accumulation_steps == 1  # 32 rows = 16·2·1
     assert (args.max_steps, args.logging_steps, args.lr_scheduler_type) == (80, 3, "constant")
     with pytest.raises(ValueError, match="sync = 'adaptive'"):
-        tp.trl_args(config.replace(sync="adaptive"), {}, 1)
+        gl.trl_args(config.replace(sync="adaptive"), {}, 1)
     with pytest.raises(ValueError, match="kl_kind must be one of"):
-        tp.trl_args(config.replace(kl_kind="k1"), {}, 1)
+        gl.trl_args(config.replace(kl_kind="k1"), {}, 1)
     with pytest.raises(ValueError, match="must be a multiple of micro_batch_size"):
-        tp.trl_args(config.replace(micro_batch_size=5), {}, 1)
+        gl.trl_args(config.replace(micro_batch_size=5), {}, 1)
     with pytest.raises(ValueError, match="an override takes key=value"):
-        tp.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["v"])
+        gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["v"])
     with pytest.raises(ValueError, match="unknown"):
-        tp.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["nonsense=1"])
+        gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["nonsense=1"])
 
 
 def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
@@ -199,24 +201,24 @@ def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
             for q, a in (("What is 2+3?", "5"), ("Half of 1?", "\\frac{1}{2}"))]
     path = tmp_path / "orz.json"
     path.write_text(json.dumps(rows))
-    assert [p.answer for p in tp.load_orz(path)] == ["5", "\\frac{1}{2}"] and len(tp.load_orz(path, 1)) == 1
-    launch_recipe = tp.load_launch_recipe(CONFIG_DIR / "qwen7b_orz_colocate_v1.yaml",
+    assert [p.answer for p in load_orz(path)] == ["5", "\\frac{1}{2}"] and len(load_orz(path, 1)) == 1
+    launch_recipe = gl.load_launch_recipe(CONFIG_DIR / "qwen7b_orz_colocate_v1.yaml",
                                           [f"orz_data_files={path}", "system_prompt=Be brief."])
     assert launch_recipe.orz_data_files == str(path)
-    data = tp.training_dataset(launch_recipe)
+    data = gl.training_dataset(launch_recipe)
     assert data[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
     user = data[0]["prompt"][1]["content"]
     assert user.startswith("What is 2+3?\n") and "\\boxed{}" in user
-    gym = tp.training_dataset(tp.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["train_problems=3"]))
+    gym = gl.training_dataset(gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["train_problems=3"]))
     assert len(gym) == 3 and all(row["answer_format"] == "number" for row in gym)
     assert gym[0]["prompt"][-1]["content"].endswith("Answer with just the number.")
-    reward = tp.verifiable_reward()
+    reward = gl.verifiable_reward()
     completions = [[{"role": "assistant", "content": "so \\boxed{5}"}], "\\boxed{0.5}"]
     assert reward(completions, answer=data["answer"], answer_format=data["answer_format"]) == [1.0, 1.0]
     assert reward(["\\boxed{6}"], answer=["5"], answer_format=["boxed"]) == [0.0]
     path.write_text("[]")
     with pytest.raises(ValueError, match="holds no problems"):
-        tp.load_orz(path)
+        load_orz(path)
 
 
 @pytest.mark.slow
@@ -234,13 +236,13 @@ def test_launch_trains_with_the_trl_adapter_and_writes_results(tmp_path, monkeyp
                                          tie_word_embeddings=True))
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    launch_recipe = tp.load_launch_recipe(
+    launch_recipe = gl.load_launch_recipe(
         CONFIG_DIR / "cpu_arith_smollm2.yaml",
         [f"model={tmp_path / 'model'}", "G=2", "prompts_per_step=2", "micro_batch_size=2", "v=2", "steps=3",
          "max_completion_length=4", "train_problems=8", "checkpoint_every=0", "device=cpu",
          f"output_dir={tmp_path / 'run'}"], ["disable_tqdm=true"])
-    result = tp.launch(launch_recipe)
+    result = gl.launch(launch_recipe)
     assert (result["v"], result["steps"], result["syncs"]) == (2, 3, 2)  # α ← π_θ at k = 0 and 2
     assert result["iters_per_second"] > 0 and 0.0 <= result["final_reward"] <= 1.0
-    assert json.loads((tmp_path / "run" / tp.RESULT_FILE).read_text()) == result
+    assert json.loads((tmp_path / "run" / gl.RESULT_FILE).read_text()) == result
     assert (tmp_path / "run" / "final" / "config.json").is_file()

@@ -1,0 +1,56 @@
+"""A tiny word-level tokenizer, random causal LMs and a task with reward variance in every group:
+the shared fixtures of the sampler tests (HFSampler and VLLMSampler run the same checks on them)."""
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from grpo_lab import Rollout
+from grpo_lab.policy import LMPolicy
+
+VOCAB = 128  # > 50, so HF's default top_k=50 would truncate and be caught
+PAD, EOS = 0, 1
+PROMPTS = ["w1 w2 w3", "w5", "w7 w8 w9 w10 w11 w12", "w20 w21"]
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """Words ``w0``…``w124`` are ids 3…127; ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2."""
+    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2, **{f"w{i}": i + 3 for i in range(VOCAB - 3)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_model(seed: int = 0, kind: str = "llama", layers: int = 2) -> torch.nn.Module:
+    """Random Llama with tied embeddings and GQA (or a GPT-2, whose absolute
+    positions show wrong position ids, invisible to RoPE); a large init range
+    makes the next-token distributions sharp, so a shifted or truncated log-prob shows."""
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=2, n_positions=128,
+                                          initializer_range=0.5, bos_token_id=EOS, eos_token_id=EOS,
+                                          pad_token_id=PAD)).float()
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.5, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
+                         bos_token_id=None)
+    return LlamaForCausalLM(config).float()  # float32 whatever the default dtype (test_primitives sets float64)
+
+
+def perturb(policy: LMPolicy, scale: float = 0.05, seed: int = 1) -> None:
+    """Move every parameter of π_θ by seeded noise (π_θ ≠ α until the next sync)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+class EvenTokenTask:
+    """Reward = fraction of even token ids in the completion: varies within every group."""
+
+    def prompts(self, n: int, generator: torch.Generator) -> list[str]:
+        return [PROMPTS[i] for i in torch.randint(len(PROMPTS), (n,), generator=generator)]
+
+    def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
+        even = ((rollout.completions % 2 == 0) & rollout.mask).sum(1) / rollout.mask.sum(1)
+        return even.reshape(len(rollout.prompts), -1).double()
