@@ -54,7 +54,7 @@ browser-deps: setup
 	scripts/browser_deps.sh $(VENV)
 
 test-browser: browser-deps
-	GRPO_LAB_BROWSER=1 $(PY) -m pytest -q tests/browser
+	GRPO_LAB_BROWSER=1 $(PY) -m pytest -q -rP tests/browser
 
 docs: setup
 	$(PY) scripts/build_gallery.py --out docs/gallery

@@ -8,11 +8,14 @@ failure, not a skip: ``scripts/browser_deps.sh`` installs both.
 ``GRPO_LAB_BROWSER=1``      run the browser tests
 ``CHROMIUM``                the browser binary (default ``/usr/bin/chromium``, Debian's package)
 ``GRPO_LAB_BROWSER_OUT``    where screenshots go (default ``outputs/browser/``)
+``GRPO_LAB_BROWSER_FULL=1`` the notebook at full size (300 steps × 8 runs), to measure a slider's
+                            real re-plot time; default: smoke mode, as CI runs it
 =========================== ===================================================================
 
 JupyterLab serves a *copy* of ``notebooks/`` (its autosave would otherwise write outputs into the
 committed notebooks) with its own config, runtime and settings folders, on 127.0.0.1 only, with a
-random token, ``GRPO_LAB_SMOKE=1`` and no network use of its own (no news, no extension manager).
+random token, ``GRPO_LAB_SMOKE=1`` (unless ``GRPO_LAB_BROWSER_FULL=1``) and no network use of its own
+(no news, no extension manager).
 Every wait draws on one :class:`Deadline` (280 s for the session); the server, its kernels and the browser are killed at
 teardown, and teardown fails if any of their processes survive.
 """
@@ -150,14 +153,15 @@ def stop(process: subprocess.Popen, grace_s: float = 15.0) -> None:
 
 @pytest.fixture
 def lab_server(tmp_path: Path, deadline: Deadline) -> Iterator[LabServer]:
-    """JupyterLab on a free 127.0.0.1 port, serving a copy of notebooks/ in smoke mode."""
+    """JupyterLab on a free 127.0.0.1 port, serving a copy of notebooks/ (in smoke mode by default)."""
     notebook_dir, config_dir = tmp_path / "notebooks", tmp_path / "jupyter-config"
     shutil.copytree(ROOT / "notebooks", notebook_dir, ignore=shutil.ignore_patterns("runs", ".ipynb_checkpoints"))
     for name, values in LAB_SETTINGS.items():
         path = config_dir / "lab" / "user-settings" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
-    env = {**os.environ, "GRPO_LAB_SMOKE": "1", "JUPYTER_CONFIG_DIR": str(config_dir),
+    smoke = "0" if os.environ.get("GRPO_LAB_BROWSER_FULL", "") not in ("", "0") else "1"
+    env = {**os.environ, "GRPO_LAB_SMOKE": smoke, "JUPYTER_CONFIG_DIR": str(config_dir),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
     env.pop("GRPO_LAB_DISPLAY", None)                        # auto: live widgets in the kernel
     port, token, log = free_port(), secrets.token_hex(16), tmp_path / "jupyterlab.log"
