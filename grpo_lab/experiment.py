@@ -148,7 +148,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
         model, tokenizer = load_policy(config.model, dtype=DTYPES[config.dtype], device=config.torch_device(),
                                        trust_remote_code=config.trust_remote_code)
     if problems is None:
-        problems = _load(config.task, config.train_problems, config.seed, config.train_split, config.data_files)
+        problems = train_problems(config)
     if config.prompts_per_step > len(problems):
         raise ValueError(f"prompts_per_step = {config.prompts_per_step} exceeds the {len(problems)} problems")
     model.requires_grad_(True)
@@ -168,6 +168,11 @@ def _load(name: str, n: int, seed: int, split: str | None, data_files: str | Non
     if name in GYM_TASKS:
         return load_problems(name, n, seed=seed)
     return load_problems(name, n, split=split, data_files=data_files)
+
+
+def train_problems(config: TrainConfig) -> list[Problem]:
+    """The training problems: ``config.task``'s first ``train_problems`` (generated from ``config.seed``)."""
+    return _load(config.task, config.train_problems, config.seed, config.train_split, config.data_files)
 
 
 def eval_problems(config: TrainConfig) -> list[Problem]:

@@ -22,8 +22,8 @@ import numpy as np
 import yaml
 
 from .checks import require_choice
-from .experiment import CONFIG_DIR, TrainConfig
-from .tasks import ANSWER_INSTRUCTIONS, GYM_TASKS, load_orz, load_problems
+from .experiment import CONFIG_DIR, TrainConfig, train_problems
+from .tasks import chat_messages, load_orz
 
 if TYPE_CHECKING:
     from .trl import OffPolicyGRPOConfig
@@ -120,22 +120,15 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
 
 
 def training_dataset(launch_recipe: LaunchRecipe) -> Any:
-    """The training problems as TRL rows: ``prompt`` (chat messages: the user message of
-    :func:`~grpo_lab.tasks.build_prompt`), ``answer`` and ``answer_format`` for the reward."""
+    """The training problems as TRL rows: ``prompt`` (the chat of :func:`~grpo_lab.tasks.chat_messages`,
+    as :func:`~grpo_lab.tasks.build_prompt` renders it), ``answer`` and ``answer_format`` for the reward."""
     from datasets import Dataset
 
     config = launch_recipe.config
-    if launch_recipe.orz_data_files is not None:
-        problems = load_orz(launch_recipe.orz_data_files, config.train_problems)
-    elif config.task in GYM_TASKS:
-        problems = load_problems(config.task, config.train_problems, seed=config.seed)
-    else:
-        problems = load_problems(config.task, config.train_problems, split=config.train_split,
-                                 data_files=config.data_files)
-    system = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
-    return Dataset.from_list([{"prompt": [*system, {"role": "user", "content": f"{p.question}\n"
-                                          f"{ANSWER_INSTRUCTIONS[p.answer_format]}"}],
-                               "answer": p.answer, "answer_format": p.answer_format} for p in problems])
+    problems = (train_problems(config) if launch_recipe.orz_data_files is None
+                else load_orz(launch_recipe.orz_data_files, config.train_problems))
+    return Dataset.from_list([{"prompt": chat_messages(p, config.system_prompt), "answer": p.answer,
+                               "answer_format": p.answer_format} for p in problems])
 
 
 def verifiable_reward(format_weight: float = 0.0) -> Any:

@@ -311,7 +311,7 @@ class GRPOLoop:
     def _optimizer_step(self) -> float:
         """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
         so π_θ and the optimiser state stay as they were."""
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        params = [p for p in self._params if p.grad is not None]
         norms = torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
         norm = torch.linalg.vector_norm(norms)
         if not torch.isfinite(norm):

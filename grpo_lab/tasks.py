@@ -17,7 +17,7 @@ name             source                                          answer format
 ``math500``      ``HuggingFaceH4/MATH-500``                      ``boxed``
 ``aime24``       ``HuggingFaceH4/aime_2024``                     ``boxed``
 ``deepscaler``   ``agentica-org/DeepScaleR-Preview-Dataset``     ``boxed``
-orz-math-57k     Open-Reasoner-Zero's JSON file (:func:`load_orz`;  ``boxed``
+orz-math-57k     Open-Reasoner-Zero's JSON (:func:`load_orz`, for ``boxed``
                  the 7B throughput recipes)
 ================ =============================================== ===============
 
@@ -255,14 +255,19 @@ def build_prompt(problem: Problem, tokenizer: Any, system_prompt: str | None = N
     maths system prompt). Without a chat template: plain
     ``system\n\nquestion\ninstruction\nAnswer:`` text.
     """
+    messages = chat_messages(problem, system_prompt)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return (f"{system_prompt}\n\n" if system_prompt else "") + f"{messages[-1]['content']}\nAnswer:"
+
+
+def chat_messages(problem: Problem, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat of ``problem``: an optional system message, then the user message (question, then
+    the answer-format instruction). :func:`build_prompt` renders it; TRL datasets take it as is."""
     if problem.answer_format not in ANSWER_INSTRUCTIONS:
         raise ValueError(f"answer_format must be one of {tuple(ANSWER_INSTRUCTIONS)}, got {problem.answer_format!r}")
-    user = f"{problem.question}\n{ANSWER_INSTRUCTIONS[problem.answer_format]}"
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": user})
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return (f"{system_prompt}\n\n" if system_prompt else "") + f"{user}\nAnswer:"
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": f"{problem.question}\n{ANSWER_INSTRUCTIONS[problem.answer_format]}"}]
 
 
 def _require_name(name: Any, names: Any) -> str:
