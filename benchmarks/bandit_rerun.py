@@ -1,11 +1,15 @@
-"""How long one re-run of the live bandit panel takes (notebook 01).
+"""How long one re-run of the live bandit panel takes (notebook 01), engine against loop.
 
-The panel re-trains ``steps`` × ``runs`` on every slider change; the budget is
-0.5 s for 300 steps × 8 runs on a 2-core CPU. Prints the median and best of a
-few repeats after one warm-up, and the ratio to the budget::
+The panel re-trains ``steps`` × ``runs`` on every slider change with
+:func:`~grpo_lab.bandit_fast.run_bandit_fast` (gradient in closed form); the
+budget is 0.5 s for 300 steps × 8 runs on a 2-core CPU. The same runs through
+:class:`~grpo_lab.loop.GRPOLoop` (:func:`~grpo_lab.bandit.run_bandit`, autograd)
+are timed alongside, interleaved repeat by repeat so that both see the same
+machine load; it prints the medians, their ratio and the engine's share of the
+budget::
 
     python benchmarks/bandit_rerun.py              # or: make bench
-    python benchmarks/bandit_rerun.py --profile    # plus the top cProfile entries
+    python benchmarks/bandit_rerun.py --profile    # plus the top cProfile entries of the engine
 """
 
 from __future__ import annotations
@@ -16,24 +20,34 @@ import os
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from grpo_lab.bandit import run_bandit
+from grpo_lab.bandit import BanditRun, run_bandit
+from grpo_lab.bandit_fast import run_bandit_fast
 from grpo_lab.viz.lab import lab_config, lab_problem
 
 BUDGET_S = 0.5
+ENGINES: dict[str, Callable[..., BanditRun]] = {"closed form (panel)": run_bandit_fast, "GRPOLoop": run_bandit}
+CASES = {"on-policy (v=1, i=1)": {}, "v=10": {"v": 10}, "beta=0.1": {"beta": 0.1}, "i=4": {"i": 4}}
 
 
-def time_rerun(steps: int, runs: int, repeats: int, **changes: object) -> list[float]:
-    """Wall-clock seconds of ``repeats`` runs of the panel's computation (after one warm-up)."""
+def time_case(steps: int, runs: int, repeats: int, **changes: object) -> dict[str, list[float]]:
+    """Seconds per re-run of each engine, ``repeats`` times, interleaved (after one warm-up each);
+    also checks that both engines drew the same curves."""
     problem, config = lab_problem(), lab_config(steps=steps, **changes)
-    run_bandit(problem, config, runs=runs)
-    times = []
+    curves = {name: engine(problem, config, runs=runs).J for name, engine in ENGINES.items()}
+    first, second = curves.values()
+    if not np.allclose(first, second, rtol=0, atol=1e-10):
+        raise AssertionError(f"the engines disagree: max |ΔJ| = {np.abs(first - second).max():.2e}")
+    times: dict[str, list[float]] = {name: [] for name in ENGINES}
     for _ in range(repeats):
-        start = time.perf_counter()
-        run_bandit(problem, config, runs=runs)
-        times.append(time.perf_counter() - start)
+        for name, engine in ENGINES.items():
+            start = time.perf_counter()
+            engine(problem, config, runs=runs)
+            times[name].append(time.perf_counter() - start)
     return times
 
 
@@ -41,20 +55,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--runs", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="print the top cProfile entries of one re-run")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--profile", action="store_true", help="print the top cProfile entries of one engine re-run")
     args = parser.parse_args()
     print(f"CPU cores: {os.cpu_count()}, torch {torch.__version__}, torch threads {torch.get_num_threads()} "
-          f"(run_bandit uses 1)")
-    for label, changes in [("on-policy (v=1, i=1)", {}), ("v=10", {"v": 10}), ("beta=0.1", {"beta": 0.1})]:
-        times = time_rerun(args.steps, args.runs, args.repeats, **changes)
-        median = statistics.median(times)
-        print(f"{label:22s} {args.steps} steps x {args.runs} runs: median {median:.3f} s, best {min(times):.3f} s"
-              f"  = {median / BUDGET_S:.2f}x the {BUDGET_S} s budget  [{'ok' if median < BUDGET_S else 'OVER'}]")
+          f"(both engines use 1); {args.steps} steps x {args.runs} runs, median of {args.repeats}")
+    fast, loop = ENGINES
+    for label, changes in CASES.items():
+        times = time_case(args.steps, args.runs, args.repeats, **changes)
+        median = {name: statistics.median(t) for name, t in times.items()}
+        print(f"{label:22s} {fast}: {median[fast]:.3f} s (best {min(times[fast]):.3f})   {loop}: {median[loop]:.3f} s"
+              f"   ratio {median[fast] / median[loop]:.2f}   = {median[fast] / BUDGET_S:.2f}x the {BUDGET_S} s budget"
+              f"  [{'ok' if median[fast] < BUDGET_S else 'OVER'}]")
     if args.profile:
         problem, config = lab_problem(), lab_config(steps=args.steps)
         profiler = cProfile.Profile()
-        profiler.runcall(run_bandit, problem, config, args.runs)
+        profiler.runcall(run_bandit_fast, problem, config, args.runs)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
 

@@ -9,6 +9,7 @@ Where things live:
 ``loop``            Algorithm 1, the one (v, i) loop                     (§5)
 ``config``          GRPOConfig, one field per knob
 ``bandit``          exact bandit: J, L_α, TV, Theorem 1's bound          (§4)
+``bandit_fast``     the bandit's loop with the gradient in closed form (live panel)
 ``checkpoint``      atomic save, exact resume
 ``costmodel``       step(v) = gen + train + sync / v                     (§7)
 ``models``          load_policy: bundled SmolLM2 (offline), local dir, hub id

@@ -9,6 +9,9 @@ real tensor copy.
 
 Because π, π_k and α are explicit tables, J, L_α, TV and Theorem 1's bound are
 computed exactly (no sampling), vectorised over any leading dimensions.
+
+The live panel of notebook 01 re-runs with :mod:`grpo_lab.bandit_fast`: the same
+steps and random draws, with the gradient written in closed form.
 """
 
 from __future__ import annotations
@@ -149,16 +152,21 @@ class LaggedTabularSampler:
         self.logits.copy_(policy.logits.detach())
         return self.logits.numel() * self.logits.element_size()
 
-    def sample(self, prompts: torch.Tensor, group_size: int, generator: torch.Generator) -> Rollout:
+    def draw(self, prompts: torch.Tensor, group_size: int,
+             generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """G arms per prompt from α and their log α, both ``[R·P, G]`` (``prompts`` holds R·P contexts, run-major)."""
         runs = self.logits.shape[0]
         run = torch.arange(runs).repeat_interleave(len(prompts) // runs)
         logp_table = torch.log_softmax(self.logits[run, prompts], dim=-1)          # [R·P, K]
         arms = torch.multinomial(logp_table.exp(), group_size, replacement=True, generator=generator)
-        logp_alpha = logp_table.gather(1, arms)                                     # [R·P, G]
+        return arms, logp_table.gather(1, arms)
+
+    def sample(self, prompts: torch.Tensor, group_size: int, generator: torch.Generator) -> Rollout:
+        arms, logp_alpha = self.draw(prompts, group_size, generator)
+        run = torch.arange(self.logits.shape[0]).repeat_interleave(arms.numel() // self.logits.shape[0])
         return Rollout(prompts=prompts, completions=arms.reshape(-1, 1), logp_alpha=logp_alpha.reshape(-1, 1),
                        mask=torch.ones(arms.numel(), 1, dtype=torch.bool),
-                       extra={"run": run.repeat_interleave(group_size),
-                              "context": prompts.repeat_interleave(group_size)})
+                       extra={"run": run, "context": prompts.repeat_interleave(group_size)})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"logits": self.logits.clone()}
@@ -177,8 +185,11 @@ class BanditTask:
         return torch.randint(self.problem.contexts, (self.runs * n,), generator=generator)
 
     def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
-        success = self.problem.p[rollout.extra["context"], rollout.completions[:, 0]]
-        return torch.bernoulli(success, generator=generator).reshape(len(rollout.prompts), -1)
+        return self.bernoulli(rollout.prompts, rollout.completions.reshape(len(rollout.prompts), -1), generator)
+
+    def bernoulli(self, prompts: torch.Tensor, arms: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Rewards ``[R·P, G]`` ~ Bernoulli(p[x, y]) for contexts ``prompts [R·P]`` and ``arms [R·P, G]``."""
+        return torch.bernoulli(self.problem.p[prompts[:, None], arms], generator=generator)
 
 
 # ----------------------------------------------------------------------------- running an experiment

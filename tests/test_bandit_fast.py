@@ -1,0 +1,86 @@
+"""The closed-form engine (the live panel's) against the loop: the same curves for every knob."""
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_lab import kl_estimate, loss_weights
+from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
+from grpo_lab.bandit_fast import kl_gradient, run_bandit_fast, sequence_weights
+from grpo_lab.objective import KL_KINDS, LOSS_TYPES
+
+PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
+
+KNOBS = {
+    "on-policy": {},
+    "no mask": dict(mask_zero_variance=False),
+    "v = 10": dict(v=10),
+    "sample reuse i = 4": dict(i=4),
+    "multiplicative band, v = 7, i = 3": dict(band="multiplicative", v=7, i=3),
+    "eps = 0, v = 3": dict(eps_low=0.0, v=3),
+    "asymmetric eps, v = 4, i = 2": dict(eps_low=0.1, eps_high=0.28, v=4, i=2),
+    "beta k3, fixed ref": dict(beta=0.3),
+    "beta k1, ref reset every 7": dict(beta=0.3, ref_period=7, kl_kind="k1"),
+    "beta k2, importance weighted, v = 5": dict(beta=0.5, kl_kind="k2", kl_importance_weighted=True, v=5),
+    "lr 16, beta 0.2 (unstable)": dict(lr=16.0, beta=0.2),
+    "adaptive sync": dict(sync="adaptive", v=8, sync_threshold=0.02),
+    "dr_grpo, G = 2": dict(loss_type="dr_grpo", max_completion_length=3, G=2),
+    "bnpo": dict(loss_type="bnpo", v=2),
+    "TRL whitening": dict(eps_placement="added_to_std", unbiased_std=True, eps_std=0.0),
+    "SGD with clipping and weight decay": dict(max_grad_norm=0.3, weight_decay=0.1, v=2),
+    "AdamW, clipped": dict(optimizer="adamw", lr=0.05, max_grad_norm=0.5, v=4),
+}
+
+
+@pytest.mark.parametrize("changes", KNOBS.values(), ids=KNOBS.keys())
+def test_closed_form_engine_gives_the_loops_curves(changes):
+    config = bandit_config(**{"steps": 80, "lr": 1.0, "seed": 3, **changes})
+    loop, fast = run_bandit(PROBLEM, config, runs=3), run_bandit_fast(PROBLEM, config, runs=3)
+    assert fast.J.shape == loop.J.shape == (81, 3)
+    np.testing.assert_allclose(fast.J, loop.J, rtol=0, atol=1e-10)
+    assert np.array_equal(fast.masked_frac, loop.masked_frac)
+    assert np.array_equal(fast.lag, loop.lag)
+    assert np.array_equal(fast.optimizer_passes, loop.optimizer_passes)
+    assert np.abs(fast.J[-1] - fast.J[0]).max() > 1e-3          # the runs moved: the comparison means something
+
+
+def test_a_step_where_every_group_is_masked_trains_nothing_in_both():
+    problem = BanditProblem(torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0]], dtype=torch.float64))
+    config = bandit_config(steps=40, G=2, prompts_per_step=1, lr=1.0, beta=0.1, ref_period=5)
+    loop, fast = run_bandit(problem, config, runs=2), run_bandit_fast(problem, config, runs=2)
+    skipped = np.diff(np.concatenate([[0], fast.optimizer_passes])) == 0
+    assert skipped.any() and not skipped.all()
+    np.testing.assert_allclose(fast.J, loop.J, rtol=0, atol=1e-12)
+    assert np.array_equal(fast.optimizer_passes, loop.optimizer_passes)
+
+
+def test_same_seed_same_curves():
+    config = bandit_config(steps=30, seed=7, v=3)
+    a, b = run_bandit_fast(PROBLEM, config, runs=2), run_bandit_fast(PROBLEM, config, runs=2)
+    assert np.array_equal(a.J, b.J)
+    assert not np.array_equal(a.J, run_bandit_fast(PROBLEM, config.replace(seed=8), runs=2).J)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("max_completion_length", [None, 4])
+def test_sequence_weights_are_loss_weights_for_one_token(loss_type, max_completion_length):
+    runs, P, G = 3, 4, 5
+    keep = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)    # run 1 keeps nothing
+    config = bandit_config(G=G, prompts_per_step=P, loss_type=loss_type, max_completion_length=max_completion_length)
+    expected = loss_weights(keep.repeat_interleave(G)[:, None], loss_type, max_completion_length,
+                            torch.arange(runs).repeat_interleave(P * G), torch.float64)
+    got = sequence_weights(keep, runs, config).expand(-1, G).reshape(-1, 1)
+    torch.testing.assert_close(got, expected, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("kind", KL_KINDS)
+def test_kl_gradient_is_the_estimators_derivative(kind):
+    logp = torch.linspace(-4.0, -0.1, 9, dtype=torch.float64, requires_grad=True)
+    logp_ref = torch.linspace(-0.2, -3.0, 9, dtype=torch.float64)
+    kl_estimate(logp, logp_ref, kind).sum().backward()
+    torch.testing.assert_close(kl_gradient(logp_ref - logp.detach(), kind), logp.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_runs_below_one_is_rejected():
+    with pytest.raises(ValueError, match="runs"):
+        run_bandit_fast(PROBLEM, bandit_config(steps=1), runs=0)
