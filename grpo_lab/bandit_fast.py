@@ -32,15 +32,16 @@ from .bandit import (
     BanditProblem,
     BanditRun,
     BanditTask,
+    J,
     LaggedTabularSampler,
     TabularPolicy,
     single_thread,
 )
 from .checks import require_int_at_least
 from .config import GRPOConfig
-from .loop import make_optimizer
+from .loop import make_optimizer, make_sync_schedule
 from .objective import clip_bounds
-from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
+from .schedules import RefResetSchedule
 
 
 def kl_gradient(d: torch.Tensor, kind: str) -> torch.Tensor:
@@ -79,8 +80,7 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
     theta = policy.logits.detach()                    # [R, C, K], the optimiser's tensor: updated in place
     optimizer = make_optimizer(policy.parameters(), cfg) if cfg.optimizer != "sgd" else None
     reference = theta.clone() if cfg.beta > 0 else None
-    schedule = (AdaptiveSyncSchedule(v=cfg.v, threshold=cfg.sync_threshold)
-                if cfg.sync == "adaptive" else SyncSchedule(cfg.v))
+    schedule = make_sync_schedule(cfg)
     ref_schedule = RefResetSchedule(cfg.ref_period)
     generator = torch.Generator().manual_seed(cfg.seed)
     eps_high = cfg.eps_low if cfg.eps_high is None else cfg.eps_high
@@ -137,7 +137,7 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
             reference.copy_(theta)
         thetas.append(theta.clone())
 
-    J_curve = (torch.softmax(torch.stack(thetas), -1) * problem.p).sum(-1).mean(-1)     # [steps + 1, R]
+    J_curve = J(torch.softmax(torch.stack(thetas), -1), problem.p).mean(-1)              # [steps + 1, R]
     masked_frac = (1.0 - torch.stack(informative_per_step).to(torch.float64).mean(-1) if informative_per_step
                    else torch.zeros(0, dtype=torch.float64))
     return BanditRun(config=cfg, J=J_curve.numpy(), masked_frac=masked_frac.numpy(),

@@ -162,6 +162,13 @@ def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
+def make_sync_schedule(config: GRPOConfig) -> SyncSchedule:
+    """Every v steps (``sync="fixed"``) or on measured drift, at most every v (``"adaptive"``)."""
+    if config.sync == "adaptive":
+        return AdaptiveSyncSchedule(v=config.v, threshold=config.sync_threshold)
+    return SyncSchedule(config.v)
+
+
 class GRPOLoop:
     """Runs Algorithm 1 on (policy, sampler, task) and keeps everything needed to resume.
 
@@ -178,9 +185,7 @@ class GRPOLoop:
         self.run_ids = run_ids
         self.optimizer = make_optimizer(policy.parameters(), config)
         self._params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.schedule: SyncSchedule = (
-            AdaptiveSyncSchedule(v=config.v, threshold=config.sync_threshold)
-            if config.sync == "adaptive" else SyncSchedule(config.v))
+        self.schedule = make_sync_schedule(config)
         self.ref_schedule = RefResetSchedule(config.ref_period)
         self.reference = self._frozen_copy(policy) if config.beta > 0 else None
         self.generator = torch.Generator().manual_seed(config.seed)
