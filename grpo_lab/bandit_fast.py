@@ -114,10 +114,11 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
             for pass_index in range(cfg.i):
                 logp_table = torch.log_softmax(theta.view(-1, K).index_select(0, rows), -1)   # [N, K]
                 logp = logp_table.gather(1, arms)                                          # [N, G]
-                ratio = torch.exp(logp - logp_alpha)                                       # r = π_θ/α
+                log_ratio = logp - logp_alpha
+                ratio = torch.exp(log_ratio)                                               # r = π_θ/α
                 if pass_index == 0:                                                        # π_θ = π_k: r′ = r
                     low, high = clip_bounds(ratio, cfg.eps_low, eps_high, cfg.band)
-                    log_ratio_k = logp - logp_alpha
+                    log_ratio_k = log_ratio
                 # w·∂(−f_ε)/∂ log π = −r·w·A·u  (u = 0: the band clipped r on the side A pushes towards)
                 clipped = torch.where(positive, ratio > high, ratio < low)
                 g = torch.where(clipped, 0.0, -ratio * weighted_advantages)
