@@ -70,6 +70,9 @@ class TrainConfig(GRPOConfig):
     """Extra loggers where installed: ``tensorboard``, ``wandb``."""
     trust_remote_code: bool = False
     """Run code shipped with a hub model (off unless you trust it)."""
+    share_prompt: bool = True
+    """Score each group's prompt once and its G completions on its keys/values (same log-probs and
+    gradients, ~G× fewer prompt positions); False runs every prompt + completion whole."""
 
     def __post_init__(self) -> None:
         if self.max_completion_length is None:
@@ -91,6 +94,8 @@ class TrainConfig(GRPOConfig):
         self.report_to = tuple(self.report_to)
         for name in self.report_to:
             require_choice("report_to", name, REPORTERS)
+        if not isinstance(self.share_prompt, bool):
+            raise ValueError(f"share_prompt must be true or false, got {self.share_prompt!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model must be a model name, directory or hub id, got {self.model!r}")
 
@@ -154,7 +159,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     model.requires_grad_(True)
     task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight)
     config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
-    policy = LMPolicy(model, temperature=config.temperature)
+    policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
     sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature)
     loop = GRPOLoop(policy, sampler, task, config)
     loop.tokenizer = tokenizer

@@ -130,6 +130,16 @@ def test_cli_config_loading(tmp_path):
         main(["train", "--set", "i=0"])
 
 
+def test_share_prompt_knob_reaches_the_policy(tokenizer, tmp_path):
+    assert load_config("configs/cpu_arith_smollm2.yaml").share_prompt is True
+    for share in (True, False):
+        loop = tiny_loop(tiny_config(tmp_path, share_prompt=share), tokenizer)
+        assert loop.policy.share_prompt is share
+    assert load_config(None, ["share_prompt=false"]).share_prompt is False
+    with pytest.raises(ValueError, match="share_prompt must be true or false, got 'sometimes'"):
+        load_config(None, ["share_prompt=sometimes"])
+
+
 def test_pass_at_k():
     assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
     assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 − C(2,2)/C(4,2)

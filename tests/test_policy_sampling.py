@@ -218,5 +218,5 @@ def test_micro_batches_give_the_whole_batch_gradient(tokenizer):
         assert not record.skipped
         deltas.append([b - p.detach() for b, p in zip(before, loop.policy.parameters(), strict=True)])
     assert any(d.abs().max() > 0 for d in deltas[0])
-    for whole, micro in zip(*deltas, strict=True):
-        assert torch.allclose(whole, micro, rtol=1e-4, atol=1e-7)
+    for whole, micro in zip(*deltas, strict=True):  # float32 sums in another order: equal to 1e-5 relative
+        assert (whole - micro).norm() <= 1e-5 * whole.norm()

@@ -1,0 +1,165 @@
+"""Shared-prompt scoring (LMPolicy(share_prompt=True)) against running every prompt + completion whole:
+log-probs to 1e-4 absolute and gradients to 1e-5 relative, on tiny random LMs and on the bundled SmolLM2."""
+
+import inspect
+
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from tiny_lm import PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
+
+from grpo_lab import GRPOConfig, GRPOLoop, Rollout
+from grpo_lab.policy import LMPolicy, prompt_groups
+from grpo_lab.sampling import HFSampler
+
+LOGP_ATOL, GRAD_RTOL = 1e-4, 1e-5
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return word_tokenizer()
+
+
+def score(policy: LMPolicy, rollout: Rollout, micro: int | None, weights: torch.Tensor):
+    """log π of every row (micro-batch by micro-batch) and the gradient of Σ w·log π over the mask."""
+    policy.zero_grad(set_to_none=True)
+    B = rollout.completions.shape[0]
+    size = micro or B
+    parts = []
+    for start in range(0, B, size):
+        rows = slice(start, min(start + size, B))
+        logp = policy.logprobs(rollout, rows)
+        (logp * weights[rows] * rollout.mask[rows]).sum().backward()
+        parts.append(logp.detach())
+    grad = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+    return torch.cat(parts), grad
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def assert_same_scores(shared: LMPolicy, whole: LMPolicy, rollout: Rollout, micro: int | None) -> None:
+    weights = torch.randn(rollout.completions.shape, generator=torch.Generator().manual_seed(1))
+    logp, grad = score(shared, rollout, micro, weights)
+    logp_whole, grad_whole = score(whole, rollout, micro, weights)
+    mask = rollout.mask
+    gap, rel = float((logp - logp_whole)[mask].abs().max()), relative(grad, grad_whole)
+    print(f"max |Δ log π| = {gap:.2e}, |Δ∇| / |∇| = {rel:.2e}")
+    assert gap <= LOGP_ATOL and rel <= GRAD_RTOL
+    assert (logp[~mask] == 0).all()
+    assert float(logp[mask].std()) > 0.5 and grad_whole.norm() > 0  # the comparison could see a shift
+
+
+def policies(kind: str = "llama", temperature: float = 1.0) -> tuple[LMPolicy, LMPolicy]:
+    shared = LMPolicy(tiny_model(kind=kind), temperature)
+    return shared, LMPolicy(shared.model, temperature, share_prompt=False)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("micro", [None, 3, 5])
+def test_shared_prompt_equals_whole_forward(tokenizer, kind, micro):
+    """Left-padded prompts of 1-6 tokens, completions of different lengths, and (micro = 3, 5 with
+    G = 4) micro-batches that split groups; GPT-2's absolute positions show a wrong position id."""
+    shared, whole = policies(kind, temperature=0.7)
+    rollout = HFSampler(shared, tokenizer, max_completion_length=12).sample(
+        PROMPTS, 4, torch.Generator().manual_seed(0))
+    perturb(shared)  # π_θ ≠ α
+    lengths = rollout.mask.sum(1)
+    assert (rollout.extra["prompt_mask"] == 0).any() and len(set(lengths.tolist())) > 2
+    assert_same_scores(shared, whole, rollout, micro)
+
+
+def test_prompt_groups_are_runs_of_equal_rows():
+    ids = torch.tensor([[0, 5], [0, 5], [6, 7], [6, 7], [6, 7], [0, 5]])
+    mask = torch.tensor([[0, 1], [0, 1], [1, 1], [1, 1], [1, 1], [0, 1]])
+    first, owner = prompt_groups(ids, mask)
+    assert first.tolist() == [0, 2, 5] and owner.tolist() == [0, 0, 1, 1, 1, 2]
+    first, _ = prompt_groups(ids[:2], torch.tensor([[1, 1], [0, 1]]))  # same ids, other mask: two prompts
+    assert first.tolist() == [0, 1]
+
+
+def test_one_token_and_all_masked_rows(tokenizer):
+    shared, whole = policies()
+    rollout = HFSampler(shared, tokenizer, max_completion_length=1).sample(PROMPTS, 3, torch.Generator())
+    assert rollout.completions.shape[1] == 1
+    assert_same_scores(shared, whole, rollout, micro=4)
+    rollout.mask[:] = False
+    assert (shared.logprobs(rollout, slice(None)) == 0).all()
+
+
+@pytest.mark.parametrize("changes", [dict(i=3, beta=0.04, micro_batch_size=3),
+                                     dict(i=2, beta=0.1, kl_kind="k2", micro_batch_size=None, v=2)])
+def test_loop_gradients_equal_with_passes_and_kl(tokenizer, changes):
+    """i > 1 (π_θ ≠ π_k after the first pass) and β > 0 (π_ref scored the same way): every optimiser
+    pass's gradient through GRPOLoop, shared against whole. After each of its steps the whole run
+    takes the shared run's θ (SGD keeps no other state), so both gradients are taken at one θ."""
+    config = GRPOConfig(**{**dict(G=4, prompts_per_step=3, max_completion_length=10, optimizer="sgd", lr=0.05,
+                                  steps=3, seed=0), **changes})
+    grads, thetas = [], []
+
+    def run(share: bool, on_step) -> None:
+        policy = LMPolicy(tiny_model(), share_prompt=share)
+        loop = GRPOLoop(policy, HFSampler(policy, tokenizer, 10), EvenTokenTask(), config)
+        assert loop.reference is not None and loop.reference.share_prompt == share
+        step = loop._optimizer_step
+
+        def recording_step() -> float:
+            grad = torch.cat([p.grad.flatten() for p in loop._params])
+            norm = step()
+            on_step(grad, loop._params)
+            return norm
+
+        loop._optimizer_step = recording_step
+        records = list(loop.run())
+        assert not any(r.skipped for r in records) and all(r.kl > 0 for r in records)
+
+    run(True, lambda grad, params: (grads.append(grad), thetas.append(parameters_to_vector(params))))
+    assert len(grads) == config.steps * config.i
+    passes = iter(range(len(grads)))
+
+    def compare(grad, params) -> None:
+        k = next(passes)
+        assert relative(grads[k], grad) <= GRAD_RTOL, f"pass {k}: {relative(grads[k], grad):.2e}"
+        with torch.no_grad():
+            vector_to_parameters(thetas[k], params)
+
+    run(False, compare)
+    assert next(passes, None) is None
+
+
+def test_share_prompt_needs_a_cache_argument():
+    model = tiny_model()
+
+    class NoCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, use_cache=False):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              logits_to_keep=logits_to_keep, use_cache=use_cache)
+
+    assert "cache" not in inspect.signature(NoCache().forward).parameters
+    with pytest.raises(ValueError, match="share_prompt"):
+        LMPolicy(NoCache())
+    assert LMPolicy(NoCache(), share_prompt=False).share_prompt is False
+
+
+@pytest.mark.slow
+def test_shared_prompt_on_the_bundled_smollm2():
+    """The real model and chat prompts (44 tokens, left-padded) with a micro-batch that splits a group."""
+    from grpo_lab.models import load_policy
+    from grpo_lab.tasks import build_prompt, load_problems
+
+    model, tokenizer = load_policy()
+    shared = LMPolicy(model, temperature=0.7)
+    whole = LMPolicy(model, temperature=0.7, share_prompt=False)
+    prompts = [build_prompt(p, tokenizer) for p in load_problems("add1", 3, seed=0)]
+    prompts[1] = prompts[1] + " Think."  # another length, so that some prompts are left-padded
+    rollout = HFSampler(shared, tokenizer, max_completion_length=8).sample(prompts, 3, torch.Generator())
+    assert (rollout.extra["prompt_mask"] == 0).any()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-3 * torch.randn_like(p))
+    assert_same_scores(shared, whole, rollout, micro=4)
