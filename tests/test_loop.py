@@ -84,6 +84,29 @@ def test_mask_off_counts_constant_groups_in_the_denominator():
         assert r_off.num_tokens > r_on.num_tokens
 
 
+def test_batch_normalisation_scales_the_sgd_step_by_the_kept_fraction():
+    """``mask_normalize="batch"`` (the paper) = ``"unmasked"`` × kept fraction, step for step (SGD, β = 0)."""
+    problem = BanditProblem.random(6, 3, seed=2, hardness=3.0)
+    moves, masked = {}, set()
+    for normalize in ("batch", "unmasked"):
+        loop = build_bandit_loop(problem, bandit_config(steps=1, mask_normalize=normalize), runs=1)
+        before = loop.policy.logits.detach().clone()
+        masked.add(loop.step().masked_frac)
+        moves[normalize] = loop.policy.logits.detach() - before
+    (masked_frac,) = masked
+    assert 0 < masked_frac < 1
+    torch.testing.assert_close(moves["batch"], moves["unmasked"] * (1 - masked_frac), rtol=1e-6, atol=1e-9)
+
+
+def test_tv_estimate_is_zero_after_a_sync_and_the_same_for_any_micro_batch():
+    records = {size: list(counting_loop(v=4, steps=8, micro_batch_size=size).run()) for size in (None, 8)}
+    assert all(r.tv_estimate == 0.0 for r in records[None] if r.lag == 0)
+    assert sum(r.tv_estimate > 0.0 for r in records[None] if r.lag > 0) >= 4     # α lags: π_k ≠ α on drawn contexts
+    # with micro-batches of one group, wholly masked groups get log π_k from a no-grad forward
+    assert any(0 < r.masked_frac for r in records[8])
+    assert [r.tv_estimate for r in records[8]] == pytest.approx([r.tv_estimate for r in records[None]], rel=1e-6)
+
+
 def test_beta_zero_keeps_no_reference_and_ref_reset_copies():
     assert counting_loop(beta=0.0).reference is None
     loop = counting_loop(beta=0.1, ref_period=2, steps=4)
