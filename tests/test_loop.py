@@ -57,6 +57,16 @@ def test_i3_makes_three_optimiser_steps_per_batch():
     assert loop.sync_calls == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("band", ["additive", "multiplicative"])
+def test_the_clip_never_acts_at_i1_whatever_the_lag(band):
+    """At the only pass π_θ = π_k, so r = r′ lies inside either band: no token is ever clipped, even at lag > 0."""
+    records = list(counting_loop(v=4, i=1, steps=12, eps_low=0.01, band=band).run())
+    assert any(r.lag > 0 and r.log_ratio_k_abs > 0 for r in records)          # α really lags
+    assert all(r.clip_low_frac == 0 and r.clip_high_frac == 0 for r in records)
+    assert any(r.clip_low_frac + r.clip_high_frac > 0
+               for r in counting_loop(v=4, i=2, steps=12, eps_low=0.01, band=band).run())
+
+
 def test_each_batch_is_freshly_sampled_even_when_lagged():
     loop = counting_loop(v=5, steps=3)
     seen = []
