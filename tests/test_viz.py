@@ -21,8 +21,10 @@ def stub(*args):
 @pytest.mark.parametrize("name", sorted(SOLUTIONS))
 def test_reference_solutions_pass_and_a_stub_checks_the_reference(name, capsys):
     assert check(name, SOLUTIONS[name]) == "yours"
+    assert "✓" in capsys.readouterr().out
     assert check(name, stub) == "reference"
-    assert "hint" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "hint" in out and "✓" not in out                     # a stub never earns the tick
     show_solution(name)
     assert f"def solution_{name}" in capsys.readouterr().out
 
