@@ -113,6 +113,8 @@ def test_panel_reruns_when_a_knob_changes():
     assert panel.last.config.ref_period == 10 and panel.last.config.beta == 0.5
     panel.controls["runs"].value = 3
     assert panel.last.J.shape == (21, 3)
+    panel.controls["mask_normalize"].value = "unmasked"
+    assert panel.last.config.mask_normalize == "unmasked"
     assert panel.figure not in panel.widget.children                   # a plain go.Figure is not a widget
 
 
@@ -193,6 +195,8 @@ def test_figures_build(monkeypatch):
                plots.lag_figure(lab.lag_study(problem, config, [1, 3], runs=2)),
                plots.bound_weight_figure([1e-4, 0.1]),
                plots.surrogate_figure(torch.linspace(0.1, 3, 30, dtype=torch.float64), [0.5, 2.0], 0.2),
-               plots.whitening_figure(lab.example_batch(lab.lab_problem(), lab.lab_config()))]
+               plots.whitening_figure(lab.example_batch(lab.lab_problem(), lab.lab_config())),
+               plots.tv_figure(run_bandit(problem, config.replace(v=3), runs=2, track_bound=True)),
+               plots.kl_gradient_figure(lab.kl_gradient_study(lab.policy_trajectory(problem, config), [0, 3], 6))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
     assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each

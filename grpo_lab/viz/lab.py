@@ -241,8 +241,10 @@ def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -
                 norm.setdefault(key, []).append(float(grad.norm()))
                 if weighted:
                     weighted_gap = max(weighted_gap, float((grad - on_policy[kind]).abs().max()))
-    gap = {"k1 = 0": float(on_policy["k1"].abs().max()), "k2 = ∇KL(π‖π_ref)": float((on_policy["k2"] - reverse).abs().max()),
-           "k3 = ∇KL(π_ref‖π)": float((on_policy["k3"] - forward).abs().max()), "weighted = on-policy": weighted_gap}
+    gap = {"k1 = 0": float(on_policy["k1"].abs().max()),
+           "k2 = ∇KL(π‖π_ref)": float((on_policy["k2"] - reverse).abs().max()),
+           "k3 = ∇KL(π_ref‖π)": float((on_policy["k3"] - forward).abs().max()),
+           "weighted = on-policy": weighted_gap}
     return KLGradientStudy(np.array(lags), float(reverse.norm()), _cosine(forward, reverse),
                            {k: np.array(v) for k, v in cosine.items()}, {k: np.array(v) for k, v in norm.items()}, gap)
 

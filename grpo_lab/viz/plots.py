@@ -14,7 +14,17 @@ from plotly.subplots import make_subplots
 
 from ..bandit import BanditRun, bound_weight
 from ..costmodel import StepCostModel
-from .lab import LONG_ON_POLICY, MATCHED_LR, GroupBatch, KLGradientStudy, KLStudy, LagStudy, surrogate_curves, trl_surrogate_curves, wall_clock
+from .lab import (
+    LONG_ON_POLICY,
+    MATCHED_LR,
+    GroupBatch,
+    KLGradientStudy,
+    KLStudy,
+    LagStudy,
+    surrogate_curves,
+    trl_surrogate_curves,
+    wall_clock,
+)
 
 COLORS = qualitative.Plotly
 HEIGHT = 420
@@ -66,8 +76,9 @@ def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float)
             if band == "multiplicative":
                 trl = trl_surrogate_curves(ratio, list(ratio_ks), a, eps).numpy()
                 for n, (rk, y) in enumerate(zip(ratio_ks, trl, strict=True)):
-                    fig.add_trace(go.Scatter(x=x, y=y, name=f"TRL, r′ = {rk:g}", line=dict(color=COLORS[n], dash="dash"),
-                                             showlegend=False, legendgroup=str(rk)), row=row, col=col)
+                    fig.add_trace(go.Scatter(x=x, y=y, name=f"TRL, r′ = {rk:g}", showlegend=False,
+                                             line=dict(color=COLORS[n], dash="dash"), legendgroup=str(rk)),
+                                  row=row, col=col)
     fig.update_xaxes(title_text="r = π_θ/α", row=2)
     fig.update_yaxes(title_text="f_ε", col=1)
     fig.update_layout(title=f"Clipped surrogate f_ε(r, r′, A), ε = {eps:g}", height=2 * HEIGHT - 100)
@@ -151,7 +162,8 @@ def tv_figure(run: BanditRun, steps: int | None = None) -> go.Figure:
     estimate = np.array([r.tv_estimate for r in run.records])
     n = len(exact) if steps is None else min(steps, len(exact))
     k = np.arange(n)
-    fig = go.Figure([go.Scatter(x=k, y=exact[:n], name="exact TV(π_k, α), mean over contexts", line=dict(color=COLORS[0])),
+    fig = go.Figure([go.Scatter(x=k, y=exact[:n], name="exact TV(π_k, α), mean over contexts",
+                                line=dict(color=COLORS[0])),
                      go.Scatter(x=k, y=estimate[:n], name="tv_estimate (logged, from the step's samples)",
                                 mode="markers", marker=dict(color=COLORS[1]))])
     fig.update_layout(title=f"TV(π_k, α) along a v = {run.config.v} run: the logged estimate and the exact value",

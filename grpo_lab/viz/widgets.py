@@ -20,7 +20,7 @@ import numpy as np
 from ..bandit import MAX_EPS_STD, BanditProblem, BanditRun
 from ..bandit_fast import run_bandit_fast
 from ..config import GRPOConfig
-from ..objective import BANDS
+from ..objective import BANDS, MASK_NORMALIZATIONS
 from .display import display_mode, new_figure, show
 from .lab import lab_config, lab_problem, lab_size
 from .plots import COLORS, HEIGHT, band_traces
@@ -40,6 +40,8 @@ def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
         "eps_std": W.FloatLogSlider(config.eps_std, base=10, min=-6, max=math.log10(MAX_EPS_STD), step=0.25,
                                     description="ε_std", readout_format=".1e", **common),
         "mask_zero_variance": W.Checkbox(config.mask_zero_variance, description="zero-variance mask", indent=False),
+        "mask_normalize": W.Dropdown(options=list(MASK_NORMALIZATIONS), value=config.mask_normalize,
+                                     description="mask norm.", **style),
         "band": W.Dropdown(options=list(BANDS), value=config.band, description="band", **style),
         "ref_period": W.IntSlider(config.ref_period, 0, 100, step=5, description="ref period", **common),
         "lr": W.FloatLogSlider(config.lr, base=10, min=-1, max=1.5, step=0.1, description="lr (SGD)", **common),
