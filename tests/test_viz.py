@@ -198,6 +198,7 @@ def test_figures_build(monkeypatch):
                plots.surrogate_figure(torch.linspace(0.1, 3, 30, dtype=torch.float64), [0.5, 2.0], 0.2),
                plots.whitening_figure(studies.example_batch(studies.lab_problem(), studies.lab_config())),
                plots.tv_figure(run_bandit(problem, config.replace(v=3), runs=2, track_bound=True)),
-               plots.kl_gradient_figure(studies.kl_gradient_study(studies.policy_trajectory(problem, config), [0, 3], 6))]
+               plots.kl_gradient_figure(
+                   studies.kl_gradient_study(studies.policy_trajectory(problem, config), [0, 3], 6))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
     assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each
