@@ -166,26 +166,31 @@ class KLStudy:
     iw_mean: dict[str, float]       # kind → E_{y~α}[(π/α)·k̂] (the same for every lag)
 
 
+def lagged_tables(trajectory: torch.Tensor, lags: list[int],
+                  ref_lag: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """π (the last table), π_ref (``ref_lag`` steps earlier) and α for each lag (``lag`` steps earlier)."""
+    last = trajectory.shape[0] - 1
+    for name, value in [("ref_lag", ref_lag), *(("lags", lag) for lag in lags)]:
+        require_int_at_least(name, value, 0)
+        if value > last:
+            raise ValueError(f"{name} must be <= {last} (the trajectory's steps), got {value}")
+    return trajectory[last], trajectory[last - ref_lag], [trajectory[last - lag] for lag in lags]
+
+
 def kl_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLStudy:
     """π = last table, π_ref = ``ref_lag`` steps earlier, α = ``lag`` steps earlier.
 
     Expectations are exact sums over the K arms (contexts weighted uniformly),
     the estimators are :func:`grpo_lab.kl_estimate` on every arm.
     """
-    last = trajectory.shape[0] - 1
-    for name, value in [("ref_lag", ref_lag), *(("lags", lag) for lag in lags)]:
-        require_int_at_least(name, value, 0)
-        if value > last:
-            raise ValueError(f"{name} must be <= {last} (the trajectory's steps), got {value}")
-    pi, pi_ref = trajectory[last], trajectory[last - ref_lag]
+    pi, pi_ref, alphas = lagged_tables(trajectory, lags, ref_lag)
     exact = float((pi * (pi.log() - pi_ref.log())).sum(-1).mean())
     mean, std, iw = {}, {}, {}
     for kind in KL_KINDS:
         values = kl_estimate(pi.log(), pi_ref.log(), kind)                       # [C, K]
         iw[kind] = float((pi * values).sum(-1).mean())
         m, s = [], []
-        for lag in lags:
-            alpha = trajectory[last - lag]
+        for alpha in alphas:
             first = float((alpha * values).sum(-1).mean())
             second = float((alpha * values ** 2).sum(-1).mean())
             m.append(first)
@@ -217,12 +222,7 @@ def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -
     (flattened over contexts), the exact KLs' by autograd. ``gap`` holds the largest entry-wise distance of
     each claim: ``k1 = 0``, ``k2 = ∇reverse``, ``k3 = ∇forward`` on-policy, and ``weighted = on-policy`` at
     every lag."""
-    last = trajectory.shape[0] - 1
-    for name, value in [("ref_lag", ref_lag), *(("lags", lag) for lag in lags)]:
-        require_int_at_least(name, value, 0)
-        if value > last:
-            raise ValueError(f"{name} must be <= {last} (the trajectory's steps), got {value}")
-    pi, pi_ref = trajectory[last], trajectory[last - ref_lag]
+    pi, pi_ref, alphas = lagged_tables(trajectory, lags, ref_lag)
     logits = pi.log().clone().requires_grad_(True)
     logp = torch.log_softmax(logits, -1)
     (reverse,) = torch.autograd.grad((logp.exp() * (logp - pi_ref.log())).sum(), logits, retain_graph=True)
@@ -231,8 +231,7 @@ def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -
     cosine: dict[str, list[float]] = {}
     norm: dict[str, list[float]] = {}
     weighted_gap = 0.0
-    for lag in lags:
-        alpha = trajectory[last - lag]
+    for alpha in alphas:
         for kind in KL_KINDS:
             for weighted in (False, True):
                 grad = kl_expected_gradient(pi, pi_ref, alpha, kind, weighted)
