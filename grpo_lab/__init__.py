@@ -1,4 +1,4 @@
-"""grpo_lab — off-policy GRPO, step by step (SPEC.md symbols throughout).
+"""grpo_lab — off-policy GRPO, step by step (the symbols of docs/theory.md throughout).
 
 Where things live:
 

@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC §2): whitening and the zero-variance mask.
+"""Group-relative advantages (docs/theory.md §2): whitening and the zero-variance mask.
 
 The G rewards of one prompt were sampled from the server's policy α, so their
 mean and variance estimate μ_α(x) and σ_α(x)²; the advantage of response j is
@@ -18,7 +18,7 @@ def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
            eps_placement: str = "under_sqrt") -> torch.Tensor:
     """Whiten each group's rewards into advantages A_α.
 
-    Equation (SPEC §2, the paper's σ_{α,r,ε})::
+    Equation (docs/theory.md §2, the paper's σ_{α,r,ε})::
 
         A_α(x, y_j) = (r_j − μ_α(x)) / sqrt(σ_α(x)² + eps)          eps_placement="under_sqrt"
         A(x, y_j)   = (r_j − μ(x))   / (σ(x) + eps)                  eps_placement="added_to_std" (TRL's form)
@@ -50,7 +50,7 @@ def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
 
 
 def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
-    """Mask m(x) = 1[σ(x) ≠ 0] of SPEC §2: which groups carry learning signal.
+    """Mask m(x) = 1[σ(x) ≠ 0] of docs/theory.md §2: which groups carry learning signal.
 
     ====== ========== =====================================================
     symbol shape      meaning

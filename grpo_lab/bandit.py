@@ -1,4 +1,4 @@
-"""A contextual bandit where every quantity of SPEC §4 is exact (notebook 01).
+"""A contextual bandit where every quantity of docs/theory.md §4 is exact (notebook 01).
 
 C contexts play the prompts, K arms the responses; arm k of context c succeeds
 with probability p[c, k] (reward 1, else 0). The policy is a tabular softmax
@@ -72,7 +72,7 @@ def bound_weight(alpha: torch.Tensor, p: torch.Tensor, eps_std: float) -> torch.
 
 def improvement_lower_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.Tensor, p: torch.Tensor,
                             eps_std: float) -> torch.Tensor:
-    """Right-hand side of Theorem 1 (SPEC §4), per context ``[..., C]``::
+    """Right-hand side of Theorem 1 (docs/theory.md §4), per context ``[..., C]``::
 
         L_α(π) − 2 (1 − σ)/σ · TV(π, α) − 2 TV(π_k, α)
 
@@ -235,7 +235,8 @@ class BanditRun:
     masked_frac: np.ndarray       # [steps] fraction of groups masked (all runs together)
     lag: np.ndarray               # [steps]
     optimizer_passes: np.ndarray  # [steps] cumulative optimiser passes
-    records: list = field(default_factory=list)
+    grad_norm: np.ndarray         # [steps] gradient norm of the step's last pass, before clipping (0: skipped)
+    records: list = field(default_factory=list)   # run_bandit's StepRecords; empty from the closed-form engine
     improvement: np.ndarray | None = None   # [steps, R, C] J(π_{k+1}) − J(π_k)
     bound: np.ndarray | None = None         # [steps, R, C] Theorem 1's right-hand side
     tv_pi_alpha: np.ndarray | None = None   # [steps, R, C]
@@ -255,8 +256,7 @@ def build_bandit_loop(problem: BanditProblem, config: GRPOConfig, runs: int = 8)
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """Run torch on one thread: the bandit's tensors are tiny, and intra-op
-    threads only add synchronisation (measured: softmax of [8, 16, 8] is ~100×
-    slower on 2 busy threads than on 1)."""
+    threads only add synchronisation (docs/benchmarks.md has a measurement)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -303,5 +303,5 @@ def _run_bandit(problem: BanditProblem, config: GRPOConfig, runs: int, track_bou
         masked_frac=np.array([r.masked_frac for r in records]),
         lag=np.array([r.lag for r in records]),
         optimizer_passes=np.cumsum([0 if r.skipped else config.i for r in records]),
-        records=records, improvement=stack(improvement), bound=stack(bound),
-        tv_pi_alpha=stack(tv_a), tv_pik_alpha=stack(tv_k))
+        grad_norm=np.array([r.grad_norm for r in records]), records=records, improvement=stack(improvement),
+        bound=stack(bound), tv_pi_alpha=stack(tv_a), tv_pik_alpha=stack(tv_k))

@@ -316,7 +316,8 @@ def reward_at_passes(run: BanditRun, passes: int) -> np.ndarray:
 
 def mean_grad_norm(run: BanditRun) -> float:
     """Mean gradient norm over the steps that trained: the step size the mask changes."""
-    return float(np.mean([r.grad_norm for r in run.records if not r.skipped]))
+    trained = np.diff(run.optimizer_passes, prepend=0) > 0
+    return float(np.mean(run.grad_norm[trained]))
 
 
 # ----------------------------------------------------------------------------- wall clock from a sync-cost model
@@ -333,6 +334,6 @@ def lab_cost_model(train_share: float = TRAIN_SHARE) -> StepCostModel:
 def wall_clock(run: BanditRun, model: StepCostModel) -> np.ndarray:
     """Modelled seconds after each step, ``[steps + 1]``: each step costs
     ``gen + passes · train + sync`` (the sync only on steps that synced, i.e. sync/v on average)."""
-    passes = np.diff(np.concatenate([[0], run.optimizer_passes]))
-    synced = np.array([r.synced for r in run.records], dtype=float)
+    passes = np.diff(run.optimizer_passes, prepend=0)
+    synced = (run.lag == 0).astype(float)  # a step syncs exactly when its lag is 0
     return np.concatenate([[0.0], np.cumsum(model.gen + passes * model.train + synced * model.sync)])

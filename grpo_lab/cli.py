@@ -34,15 +34,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, args.set)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
-    if args.command == "train":
-        from .training import train
+    from .training import RunDirInUse
 
-        loop = train(config, progress=not args.quiet, resume=not args.no_resume)
-        last = loop.history[-1] if loop.history else None
-        print(json.dumps({"steps": loop.k, "last_reward_mean": last and last.reward_mean,
-                          "output_dir": config.output_dir}))
-        return 0
-    return _evaluate(config, args.checkpoint, progress=not args.quiet)
+    try:
+        if args.command == "train":
+            return _train(config, progress=not args.quiet, resume=not args.no_resume)
+        return _evaluate(config, args.checkpoint, progress=not args.quiet)
+    except (ValueError, OSError, RunDirInUse) as exc:  # bad input (a model path, data files, a busy output_dir)
+        print(f"grpo-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _train(config: TrainConfig, progress: bool, resume: bool) -> int:
+    from .training import train
+
+    loop = train(config, progress=progress, resume=resume)
+    last = loop.history[-1] if loop.history else None
+    print(json.dumps({"steps": loop.k, "last_reward_mean": last and last.reward_mean,
+                      "output_dir": config.output_dir}))
+    return 0
 
 
 def _evaluate(config: TrainConfig, checkpoint: str | None, progress: bool) -> int:

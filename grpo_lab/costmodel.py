@@ -1,4 +1,4 @@
-"""What a lag of v buys (SPEC §7): the step-time model  step(v) = gen + train + sync / v.
+"""What a lag of v buys (docs/theory.md §7): the step-time model  step(v) = gen + train + sync / v.
 
 A sync pushes every weight to the inference engine (copy, reshard, cache reset);
 with a lag of v it is paid once per v steps. Fit the three terms to measured
@@ -15,7 +15,7 @@ import numpy as np
 
 from .checks import require_int_at_least, require_number_in
 
-# The paper's throughput run (SPEC §6): Qwen2.5-7B, TRL colocate, vLLM TP=4, 8 GPUs.
+# The paper's throughput run (docs/theory.md §6): Qwen2.5-7B, TRL colocate, vLLM TP=4, 8 GPUs.
 PAPER_ITERS_PER_SECOND = {1: 0.02828, 10: 0.03828}
 PAPER_ITERS_PER_SECOND_SPREAD = {1: 0.017, 10: 0.016}
 """The ± the paper reports with each rate; :func:`paper_intervals` carries it into every derived number."""

@@ -3,7 +3,7 @@
 A recipe (``configs/*.yaml``, read by :func:`~grpo_lab.recipes.load_launch_recipe`) holds
 :class:`~grpo_lab.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
 :class:`~grpo_lab.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor parallelism, memory share) and
-an optional ``orz_data_files:`` path. :func:`trl_args` maps SPEC's
+an optional ``orz_data_files:`` path. :func:`trl_args` maps the theory's
 names onto TRL's; :func:`launch` trains with :class:`~grpo_lab.trl.OffPolicyGRPOTrainer` on the
 process group ``accelerate`` started and writes iter/s and the final reward to ``throughput.json``,
 which notebook 03 reads back (:func:`read_result`) beside the paper's numbers.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ROOT = CONFIG_DIR.parent
 COLOCATE_RECIPES = {1: "qwen7b_orz_colocate_v1", 10: "qwen7b_orz_colocate_v10"}
-"""The paper's 7B colocate throughput runs (SPEC §6), by lag v."""
+"""The paper's 7B colocate throughput runs (docs/theory.md §6), by lag v."""
 ACCELERATE_ZERO3 = "configs/accelerate/gpu8_zero3.yaml"
 RESULT_FILE = "throughput.json"
 
@@ -52,13 +52,11 @@ def read_result(v: int) -> dict[str, float] | None:
 
 
 def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int) -> OffPolicyGRPOConfig:
-    """The :class:`~grpo_lab.trl.OffPolicyGRPOConfig` of a recipe: SPEC names mapped to TRL's
+    """The :class:`~grpo_lab.trl.OffPolicyGRPOConfig` of a recipe: the theory's names mapped to TRL's
     (G → num_generations, v → vllm_sync_interval, i → num_iterations, ε → epsilon, …), one step k =
     P·G completions over all processes, constant learning rate, then ``extras`` on top."""
     from .trl import OffPolicyGRPOConfig
 
-    if config.sync != "fixed":
-        raise ValueError(f"sync = {config.sync!r}: the TRL adapter syncs every v steps; use sync='fixed'")
     require_choice("kl_kind", config.kl_kind, ("k3",))  # TRL's estimator
     rows = config.prompts_per_step * config.G
     micro = config.micro_batch_size or max(rows // num_processes, 1)
@@ -69,6 +67,7 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
     values = dict(
         output_dir=config.output_dir, num_generations=config.G, per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation, steps_per_generation=accumulation, vllm_sync_interval=config.v,
+        sync=config.sync, sync_threshold=config.sync_threshold,
         num_iterations=config.i, epsilon=config.eps_low, epsilon_high=config.eps_high, clip_band=config.band,
         beta=config.beta, use_bias_correction_kl=config.kl_importance_weighted, sync_ref_model=config.ref_period > 0,
         ref_model_sync_steps=max(config.ref_period, 1) * config.i, eps_std=config.eps_std,

@@ -39,9 +39,9 @@ MEASURED, PAPER = "MEASURED here", "PAPER"
 WARMUP_STEPS = 1
 """Steps left out of every timing: step 0 pays one-off costs (first generate call, allocations)."""
 ADAPTIVE_THRESHOLD = 0.3
-"""Drift (mean |log π_k − log α|) above which the adaptive run syncs at the next step. SmolLM2 at
-lr 1e-5 drifts ≈ 0.12 per optimiser step (measured: 0.12 at lag 1, 0.24 at lag 2), so this syncs about
-every 4 steps while the policy moves, and waits longer (up to its v) while steps are skipped."""
+"""Drift (mean |log π_k − log α|) above which the adaptive run syncs at the next step: a few optimiser
+steps of SmolLM2 at lr 1e-5 (the measured drift per step is in docs/benchmarks.md), so the run syncs
+every few steps while the policy moves and waits longer (up to its v) while steps are skipped."""
 PAPER_FINAL_REWARD = 0.50
 PAPER_ITERS_PER_SECOND_STD = {1: 0.017, 10: 0.016}
 MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.7e9, "32B": 32.5e9, "72B": 72.7e9}

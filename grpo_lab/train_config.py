@@ -58,7 +58,8 @@ class TrainConfig(GRPOConfig):
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0 = only at the end)."""
     report_to: tuple[str, ...] = ()
-    """Extra loggers where installed: ``tensorboard``, ``wandb``."""
+    """Extra loggers: ``tensorboard`` (event files in ``output_dir/tensorboard``), ``wandb`` (its run in
+    ``output_dir/wandb``; ``WANDB_MODE=offline`` keeps it local)."""
     trust_remote_code: bool = False
     """Run code shipped with a hub model (off unless you trust it)."""
 

@@ -3,11 +3,16 @@
 The loop itself is :class:`~grpo_lab.loop.GRPOLoop` (built by :func:`~grpo_lab.build.build_loop`); this
 module drives it: progress bar, one line of ``metrics.jsonl`` per step, periodic checkpoints, and a
 clean stop on Ctrl-C (or a notebook's stop button) that leaves a checkpoint to continue from.
+A run directory has one owner at a time (:func:`hold_run_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +28,19 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
 
     With ``resume`` and a checkpoint in ``output_dir``, continues from it exactly.
     Interrupting (Ctrl-C, a notebook's stop button) finishes the current step,
-    saves a checkpoint and returns the loop, ready to continue.
+    saves a checkpoint and returns the loop, ready to continue. Raises :class:`RunDirInUse`
+    at once, before any model loads, if another live process is training into ``output_dir``.
     """
-    loop = loop or build_loop(config)
     out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with hold_run_dir(out):
+        return _train(config, loop or build_loop(config), out, progress, resume)
+
+
+def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resume: bool) -> GRPOLoop:
     ckpt = out / "checkpoint.pt"
     if resume and ckpt.is_file() and loop.k == 0:
         load_checkpoint(loop, ckpt)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
     # metrics.jsonl restarts from the history the checkpoint holds: steps logged after it are redone
     _write_metrics(out, loop.history)
@@ -53,6 +63,49 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     # half-updated; the last checkpoint written stays the one to resume from.
     save_checkpoint(loop, ckpt)
     return loop
+
+
+# ----------------------------------------------------------------------------- one owner per run directory
+
+LOCK_FILE = "run.lock"
+
+
+class RunDirInUse(RuntimeError):
+    """Another live process is training into this output directory."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(out: Path) -> Iterator[None]:
+    """Own ``out`` while the block runs: an exclusive ``flock`` on ``out/run.lock``, which holds the pid.
+
+    Two runs into one directory would interleave their ``metrics.jsonl`` lines and overwrite each
+    other's checkpoints, so a second one is refused, naming the holder. The kernel drops the lock
+    when its process exits, however it dies; a pid still in the file then marks a stale lock (a
+    clean exit empties it), which the next run takes over.
+    """
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_pid(fd) or "unknown"
+            raise RunDirInUse(f"output_dir {str(out)!r} is in use by another training run (pid {holder}); "
+                              "wait for it to finish, stop it, or choose another output_dir") from None
+        stale = _lock_pid(fd)
+        if stale:
+            print(f"output_dir {str(out)!r}: taking over the lock left by pid {stale}, which is no longer running")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _lock_pid(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode(errors="replace").strip()
 
 
 # ----------------------------------------------------------------------------- logging
@@ -94,10 +147,10 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, out: Path) -> None:
         import wandb
 
-        self.run = wandb.init(project="grpo_lab", config=config.to_dict())
+        self.run = wandb.init(project="grpo_lab", config=config.to_dict(), dir=str(out))
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(row, step=row["step"])
@@ -111,7 +164,7 @@ def _open_loggers(config: TrainConfig, out: Path) -> list[Any]:
     loggers = []
     for name in config.report_to:
         try:
-            loggers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(config))
+            loggers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(config, out))
         except ImportError as exc:
             print(f"report_to {name!r} skipped: {exc}")
     return loggers

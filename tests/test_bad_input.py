@@ -7,7 +7,7 @@ from bad_input_catalogue import CATALOGUE, CONFIG_CASES
 
 from grpo_lab import GRPOConfig, SyncSchedule, aggregate_loss, clipped_surrogate, grpo_objective, kl_estimate, whiten
 from grpo_lab.bandit import BanditProblem, improvement_lower_bound
-from grpo_lab.checks import require_rewards
+from grpo_lab.checks import require_reward_groups
 
 
 @pytest.mark.parametrize("changes, message", CONFIG_CASES, ids=[str(c) for c, _ in CONFIG_CASES])
@@ -33,7 +33,7 @@ def test_config_replace_rejects_unknown_field():
 ])
 def test_rewards_rejected(rewards, message):
     with pytest.raises(ValueError, match=message):
-        require_rewards(rewards)
+        require_reward_groups(rewards)
 
 
 def test_primitive_arguments_rejected():

@@ -1,4 +1,5 @@
-"""The exact bandit (SPEC §4): Theorem 1 holds, L_α matches sampling, runs are reproducible and batched exactly."""
+"""The exact bandit (docs/theory.md §4): Theorem 1 holds, L_α matches sampling, runs are reproducible
+and batched exactly."""
 
 import numpy as np
 import pytest

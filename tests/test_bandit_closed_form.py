@@ -1,5 +1,7 @@
 """The closed-form engine (the live panel's) against the loop: the same curves for every knob."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +9,7 @@ import torch
 from grpo_lab import kl_estimate, loss_weights
 from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.bandit_closed_form import kl_gradient, run_bandit_closed_form, sequence_weights
+from grpo_lab.bandit_studies import lab_cost_model, mean_grad_norm, wall_clock
 from grpo_lab.objective import KL_KINDS, LOSS_TYPES
 
 PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
@@ -45,6 +48,7 @@ def test_closed_form_engine_gives_the_loops_curves(changes):
     assert np.array_equal(fast.masked_frac, loop.masked_frac)
     assert np.array_equal(fast.lag, loop.lag)
     assert np.array_equal(fast.optimizer_passes, loop.optimizer_passes)
+    np.testing.assert_allclose(fast.grad_norm, loop.grad_norm, rtol=1e-8, atol=1e-12)
     assert np.abs(fast.J[-1] - fast.J[0]).max() > 1e-3          # the runs moved: the comparison means something
 
 
@@ -56,6 +60,18 @@ def test_a_step_where_every_group_is_masked_trains_nothing_in_both():
     assert skipped.any() and not skipped.all()
     np.testing.assert_allclose(fast.J, loop.J, rtol=0, atol=1e-12)
     assert np.array_equal(fast.optimizer_passes, loop.optimizer_passes)
+
+
+def test_studies_read_the_same_numbers_from_either_engine():
+    """wall_clock and mean_grad_norm need no StepRecords: on a closed-form run they give the loop's values."""
+    config = bandit_config(steps=60, lr=1.0, v=4, i=2, seed=5)
+    loop, fast = run_bandit(PROBLEM, config, runs=3), run_bandit_closed_form(PROBLEM, config, runs=3)
+    assert not fast.records and loop.records
+    model = lab_cost_model()
+    np.testing.assert_allclose(wall_clock(fast, model), wall_clock(loop, model), rtol=1e-12)
+    assert wall_clock(fast, model)[-1] > 0
+    assert math.isfinite(mean_grad_norm(fast)) and mean_grad_norm(fast) > 0
+    assert mean_grad_norm(fast) == pytest.approx(mean_grad_norm(loop), rel=1e-8)
 
 
 def test_same_seed_same_curves():

@@ -1,4 +1,4 @@
-"""Primitives of SPEC §2–§3: hand-computed cases, plain-loop references, properties."""
+"""Primitives of docs/theory.md §2–§3: hand-computed cases, plain-loop references, properties."""
 
 import math
 

@@ -178,8 +178,8 @@ def test_colocate_recipes_map_to_the_paper_setting():
 
 def test_trl_args_map_names_and_refuse_what_trl_cannot_do(tmp_path):
     launch_recipe = load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
-                                          ["i=2", "eps_high=0.28", "beta=0.04", "ref_period=5",
-                                           f"output_dir={tmp_path}"], ["logging_steps=3"])
+                                       ["i=2", "eps_high=0.28", "beta=0.04", "ref_period=5",
+                                        f"output_dir={tmp_path}"], ["logging_steps=3"])
     config = launch_recipe.config
     assert launch_recipe.trl == {"logging_steps": 3} and launch_recipe.orz_data_files is None
     args = gl.trl_args(config, launch_recipe.trl, num_processes=2)
@@ -187,8 +187,8 @@ def test_trl_args_map_names_and_refuse_what_trl_cannot_do(tmp_path):
     assert (args.epsilon, args.epsilon_high, args.beta, args.ref_model_sync_steps) == (0.2, 0.28, 0.04, 10)
     assert args.per_device_train_batch_size == 16 and args.gradient_accumulation_steps == 1  # 32 rows = 16·2·1
     assert (args.max_steps, args.logging_steps, args.lr_scheduler_type) == (80, 3, "constant")
-    with pytest.raises(ValueError, match="sync = 'adaptive'"):
-        gl.trl_args(config.replace(sync="adaptive"), {}, 1)
+    adaptive = gl.trl_args(config.replace(sync="adaptive", sync_threshold=0.3), {}, 1)
+    assert (adaptive.sync, adaptive.sync_threshold, adaptive.vllm_sync_interval) == ("adaptive", 0.3, 4)
     with pytest.raises(ValueError, match="kl_kind must be one of"):
         gl.trl_args(config.replace(kl_kind="k1"), {}, 1)
     with pytest.raises(ValueError, match="must be a multiple of micro_batch_size"):
@@ -206,7 +206,7 @@ def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
     path.write_text(json.dumps(rows))
     assert [p.answer for p in load_orz(path)] == ["5", "\\frac{1}{2}"] and len(load_orz(path, 1)) == 1
     launch_recipe = load_launch_recipe(CONFIG_DIR / "qwen7b_orz_colocate_v1.yaml",
-                                          [f"orz_data_files={path}", "system_prompt=Be brief."])
+                                       [f"orz_data_files={path}", "system_prompt=Be brief."])
     assert launch_recipe.orz_data_files == str(path)
     data = gl.training_dataset(launch_recipe)
     assert data[0]["prompt"][0] == {"role": "system", "content": "Be brief."}

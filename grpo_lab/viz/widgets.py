@@ -2,8 +2,8 @@
 
 Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.bandit_closed_form.run_bandit_closed_form`
 (the loop's steps with the gradient in closed form: the same curves as
-:func:`~grpo_lab.bandit.run_bandit`, 4-6× sooner; ``benchmarks/bandit_rerun.py`` times
-both) and replaces the traces of the figure inside ``batch_update``. Without a front
+:func:`~grpo_lab.bandit.run_bandit` without autograd's per-step overhead; ``benchmarks/bandit_rerun.py``
+times both) and replaces the traces of the figure inside ``batch_update``. Without a front
 end the same code runs: the figure is a plain ``go.Figure`` and
 :meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
 """
