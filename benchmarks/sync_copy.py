@@ -1,6 +1,6 @@
 """P2: does ``HFSampler.sync`` cost what copying its bytes costs?
 
-A sync (α ← π_θ) is what v amortises (SPEC §5, §7). In process it should be
+A sync (α ← π_θ) is what v amortises (docs/theory.md §5, §7). In process it should be
 nothing but a memory copy; this measures it side by side with two plain
 ``torch`` copies of the same bytes, interleaved over the repeats so that both
 see the same machine load:

@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC §2): whitening and the zero-variance mask.
+"""Group-relative advantages (docs/theory.md §2): whitening and the zero-variance mask.
 
 The G rewards of one prompt were sampled from the server's policy α, so their
 mean and variance estimate μ_α(x) and σ_α(x)²; the advantage of response j is
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import require_choice, require_number_in
+from .checks import require_choice, require_int_at_least, require_number_in
 
 EPS_PLACEMENTS = ("under_sqrt", "added_to_std")
 
@@ -18,7 +18,7 @@ def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
            eps_placement: str = "under_sqrt") -> torch.Tensor:
     """Whiten each group's rewards into advantages A_α.
 
-    Equation (SPEC §2, the paper's σ_{α,r,ε})::
+    Equation (docs/theory.md §2, the paper's σ_{α,r,ε})::
 
         A_α(x, y_j) = (r_j − μ_α(x)) / sqrt(σ_α(x)² + eps)          eps_placement="under_sqrt"
         A(x, y_j)   = (r_j − μ(x))   / (σ(x) + eps)                  eps_placement="added_to_std" (TRL's form)
@@ -50,7 +50,7 @@ def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
 
 
 def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
-    """Mask m(x) = 1[σ(x) ≠ 0] of SPEC §2: which groups carry learning signal.
+    """Mask m(x) = 1[σ(x) ≠ 0] of docs/theory.md §2: which groups carry learning signal.
 
     ====== ========== =====================================================
     symbol shape      meaning
@@ -66,3 +66,14 @@ def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape [P, G], got {tuple(rewards.shape)}")
     return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def masking_probability(p: torch.Tensor | float, G: int) -> torch.Tensor:
+    """P(a group of G rewards ~ Bernoulli(p) all agree) = p^G + (1 − p)^G: how often the zero-variance mask,
+    which sees G samples and not the true σ, drops a prompt that α solves with probability p
+    (docs/theory.md §2). 0.663 at p = 0.05, G = 8."""
+    require_int_at_least("G", G, 1)
+    p = torch.as_tensor(p, dtype=torch.float64)
+    if not bool(((p >= 0) & (p <= 1)).all()):
+        raise ValueError(f"p must lie in [0, 1], got {p.tolist()}")
+    return p ** G + (1 - p) ** G

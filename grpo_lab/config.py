@@ -1,5 +1,5 @@
-"""One config for the (v, i) loop. Every field is a knob of SPEC §2–§5, named by
-its SPEC symbol; the TRL name is given where the concept is TRL's."""
+"""One config for the (v, i) loop. Every field is a knob of docs/theory.md §2–§5, named by
+its symbol there; the TRL name is given where the concept is TRL's."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from .advantages import EPS_PLACEMENTS
 from .checks import require_choice, require_int_at_least, require_number_in
 from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS
+from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
-SYNC_MODES = ("fixed", "adaptive")
 OPTIMIZERS = ("adamw", "sgd")
 RESUME_FREE_FIELDS = ("micro_batch_size", "steps")
 """Fields a resumed run may change: they set how far to go and in what pieces, not what any step computes
@@ -22,7 +22,7 @@ RESUME_FREE_FIELDS = ("micro_batch_size", "steps")
 
 @dataclass
 class GRPOConfig:
-    """Hyper-parameters of Algorithm 1 (SPEC §5); validated on construction."""
+    """Hyper-parameters of Algorithm 1 (docs/theory.md §5); validated on construction."""
 
     G: int = 8
     """Group size: responses sampled per prompt (TRL ``num_generations``)."""

@@ -1,4 +1,4 @@
-"""Pass@k of a policy on held-out problems, n samples per question (SPEC §6).
+"""Pass@k of a policy on held-out problems, n samples per question (docs/theory.md §6).
 
 Pass@1 with n samples is the mean correctness over the n·Q completions; the
 general Pass@k uses the unbiased estimator 1 − C(n−c, k)/C(n, k) per question

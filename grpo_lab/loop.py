@@ -1,4 +1,4 @@
-"""Algorithm 1 — the (v, i) loop (SPEC §5), written once for every policy.
+"""Algorithm 1 — the (v, i) loop (docs/theory.md §5), written once for every policy.
 
 The bandit, the language models and the benchmarks all run through
 :class:`GRPOLoop`. It talks to three small protocols:
@@ -35,10 +35,10 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from .advantages import whiten, zero_variance_mask
-from .checks import require_rewards
+from .checks import require_reward_groups
 from .config import RESUME_FREE_FIELDS, GRPOConfig
 from .objective import grpo_objective, loss_weights, tv_terms
-from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
+from .schedules import RefResetSchedule, make_sync_schedule
 
 
 @dataclass
@@ -163,13 +163,6 @@ def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def make_sync_schedule(config: GRPOConfig) -> SyncSchedule:
-    """Every v steps (``sync="fixed"``) or on measured drift, at most every v (``"adaptive"``)."""
-    if config.sync == "adaptive":
-        return AdaptiveSyncSchedule(v=config.v, threshold=config.sync_threshold)
-    return SyncSchedule(config.v)
-
-
 class GRPOLoop:
     """Runs Algorithm 1 on (policy, sampler, task) and keeps everything needed to resume.
 
@@ -186,7 +179,7 @@ class GRPOLoop:
         self.run_ids = run_ids
         self.optimizer = make_optimizer(policy.parameters(), config)
         self._params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.schedule = make_sync_schedule(config)
+        self.schedule = make_sync_schedule(config.sync, config.v, config.sync_threshold)
         self.ref_schedule = RefResetSchedule(config.ref_period)
         self.reference = self._frozen_copy(policy) if config.beta > 0 else None
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -223,7 +216,7 @@ class GRPOLoop:
             if len(prompts) == 0:
                 raise ValueError(f"task returned no prompts at step {k}")
             rollout = self.sampler.sample(prompts, cfg.G, self.generator)
-            rewards = require_rewards(self.task.rewards(rollout, self.generator))
+            rewards = require_reward_groups(self.task.rewards(rollout, self.generator))
             if rewards.shape != (len(prompts), cfg.G):
                 raise ValueError(f"rewards must have shape [P, G] = [{len(prompts)}, {cfg.G}], "
                                  f"got {tuple(rewards.shape)}")

@@ -1,4 +1,4 @@
-"""The off-policy clipped objective (SPEC §3): importance ratios against α, the
+"""The off-policy clipped objective (docs/theory.md §3): importance ratios against α, the
 clipped surrogate f_ε, the KL penalty to π_ref, and loss aggregation over tokens.
 
 Every function works per token (tensors ``[B, T]``: B = P·G sequences, T
@@ -36,7 +36,7 @@ def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
 def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor,
                       advantages: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None,
                       band: str = "additive") -> torch.Tensor:
-    """Elementwise f_ε(r, r′, A) of SPEC §3, to be maximised.
+    """Elementwise f_ε(r, r′, A) of docs/theory.md §3, to be maximised.
 
     Equation::
 
@@ -169,7 +169,7 @@ def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo",
                    max_completion_length: int | None = None,
                    run_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Reduce ``per_token [B, T]`` to a scalar with :func:`loss_weights` (SPEC §3).
+    """Reduce ``per_token [B, T]`` to a scalar with :func:`loss_weights` (docs/theory.md §3).
 
     Tokens outside ``mask`` contribute exactly 0 (even if they hold NaN), so an
     all-masked batch aggregates to exactly 0.
@@ -202,7 +202,7 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    loss_type: str = "grpo", level: str = "token", mask_normalize: str = "batch",
                    max_completion_length: int | None = None, run_ids: torch.Tensor | None = None,
                    weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (SPEC §3).
+    """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
     Equation::
 

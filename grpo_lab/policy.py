@@ -1,4 +1,4 @@
-"""π_θ for language models: a Hugging Face causal LM that scores a rollout's completions (SPEC §3).
+"""π_θ for language models: a Hugging Face causal LM that scores a rollout's completions (docs/theory.md §3).
 
 The rollout layout is the one :mod:`grpo_lab.sampling` writes (table in its
 docstring): left-padded prompt ids with their mask in ``extra``, right-padded

@@ -1,4 +1,4 @@
-"""Verifiable rewards r(x, y) in [0, 1] (SPEC §1), safe in threads and processes.
+"""Verifiable rewards r(x, y) in [0, 1] (docs/theory.md §1), safe in threads and processes.
 
 Definitions (precise, because the reward is the experiment):
 
@@ -176,7 +176,7 @@ class _Verifier:
     """One math-verify worker per parent process, calls serialised by a lock.
 
     After the first kill (a timeout or a crash) a spare worker is kept started, so the
-    call after a kill does not wait for math-verify's import (~3 s) on top of its own time.
+    call after a kill does not wait for math-verify's import (seconds) on top of its own time.
     """
 
     def __init__(self) -> None:
@@ -293,8 +293,10 @@ def answer_reward(completion: str, gold: str, answer_format: str = "number", for
 
 # ----------------------------------------------------------------------------- validation
 
-def check_rewards(values: Any, prompt_indices: Sequence[int]) -> torch.Tensor:
-    """Validate one reward per completion; return them as a float tensor ``[N]``.
+def require_reward_values(values: Any, prompt_indices: Sequence[int]) -> torch.Tensor:
+    """Check the values a reward function returned, one per completion; return them as a float
+    tensor ``[N]`` (the step's ``[P, G]`` groups are checked by
+    :func:`grpo_lab.checks.require_reward_groups`).
 
     ``prompt_indices[j]`` is the prompt of completion j. Raises ValueError
     naming the prompt and the value if a value is missing or extra, not a
@@ -320,7 +322,7 @@ def check_rewards(values: Any, prompt_indices: Sequence[int]) -> torch.Tensor:
 
 def compute_rewards(reward_fn: Callable[[str, Any], float], completions: Sequence[str], targets: Sequence[Any],
                     prompt_indices: Sequence[int]) -> torch.Tensor:
-    """``reward_fn(completion, target)`` for each completion, validated by :func:`check_rewards`.
+    """``reward_fn(completion, target)`` for each completion, validated by :func:`require_reward_values`.
 
     ``target`` is whatever ``reward_fn`` checks against (a gold string, a
     Problem). An exception inside ``reward_fn`` becomes a ValueError naming the prompt.
@@ -335,4 +337,4 @@ def compute_rewards(reward_fn: Callable[[str, Any], float], completions: Sequenc
         except Exception as exc:
             raise ValueError(f"reward function raised {type(exc).__name__}: {exc} for prompt {p} "
                              f"(completion {j}: {completion[:60]!r})") from exc
-    return check_rewards(values, prompt_indices)
+    return require_reward_values(values, prompt_indices)

@@ -1,4 +1,5 @@
-"""α in process: a frozen copy of π_θ's language model that samples G completions per prompt (SPEC §1, §5).
+"""α in process: a frozen copy of π_θ's language model that samples G completions per prompt
+(docs/theory.md §1, §5).
 
 :class:`HFSampler` holds its own copy of the model — that copy *is* α. It
 changes only at :meth:`HFSampler.sync`, an in-place copy of π_θ's weights, so
@@ -184,8 +185,8 @@ class HFSampler:
         Tied weights (e.g. embeddings = LM head) are one tensor and copied once.
         One ``torch._foreach_copy_`` from π_θ's tensors into α's (listed once, at
         construction) keeps the cost at that of copying the bytes
-        (``benchmarks/sync_copy.py``). π_θ's tensors are listed at every call
-        (~0.7 ms for 30 layers), so a replaced weight is never missed.
+        (``benchmarks/sync_copy.py``). π_θ's tensors are listed at every call, a
+        small cost beside the copy, so a replaced weight is never missed.
         """
         names, sources = zip(*_named_tensors(policy.model), strict=True)
         if names != self._names or tuple(t.shape for t in sources) != self._shapes:

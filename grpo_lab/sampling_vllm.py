@@ -1,10 +1,10 @@
-"""α on vLLM, colocated: a ``vllm.LLM`` in this process samples G completions per prompt (SPEC §1, §5).
+"""α on vLLM, colocated: a ``vllm.LLM`` in this process samples G completions per prompt (docs/theory.md §1, §5).
 
 :class:`VLLMSampler` is :class:`~grpo_lab.sampling.HFSampler` with vLLM as the
 engine: same constructor checks, same :class:`~grpo_lab.loop.Rollout` layout
 (table in :mod:`grpo_lab.sampling`), same sync semantics — α changes only at
 :meth:`VLLMSampler.sync`, which pushes every weight of π_θ into the engine and
-resets its prefix cache, the cost that the sync period v amortises (SPEC §5).
+resets its prefix cache, the cost that the sync period v amortises (docs/theory.md §5).
 
 What makes log α the log-probability of the distribution actually sampled:
 

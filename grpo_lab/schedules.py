@@ -1,4 +1,4 @@
-"""When the sampler's α is replaced by π_θ (sync), and when π_ref is reset (SPEC §5, §7).
+"""When the sampler's α is replaced by π_θ (sync), and when π_ref is reset (docs/theory.md §5, §7).
 
 A schedule answers one question per step k, *before* sampling: sync now?
 ``lag(k) = k − k0`` with k0 the step of the last sync, so α = π_{k0}.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .checks import require_int_at_least, require_number_in
+from .checks import require_choice, require_int_at_least, require_number_in
+
+SYNC_MODES = ("fixed", "adaptive")
 
 
 @dataclass
@@ -49,7 +51,7 @@ class SyncSchedule:
 
 @dataclass
 class AdaptiveSyncSchedule(SyncSchedule):
-    """Sync when the measured drift of α from π_k passes ``threshold`` (SPEC §7).
+    """Sync when the measured drift of α from π_k passes ``threshold`` (docs/theory.md §7).
 
     The drift is the batch mean of |log π_k − log α| over the sampled tokens
     (logged as ``log_ratio_k_abs``): a cheap proxy of KL(π_k ‖ α), available
@@ -81,6 +83,14 @@ class AdaptiveSyncSchedule(SyncSchedule):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.last_drift = float(state["last_drift"])
+
+
+def make_sync_schedule(sync: str, v: int, threshold: float) -> SyncSchedule:
+    """The one sync rule of every route (GRPOLoop, the closed-form bandit engine, the TRL adapter):
+    every v steps (``sync="fixed"``) or when the measured drift passes ``threshold``, at most every
+    v steps (``"adaptive"``)."""
+    require_choice("sync", sync, SYNC_MODES)
+    return AdaptiveSyncSchedule(v=v, threshold=threshold) if sync == "adaptive" else SyncSchedule(v)
 
 
 @dataclass(frozen=True)

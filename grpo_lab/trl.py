@@ -1,13 +1,15 @@
-"""Off-policy GRPO at scale (SPEC §5): TRL's ``GRPOTrainer`` with a lagged sampler α.
+"""Off-policy GRPO at scale (docs/theory.md §5): TRL's ``GRPOTrainer`` with a lagged sampler α.
 
 TRL 1.16 pushes π_θ to vLLM before *every* generation, clips π/π_old around
 the detached ratio multiplicatively, keeps zero-variance groups in the loss and,
 by default, zeroes whole sequences whose π_old/α exceeds 3. This adapter runs
 Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
 
-* α ← π_θ only at steps k with k % v == 0 (``vllm_sync_interval`` = v), in one
-  place, :meth:`OffPolicyGRPOTrainer._sync_sampler`; vLLM's prefix cache is reset
-  only by real syncs. Without vLLM, generation comes from an in-process frozen
+* α ← π_θ when the lab's sync schedule (:func:`grpo_lab.schedules.make_sync_schedule`)
+  says so: at steps k with k % v == 0 (``vllm_sync_interval`` = v), or with
+  ``sync="adaptive"`` when the drift of the last step passed ``sync_threshold``, at
+  most every v steps; in one place, :meth:`OffPolicyGRPOTrainer._sync_sampler`.
+  vLLM's prefix cache is reset only by real syncs. Without vLLM, generation comes from an in-process frozen
   copy α of the model, refreshed by the same schedule (so v works on a CPU);
   log α of the sampled tokens costs one extra no-grad forward of the copy.
 * ``clip_band``: ``additive`` [max(r′−ε, 0), r′+ε] (paper) or ``multiplicative``
@@ -22,7 +24,7 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
   so micro-batching and data parallelism give the one-process loss exactly.
 * Advantages are the paper's whitening (:func:`grpo_lab.whiten`), not TRL's
   ``std + 1e-4``; rewards (weighted sum over reward functions) must lie in [0, 1]
-  (SPEC §1). π_ref is reset by TRL's ``sync_ref_model`` with mix-up 1.
+  (docs/theory.md §1). π_ref is reset by TRL's ``sync_ref_model`` with mix-up 1.
 * A step whose groups are all masked has loss exactly 0 and is skipped (no
   optimiser update; under DeepSpeed it is only recorded, see ``_SkipMaskedStep``).
 
@@ -63,8 +65,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from .advantages import EPS_PLACEMENTS, whiten, zero_variance_mask
-from .checks import require_choice, require_int_at_least, require_number_in, require_rewards
+from .checks import require_choice, require_int_at_least, require_number_in, require_reward_groups
 from .objective import BANDS, LOSS_TYPES, MASK_NORMALIZATIONS, grpo_objective, loss_weights, tv_terms
+from .schedules import SYNC_MODES, make_sync_schedule
 
 # TRL options the off-policy objective replaces; each must keep the value shown.
 _REQUIRED = {
@@ -91,7 +94,12 @@ class OffPolicyGRPOConfig(GRPOConfig):
     ``use_bias_correction_kl`` False."""
 
     vllm_sync_interval: int = field(default=1, metadata={
-        "help": "v: α ← π_θ at steps k with k % v == 0 (vLLM push, or the in-process copy without vLLM)."})
+        "help": "v: α ← π_θ at steps k with k % v == 0 (vLLM push, or the in-process copy without vLLM); "
+                "with sync='adaptive', the longest lag allowed."})
+    sync: str = field(default="fixed", metadata={
+        "help": "'fixed' (every v steps) or 'adaptive' (when a step's drift passes sync_threshold, at most every v)."})
+    sync_threshold: float = field(default=0.05, metadata={
+        "help": "Adaptive sync: mean |log π_k − log α| of a step above which the next step syncs."})
     zero_variance_mask: bool = field(default=True, metadata={
         "help": "Drop groups whose G rewards all agree from the loss (numerator, denominator and KL)."})
     mask_normalize: str = field(default="batch", metadata={
@@ -113,6 +121,8 @@ class OffPolicyGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int_at_least("vllm_sync_interval", self.vllm_sync_interval, 1)
+        require_choice("sync", self.sync, SYNC_MODES)
+        require_number_in("sync_threshold", self.sync_threshold, 0.0, low_open=True)
         require_choice("clip_band", self.clip_band, BANDS)
         require_choice("mask_normalize", self.mask_normalize, MASK_NORMALIZATIONS)
         require_choice("loss_type", self.loss_type, LOSS_TYPES)
@@ -125,7 +135,7 @@ class OffPolicyGRPOConfig(GRPOConfig):
         if self.steps_per_generation != self.gradient_accumulation_steps:
             raise ValueError(f"steps_per_generation = {self.steps_per_generation} must equal "
                              f"gradient_accumulation_steps = {self.gradient_accumulation_steps}: "
-                             "each optimiser pass covers the whole batch (SPEC §5)")
+                             "each optimiser pass covers the whole batch (docs/theory.md §5)")
         if self.vllm_enable_sleep_mode and self.vllm_sync_interval > 1:
             raise ValueError("vllm_enable_sleep_mode = True re-pushes π_θ on every wake-up, which breaks "
                              f"vllm_sync_interval = {self.vllm_sync_interval}; use one or the other")
@@ -147,12 +157,34 @@ class _SkipMaskedStep(TrainerCallback):
 class OffPolicyGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` running Algorithm 1 with lag v (see the module docstring).
 
-    ============== ==========================================================
-    attribute      meaning
-    ============== ==========================================================
-    ``alpha_model`` the in-process sampler α (``use_vllm=False`` only)
-    ``sync_steps`` the steps k at which α ← π_θ happened (this process)
-    ============== ==========================================================
+    Example (the bundled SmolLM2 on CPU, α synced every v = 3 steps)::
+
+        from datasets import Dataset
+        from grpo_lab.launch import verifiable_reward
+        from grpo_lab.models import bundled_model_dir
+        from grpo_lab.tasks import chat_messages, load_problems
+        from grpo_lab.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
+
+        problems = load_problems("add1", 32, seed=0)
+        dataset = Dataset.from_list([{"prompt": chat_messages(p), "answer": p.answer,
+                                      "answer_format": p.answer_format} for p in problems])
+        args = OffPolicyGRPOConfig(output_dir="runs/trl_v3", vllm_sync_interval=3, num_generations=4,
+                                   per_device_train_batch_size=8, max_completion_length=8, max_steps=6,
+                                   use_cpu=True, report_to="none", save_strategy="no")
+        trainer = OffPolicyGRPOTrainer(model=str(bundled_model_dir()), reward_funcs=verifiable_reward(),
+                                       args=args, train_dataset=dataset)
+        trainer.train()
+        print(trainer.sync_steps)  # [0, 3]
+
+    ``python -m grpo_lab.launch --config R`` builds the same from a recipe (:func:`grpo_lab.launch.trl_args`).
+
+    ================== ==========================================================
+    attribute          meaning
+    ================== ==========================================================
+    ``alpha_model``    the in-process sampler α (``use_vllm=False`` only)
+    ``sync_schedule``  the lab's schedule (:func:`grpo_lab.schedules.make_sync_schedule`)
+    ``sync_steps``     the steps k at which α ← π_θ happened (this process)
+    ================== ==========================================================
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -160,6 +192,9 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         if not isinstance(self.args, OffPolicyGRPOConfig):
             raise ValueError(f"args must be an OffPolicyGRPOConfig, got {type(self.args).__name__}")
         self.sync_steps: list[int] = []
+        self.sync_schedule = make_sync_schedule(self.args.sync, self.args.vllm_sync_interval,
+                                                self.args.sync_threshold)
+        self._drift = [0.0, 0.0]  # Σ |log π_k − log α| and tokens of this step, over micro-batches and processes
         self._rewards: torch.Tensor | None = None
         self._all_masked = False
         self.alpha_model = None if self.use_vllm else self._make_alpha()
@@ -181,6 +216,8 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         add_fused_lm_head(alpha, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         return alpha
 
+    # TRL pushes π_θ to vLLM wherever ``global_step != _last_loaded_step`` (the only guard of its
+    # pushes; tests/test_trl.py checks TRL still works this way): reading global_step back disarms it.
     @property
     def _last_loaded_step(self) -> int:
         return self.state.global_step
@@ -199,17 +236,23 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
             self.alpha_model.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
 
     def _maybe_sync(self) -> None:
-        """Sync at k % v == 0 (and at the first step after start or resume: α is unknown)."""
+        """Sync when the schedule says so (always at the first step after start or resume: α is
+        unknown). The schedule first sees the drift the previous step measured, if it trained."""
         k = self.state.global_step // self.num_iterations
-        synced = not self.sync_steps or k % self.args.vllm_sync_interval == 0
+        total, tokens = self._drift
+        if tokens > 0:  # a skipped step measured no drift: the schedule keeps what it saw before
+            self.sync_schedule.observe(total / tokens)
+        self._drift = [0.0, 0.0]
+        synced = self.sync_schedule.should_sync(k)
         seconds = 0.0
         if synced:
             start = time.perf_counter()
             self._sync_sampler()
             seconds = time.perf_counter() - start
+            self.sync_schedule.mark_synced(k)
             self.sync_steps.append(k)
         metrics = self._metrics["train"]
-        metrics["off_policy/lag"].append(float(k - self.sync_steps[-1]))
+        metrics["off_policy/lag"].append(float(self.sync_schedule.lag(k)))
         metrics["off_policy/synced"].append(float(synced))
         metrics["off_policy/sync_seconds"].append(seconds)
         metrics["off_policy/sync_count"].append(float(len(self.sync_steps)))
@@ -237,7 +280,7 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
-        rewards = require_rewards(self._rewards.view(-1, G).cpu())  # [P_all, G], every process
+        rewards = require_reward_groups(self._rewards.view(-1, G).cpu())  # [P_all, G], every process
         n = output["completion_ids"].shape[0]
         rows = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         args, device = self.args, output["completion_ids"].device
@@ -250,7 +293,8 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         mask = sampled & keep.repeat_interleave(G)[rows, None].to(device)
         output["advantages"] = advantages[rows].to(device)
         output["loss_mask"], output["sampled_mask"] = mask, sampled
-        output["loss_weights"] = self._global_loss_weights(mask, rows, sampled if args.mask_normalize == "batch" else None)
+        denominator = sampled if args.mask_normalize == "batch" else None
+        output["loss_weights"] = self._global_loss_weights(mask, rows, denominator)
         if mode == "train":
             self._all_masked = not bool(keep.any())
         self._metrics[mode]["off_policy/masked_frac"].append(1.0 - float(zero_variance_mask(rewards).float().mean()))
@@ -325,6 +369,9 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         for name, total in zip(names, totals[:-4], strict=True):
             self._metrics[mode][name if name == "kl" else f"off_policy/{name}"].append(total / count)
         self._metrics[mode]["off_policy/tv_estimate"].append(totals[-4] / max(totals[-3], 1.0))
+        if mode == "train":  # the same on every process (reduced), so every process takes the same syncs
+            self._drift[0] += totals[names.index("log_ratio_k_abs")]
+            self._drift[1] += totals[-1]
         self._metrics[mode]["entropy"].append(totals[-2] / count)
         ratio_max = self.accelerator.gather(torch.tensor([metrics["ratio_k_max"]], device=entropies.device))
         self._metrics[mode]["off_policy/ratio_k_max"].append(float(ratio_max.max()))

@@ -18,11 +18,11 @@ from grpo_lab.rewards import (
     answer_reward,
     answers_match,
     as_number,
-    check_rewards,
     compute_rewards,
     correctness_reward,
     extract_answer,
     format_reward,
+    require_reward_values,
     verifier_stats,
 )
 
@@ -158,7 +158,7 @@ def test_works_from_forked_processes():
 
 
 def test_check_rewards_accepts_good_values():
-    out = check_rewards([0, 1.0, 0.25, torch.tensor(0.5), True], [0, 0, 1, 1, 2])
+    out = require_reward_values([0, 1.0, 0.25, torch.tensor(0.5), True], [0, 0, 1, 1, 2])
     assert out.dtype == torch.float32
     assert out.tolist() == [0.0, 1.0, 0.25, 0.5, 1.0]
 
@@ -176,7 +176,7 @@ def test_check_rewards_accepts_good_values():
 ])
 def test_check_rewards_names_prompt_and_value(values, pattern):
     with pytest.raises(ValueError, match=pattern):
-        check_rewards(values, [3, 7])
+        require_reward_values(values, [3, 7])
 
 
 def test_compute_rewards_names_the_prompt_of_a_failing_reward():

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -153,8 +154,28 @@ def test_vllm_path_pushes_only_every_v_steps(model_dir, tmp_path):
     assert torch.isfinite(trainer.compute_loss(trainer.model, out))
 
 
+def test_adaptive_sync_on_the_trl_route_follows_the_drift(model_dir, tmp_path):
+    """sync='adaptive' (the lab's AdaptiveSyncSchedule): α ← π_θ at the step after one whose drift
+    mean |log π_k − log α| passed sync_threshold, and at the latest when the lag reaches v."""
+    def run(threshold, v):
+        trainer = trainer_for(model_dir, tmp_path / f"{threshold}", alternating_reward, max_steps=6,
+                              vllm_sync_interval=v, sync="adaptive", sync_threshold=threshold)
+        drifts, observe = [], trainer.sync_schedule.observe
+        trainer.sync_schedule.observe = lambda drift: drifts.append(drift) or observe(drift)
+        trainer.train()
+        return trainer.sync_steps, drifts
+
+    syncs, drifts = run(threshold=0.005, v=5)
+    assert syncs == [0, 2, 4]                      # every lag-1 step drifted past 0.005; v = 5 never bound
+    assert drifts[0::2] == [0.0, 0.0, 0.0] and min(drifts[1::2]) > 0.005   # lag 0: α = π_k exactly
+    syncs, drifts = run(threshold=10.0, v=3)
+    assert syncs == [0, 3] and max(drifts) < 10.0  # drift never passed: the longest lag v decides
+
+
 @pytest.mark.parametrize("change, name", [
     (dict(vllm_sync_interval=0), "vllm_sync_interval"),
+    (dict(sync="sometimes"), "sync"),
+    (dict(sync="adaptive", sync_threshold=0.0), "sync_threshold"),
     (dict(clip_band="box"), "clip_band"),
     (dict(loss_type="sapo"), "loss_type"),
     (dict(eps_placement="inside"), "eps_placement"),
@@ -199,3 +220,35 @@ def test_two_processes_match_one_process(model_dir, tmp_path):
     for rank in result["train"]:
         assert rank["sync_steps"] == [0, 2]
         assert [h["off_policy/lag"] for h in rank["history"]] == [0, 1, 0, 1]
+
+
+def test_trl_pushes_weights_only_where_last_loaded_step_disarms_it():
+    """The ``_last_loaded_step`` override relies on TRL's GRPOTrainer pushing π_θ to vLLM only
+    under ``if [self.use_vllm and] self.state.global_step != self._last_loaded_step:``. A TRL that
+    pushes anywhere else, or guards its pushes otherwise, would sync α every step: this fails."""
+    import inspect
+    import re
+
+    from trl import GRPOTrainer
+
+    source = inspect.getsource(GRPOTrainer)
+    pushes = source.count("vllm_generation.sync_weights()")
+    guarded = re.findall(r"if (?:self\.use_vllm and )?self\.state\.global_step != self\._last_loaded_step:\n"
+                         r"\s+with profiling_context\(self, \"sync_weights\"\):\n"
+                         r"\s+self\.vllm_generation\.sync_weights\(\)", source)
+    assert pushes >= 1 and len(guarded) == pushes
+    assert "self._last_loaded_step = -1" in source  # TRL's initial tag, which the setter ignores
+
+
+@pytest.mark.slow
+def test_docstring_example_runs(tmp_path, monkeypatch):
+    """The usage example of OffPolicyGRPOTrainer's docstring, run as written (in a scratch folder)."""
+    import contextlib
+    import io
+
+    example = OffPolicyGRPOTrainer.__doc__.split("::\n", 1)[1].split("\n\n    ``python -m", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(textwrap.dedent(example), "docstring example", "exec"), {})
+    assert printed.getvalue().strip().splitlines()[-1] == "[0, 3]"

@@ -3,12 +3,13 @@
 :func:`~grpo_lab.bandit.run_bandit` trains the tabular policy through
 :class:`~grpo_lab.loop.GRPOLoop`, the code path of the language models: autograd
 through :func:`~grpo_lab.objective.grpo_objective`, a :class:`StepRecord` of
-every metric and checks at every step, hundreds of small torch calls a step.
-A 300 × 8 re-run then takes 0.5-1 s on a 2-core CPU: too slow for a slider.
+every metric and checks at every step, hundreds of small torch calls a step:
+too slow for a slider that re-trains on every change (``benchmarks/bandit_rerun.py``
+times both engines; docs/benchmarks.md has the figures).
 
-:func:`run_bandit_fast` takes the same steps (the same sampler, task, random
+:func:`run_bandit_closed_form` takes the same steps (the same sampler, task, random
 draws, schedules, whitening, mask, clip band and optimiser rule) but writes
-∂loss/∂logits by hand and records only the curves. For a softmax table,
+∂loss/∂logits by hand and records only the curves (no per-step :class:`StepRecord`). For a softmax table,
 ∂ log π(y|x) / ∂ logits[x] = onehot(y) − π(·|x), so with
 
     g_j = ∂loss/∂ log π(y_j|x_j) = w_j · ( −r_j A_j · u_j + β · ∂KL̂_j/∂ log π )
@@ -18,7 +19,7 @@ the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u i
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
 inside [lo, hi], bounds included, and the min keeps the smaller branch. At the
 first pass r = r′ lies inside the band, so the clip only acts when i > 1.
-``tests/test_bandit_fast.py`` checks the curves against
+``tests/test_bandit_closed_form.py`` checks the curves against
 :func:`~grpo_lab.bandit.run_bandit` for every knob of the panel and more.
 """
 
@@ -39,9 +40,9 @@ from .bandit import (
 )
 from .checks import require_int_at_least
 from .config import GRPOConfig
-from .loop import make_optimizer, make_sync_schedule
+from .loop import make_optimizer
 from .objective import clip_bounds
-from .schedules import RefResetSchedule
+from .schedules import RefResetSchedule, make_sync_schedule
 
 
 def kl_gradient(d: torch.Tensor, kind: str) -> torch.Tensor:
@@ -54,9 +55,10 @@ def kl_gradient(d: torch.Tensor, kind: str) -> torch.Tensor:
     return -torch.expm1(d)
 
 
-def run_bandit_fast(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -> BanditRun:
+def run_bandit_closed_form(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -> BanditRun:
     """:func:`~grpo_lab.bandit.run_bandit` without autograd: the same J curve, masked
-    fraction, lag and optimiser passes (``records`` stays empty)."""
+    fraction, lag, optimiser passes and gradient norms (``records`` stays empty: everything
+    :mod:`grpo_lab.bandit_studies` reads from a run is in these arrays)."""
     require_int_at_least("runs", runs, 1)
     with single_thread(), torch.inference_mode():
         return _run(problem, config, runs)
@@ -83,13 +85,13 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
     theta = policy.logits.detach()                    # [R, C, K], the optimiser's tensor: updated in place
     optimizer = make_optimizer(policy.parameters(), cfg) if cfg.optimizer != "sgd" else None
     reference = theta.clone() if cfg.beta > 0 else None
-    schedule = make_sync_schedule(cfg)
+    schedule = make_sync_schedule(cfg.sync, cfg.v, cfg.sync_threshold)
     ref_schedule = RefResetSchedule(cfg.ref_period)
     generator = torch.Generator().manual_seed(cfg.seed)
     eps_high = cfg.eps_low if cfg.eps_high is None else cfg.eps_high
     group_run = torch.arange(runs).repeat_interleave(P)                # [N]: the run of each of N = R·P groups
 
-    thetas, informative_per_step, lags, passes = [theta.clone()], [], [], []
+    thetas, informative_per_step, lags, passes, grad_norms = [theta.clone()], [], [], [], []
     for k in range(cfg.steps):
         synced = schedule.should_sync(k)
         if synced:
@@ -106,6 +108,7 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
         keep = informative if cfg.mask_zero_variance else torch.ones_like(informative)
         trained = bool(keep.any())
         passes.append(cfg.i if trained else 0)
+        grad_norm = 0.0
         if trained:
             weights = sequence_weights(keep, runs, cfg)                # [N, 1], 0 on masked groups
             counted = (weights > 0).expand(-1, G)
@@ -134,9 +137,10 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
                             - g.sum(1, keepdim=True) * logp_table.exp())
                 grad = torch.zeros_like(theta)
                 grad.view(-1, K).index_add_(0, rows, row_grad)
-                _optimizer_step(policy, theta, grad, optimizer, cfg)
+                grad_norm = _optimizer_step(policy, theta, grad, optimizer, cfg)
             if cfg.sync == "adaptive":
                 schedule.observe(float(log_ratio_k.abs()[counted].mean()))
+        grad_norms.append(grad_norm)
         if reference is not None and ref_schedule.should_reset(k):
             reference.copy_(theta)
         thetas.append(theta.clone())
@@ -145,17 +149,22 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
     masked_frac = (1.0 - torch.stack(informative_per_step).to(torch.float64).mean(-1) if informative_per_step
                    else torch.zeros(0, dtype=torch.float64))
     return BanditRun(config=cfg, J=J_curve.numpy(), masked_frac=masked_frac.numpy(),
-                     lag=np.array(lags, dtype=np.int64), optimizer_passes=np.cumsum(passes, dtype=np.int64))
+                     lag=np.array(lags, dtype=np.int64), optimizer_passes=np.cumsum(passes, dtype=np.int64),
+                     grad_norm=np.array(grad_norms))
 
 
 def _optimizer_step(policy: TabularPolicy, theta: torch.Tensor, grad: torch.Tensor,
-                    optimizer: torch.optim.Optimizer | None, cfg: GRPOConfig) -> None:
+                    optimizer: torch.optim.Optimizer | None, cfg: GRPOConfig) -> float:
     """Clip like the loop, then SGD written out (θ ← θ − lr·(∇ + wd·θ), torch.optim.SGD's rule
-    without its per-call overhead) or the loop's optimiser (AdamW)."""
+    without its per-call overhead) or the loop's optimiser (AdamW). Returns the norm before
+    clipping, as the loop records it."""
     policy.logits.grad = grad
     if cfg.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_([policy.logits], cfg.max_grad_norm)  # scales grad in place
+        norm = torch.nn.utils.clip_grad_norm_([policy.logits], cfg.max_grad_norm)  # scales grad in place
+    else:
+        norm = torch.linalg.vector_norm(grad)
     if optimizer is None:
         theta.add_(grad.add(theta, alpha=cfg.weight_decay) if cfg.weight_decay else grad, alpha=-cfg.lr)
     else:
         optimizer.step()
+    return float(norm)
