@@ -2,9 +2,8 @@
 rewards, whitened advantages, whether the zero-variance mask keeps the group, and the
 per-token r′ = π_k/α that corrects for the server's lag (docs/theory.md §3).
 
-Also the two drift measures a learner can compute from logged log-probs alone:
-:func:`token_ratios` (r′ per token) and :func:`tv_estimate` (TV(π_k, α) per prompt, estimated
-from α's own samples).
+Also :func:`token_ratios`, r′ per token from logged log-probs (the TV estimate from the same
+log-probs is :func:`grpo_lab.objective.tv_terms`).
 """
 
 from __future__ import annotations
@@ -15,22 +14,12 @@ import torch
 
 from .advantages import whiten, zero_variance_mask
 from .loop import GRPOLoop
+from .objective import tv_terms
 
 
 def token_ratios(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """r′_t = π_k(y_t | x, y_<t) / α(y_t | x, y_<t) on real tokens, 0 on padding. All ``[B, T]``."""
     return torch.where(mask.bool(), torch.exp(logp_k - logp_alpha), torch.zeros_like(logp_k))
-
-
-def tv_estimate(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """TV(π_k(·|x), α(·|x)) estimated from completions y ~ α: ½ · mean_y |π_k(y)/α(y) − 1|.
-
-    ``[B, T]`` log-probs of B completions of one prompt (padding where ``mask`` is False) → a
-    scalar. It is unbiased because E_{y~α}|π_k(y)/α(y) − 1| = Σ_y |π_k(y) − α(y)|; the
-    sequence ratio is the product of the token ratios r′_t.
-    """
-    log_ratio = torch.where(mask.bool(), logp_k - logp_alpha, torch.zeros_like(logp_k)).sum(dim=1)
-    return 0.5 * (log_ratio.exp() - 1).abs().mean()
 
 
 @dataclass
@@ -69,4 +58,4 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
                      advantages=whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement)[0].float(),
                      kept=bool(zero_variance_mask(rewards)[0]),
                      ratios=token_ratios(logp_k, rollout.logp_alpha, mask),
-                     tv=float(tv_estimate(logp_k, rollout.logp_alpha, mask)), lag=loop.k - loop.schedule.last_sync)
+                     tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.k - loop.schedule.last_sync)

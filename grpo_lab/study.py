@@ -41,7 +41,7 @@ from .evaluate import EvalResult, evaluate
 from .experiment import TrainConfig, build_loop, eval_problems, train, train_problems
 
 METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac", "clip_low_frac",
-                 "clip_high_frac", "ratio_k_max", "log_ratio_k_abs", "grad_norm", "num_tokens",
+                 "clip_high_frac", "ratio_k_max", "log_ratio_k_abs", "tv_estimate", "grad_norm", "num_tokens",
                  "sample_seconds", "train_seconds", "sync_seconds")
 """The per-step fields kept beside the summary (the rest of ``StepRecord`` stays in the run folder)."""
 PAPER_PASS_AT_1 = {"onpolicy": 0.45, "masked": 0.50, "lagged_v8": 0.50, "reuse_i4": None}
@@ -60,9 +60,8 @@ class Arm:
     """Scale lr by 1/(1 − m̄) of the same seed's ``masked`` run, without the mask."""
 
     def config(self, base: TrainConfig, seed: int, lr_factor: float = 1.0) -> TrainConfig:
-        normalize = {"mask_normalize": "unmasked"} if hasattr(base, "mask_normalize") else {}  # TEMP until merge
-        return base.replace(v=self.v, i=self.i, mask_zero_variance=self.mask, lr=base.lr * lr_factor, seed=seed,
-                            **normalize)
+        return base.replace(v=self.v, i=self.i, mask_zero_variance=self.mask, mask_normalize="unmasked",
+                            lr=base.lr * lr_factor, seed=seed)
 
 
 ARMS = (Arm("onpolicy", mask=False), Arm("masked"), Arm("lr_matched", mask=False, lr_matched=True),

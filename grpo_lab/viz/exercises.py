@@ -7,7 +7,7 @@ exercise            signature                                     checked agains
 ``f_eps``           ``f(r, r_prime, A, eps) -> f_ε`` (elementwise) :func:`grpo_lab.clipped_surrogate`
 ``bound``           ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
 ``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.group_view.token_ratios`
-``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) :func:`grpo_lab.group_view.tv_estimate`
+``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
 ``sync_schedule``   ``f(steps, v) -> lag [steps]``                 the loop's ``make_sync_schedule``
 =================== ============================================= =========================
 
@@ -31,9 +31,9 @@ from ..advantages import whiten
 from ..bandit import improvement_lower_bound
 from ..checks import require_choice
 from ..config import GRPOConfig
-from ..group_view import token_ratios, tv_estimate
+from ..group_view import token_ratios
 from ..loop import make_sync_schedule
-from ..objective import clipped_surrogate
+from ..objective import clipped_surrogate, tv_terms
 
 
 def solution_whiten(rewards: torch.Tensor, eps_std: float) -> torch.Tensor:
@@ -151,7 +151,7 @@ def loop_lags(steps: int, v: int) -> torch.Tensor:
 
 REFERENCES = {"whiten": (whiten, whiten_cases), "f_eps": (library_f_eps, f_eps_cases),
               "bound": (improvement_lower_bound, bound_cases),
-              "r_prime": (token_ratios, logprob_cases), "tv": (tv_estimate, logprob_cases),
+              "r_prime": (token_ratios, logprob_cases), "tv": (lambda *args: tv_terms(*args).mean(), logprob_cases),
               "sync_schedule": (loop_lags, lambda: [(20, 1), (20, 4), (23, 8), (5, 10)])}
 
 
