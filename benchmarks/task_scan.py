@@ -70,10 +70,10 @@ def main() -> None:
             rows.append(row)
             print(f"{label:30} {budget:5d} {row['pass_at_1']:7.3f} {row['truncated_frac']:9.2f} "
                   f"{row['accuracy_finished']:12.3f}  e.g. {texts[0][:50]!r}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(questions=args.questions, samples=args.samples, temperature=args.temperature,
-                           seed=1234, rows=rows), f, indent=1)
+        if args.out:  # after every task: a scan stopped midway keeps the tasks it finished
+            with open(args.out, "w") as f:
+                json.dump(dict(questions=args.questions, samples=args.samples, temperature=args.temperature,
+                               seed=1234, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

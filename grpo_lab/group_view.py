@@ -53,7 +53,8 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
     logp_k = loop.policy.logprobs(rollout, slice(None))
     mask = rollout.mask
     tokenizer = loop.tokenizer
-    tokens = [[tokenizer.decode([t]) for t in row[keep].tolist()] for row, keep in zip(rollout.completions, mask, strict=True)]
+    tokens = [[tokenizer.decode([t]) for t in row[keep].tolist()]
+              for row, keep in zip(rollout.completions, mask, strict=True)]
     return GroupView(prompt=prompts[0], texts=list(rollout.extra["texts"]), tokens=tokens, rewards=rewards[0].float(),
                      advantages=whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement)[0].float(),
                      kept=bool(zero_variance_mask(rewards)[0]),

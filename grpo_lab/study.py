@@ -40,6 +40,10 @@ from .checks import require_int_at_least
 from .evaluate import EvalResult, evaluate
 from .experiment import TrainConfig, build_loop, eval_problems, train, train_problems
 
+STUDY_DIR = Path(__file__).resolve().parent.parent / "results" / "cpu_study"
+"""Where ``benchmarks/cpu_study.py`` writes the committed study (notebook 02 reads it)."""
+SCAN_PATH = Path(__file__).resolve().parent.parent / "results" / "task_scan" / "scan.json"
+"""The task scan of ``benchmarks/task_scan.py`` (base Pass@1 per task and token budget)."""
 METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac", "clip_low_frac",
                  "clip_high_frac", "ratio_k_max", "log_ratio_k_abs", "tv_estimate", "grad_norm", "num_tokens",
                  "sample_seconds", "train_seconds", "sync_seconds")
@@ -121,8 +125,8 @@ def run_study(base: TrainConfig, out_dir: str | Path, seeds: Sequence[int], runs
     held_out = eval_problems(base)
 
     def score(policy: Any) -> EvalResult:
-        return evaluate(policy, tokenizer, held_out, n=base.eval_samples, max_completion_length=base.max_completion_length,
-                        seed=eval_seed, progress=False)
+        return evaluate(policy, tokenizer, held_out, n=base.eval_samples,
+                        max_completion_length=base.max_completion_length, seed=eval_seed, progress=False)
 
     if "before" not in summary:
         from .policy import LMPolicy

@@ -158,3 +158,47 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                      f"{r['after']:7.3f} ± {r['after_ci']:6.3f} {r['gain']:+6.3f} {r['train_seconds']:7.0f} "
                      f"{r['gain_per_minute']:+8.3f} {paper:>6}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One claim of the paper checked on the study: the paired difference and what it says."""
+
+    claim: str
+    diff: Paired
+    verdict: str      # "reproduces", "contradicted", "not resolved"
+
+
+def findings(study: Study, tolerance: float = 0.10) -> list[Finding]:
+    """The paper's claims on the arms the study has, each decided by a 95 % CI:
+
+    * the mask helps: masked − onpolicy > 0 (CI above 0 reproduces, below 0 contradicts);
+    * its help is the step size: masked − lr_matched (CI inside ±``tolerance``: reproduces);
+    * a lagged server trains as well: lagged_v8 − masked inside ±``tolerance``;
+    * sample reuse is no better per step: reuse_i4 − masked ≤ ``tolerance`` (its cost is separate).
+    An interval that decides neither way is "not resolved" (too few seeds or too close).
+    """
+    have = set(study.arms)
+    out = []
+
+    def add(claim: str, a: str, b: str, kind: str) -> None:
+        if not {a, b} <= have:
+            return
+        d = paired(study, a, b)
+        if d.n < 2:
+            out.append(Finding(claim, d, "not resolved"))
+            return
+        if kind == "better":
+            verdict = "reproduces" if d.low > 0 else "contradicted" if d.high < 0 else "not resolved"
+        elif kind == "same":
+            verdict = "reproduces" if -tolerance < d.low and d.high < tolerance else \
+                      "contradicted" if d.low >= tolerance or d.high <= -tolerance else "not resolved"
+        else:  # "not better"
+            verdict = "reproduces" if d.high < tolerance else "contradicted" if d.low >= tolerance else "not resolved"
+        out.append(Finding(claim, d, verdict))
+
+    add("the zero-variance mask helps (paper: 45 → 50 %)", "masked", "onpolicy", "better")
+    add(f"the mask's effect is its step size (within ±{tolerance:.2f})", "masked", "lr_matched", "same")
+    add(f"a lagged server (v = 8) trains as well as v = 1 (within ±{tolerance:.2f})", "lagged_v8", "masked", "same")
+    add(f"sample reuse (i = 4) gains no more per step (by < {tolerance:.2f})", "reuse_i4", "masked", "not better")
+    return out

@@ -43,10 +43,12 @@ def fake_study(tmp_path, after):
 
 
 def test_paired_differences_and_table(tmp_path):
-    study = fake_study(tmp_path, {"onpolicy": {0: 0.30, 1: 0.50, 2: 0.40}, "masked": {0: 0.35, 1: 0.56, 2: 0.43, 3: 0.9}})
+    study = fake_study(tmp_path, {"onpolicy": {0: 0.30, 1: 0.50, 2: 0.40},
+                                  "masked": {0: 0.35, 1: 0.56, 2: 0.43, 3: 0.9}})
     d = paired(study, "masked", "onpolicy")
     assert d.n == 3 and d.diffs == pytest.approx((0.05, 0.06, 0.03))          # seed 3 has no partner
-    assert d.mean == pytest.approx(0.04667, abs=1e-4) and d.half == pytest.approx(4.303 * 0.015275 / math.sqrt(3), rel=1e-3)
+    assert d.mean == pytest.approx(0.04667, abs=1e-4)
+    assert d.half == pytest.approx(4.303 * 0.015275 / math.sqrt(3), rel=1e-3)
     assert d.low > 0                                                           # the seeds' shared spread cancels
     rows = {r["arm"]: r for r in table(study, {"onpolicy": 0.45})}
     assert rows["onpolicy"]["after"] == pytest.approx(0.4) and rows["onpolicy"]["gain"] == pytest.approx(0.2)
@@ -118,3 +120,32 @@ def test_tiny_study_runs_pairs_and_resumes(tmp_path, tokenizer):
         run_study(base, tmp_path / "other", [0], tmp_path / "runs", **{**kwargs, "eval_steps": [4]})
     study = load_study(tmp_path / "study")
     assert study.arms == ["onpolicy", "reuse_i4"] and study.steps_matrix("reuse_i4", "reward_mean").shape == (4, 2)
+
+
+def test_live_panel_continues_stops_and_restarts_and_group_view(tmp_path, tokenizer):
+    from grpo_lab.group_view import group_view, token_ratios
+    from grpo_lab.tasks import load_problems
+    from grpo_lab.viz.study_panel import LivePanel
+
+    (tmp_path / "study").mkdir()
+    study = fake_study(tmp_path / "study", {"masked": {0: 0.3, 1: 0.4}})
+    base = TrainConfig(G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=4, temperature=1.0)
+    panel = LivePanel(study, base, tiny_model(tokenizer), tokenizer, load_problems("add1", 20, seed=0), steps=3,
+                      out_dir=tmp_path / "live", mode="none")
+    first = panel.run(steps=2)
+    assert first.k == 2 and (tmp_path / "live" / "checkpoint.pt").is_file()
+    assert list(panel.figure.data[-1].x) == [0, 1] and panel.progress.value == 2
+    assert panel.run() is first and first.k == 3                       # same knobs: the run continues
+    panel.knobs["v"].value = 1
+    panel._draw = lambda loop, seconds, lag: panel._stop.set()          # Stop pressed during the first step
+    second = panel.run()
+    assert second is not first and second.k == 1 and second.config.v == 1
+
+    view = group_view(first, seed=3)
+    G, T = base.G, base.max_completion_length
+    assert len(view.texts) == G and view.ratios.shape[0] == G and view.ratios.shape[1] <= T
+    assert view.lag == first.k - first.schedule.last_sync and view.kept == bool(view.rewards.std() > 0)
+    assert abs(float(view.advantages.sum())) < 1e-5 and view.tv >= 0
+    assert all(len(tokens) == int((row > 0).sum()) for tokens, row in zip(view.tokens, view.ratios, strict=True))
+    r = token_ratios(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.tensor([[True, False]]))
+    assert r.tolist() == [[1.0, 0.0]]

@@ -23,7 +23,7 @@ from ..checkpoint import save_checkpoint
 from ..experiment import TrainConfig, build_loop
 from ..loop import GRPOLoop
 from ..study_results import Study
-from .display import display_mode, new_figure, show
+from .display import display_mode, new_figure, show_panel
 from .plots import HEIGHT
 from .study_plots import ARM_LABELS, arm_color, ci_traces
 
@@ -79,7 +79,8 @@ class LivePanel:
 
     def _loop_for(self, config: TrainConfig) -> GRPOLoop:
         """The current loop if it was built with these knobs, else a fresh one from the untrained model."""
-        if self.loop is None or {k: getattr(self.loop.config, k) for k in KNOBS} != {k: getattr(config, k) for k in KNOBS}:
+        knobs = {k: getattr(config, k) for k in KNOBS}
+        if self.loop is None or {k: getattr(self.loop.config, k) for k in KNOBS} != knobs:
             self.loop = build_loop(config, copy.deepcopy(self.model), self.tokenizer, self.problems)
         return self.loop
 
@@ -124,8 +125,4 @@ class LivePanel:
 
     def show(self) -> None:
         """Widget mode: the live panel. Static mode: the figure as it is now."""
-        if self.mode == "widget":
-            show(self.widget, self.mode)
-        elif self.mode == "static":
-            show(self.figure, self.mode)
-            print(self.status.value)
+        show_panel(self.mode, lambda: self.widget, self.figure, self.status.value)

@@ -21,7 +21,7 @@ from ..bandit import MAX_EPS_STD, BanditProblem, BanditRun
 from ..bandit_fast import run_bandit_fast
 from ..config import GRPOConfig
 from ..objective import BANDS
-from .display import display_mode, new_figure, show
+from .display import display_mode, new_figure, show_panel
 from .lab import lab_config, lab_problem, lab_size
 from .plots import COLORS, HEIGHT, band_traces
 
@@ -110,8 +110,4 @@ class BanditPanel:
 
     def show(self) -> None:
         """Widget mode: the live panel. Static mode: the figure as it is now (knobs inactive)."""
-        if self.mode == "widget":
-            show(self.widget, self.mode)
-        elif self.mode == "static":
-            show(self.figure, self.mode)
-            print(self.status.value)
+        show_panel(self.mode, lambda: self.widget, self.figure, self.status.value)
