@@ -19,8 +19,7 @@ import time
 
 import torch
 
-from grpo_lab.cli import load_config
-from grpo_lab.experiment import CONFIG_DIR
+from grpo_lab.recipes import CONFIG_DIR, load_config
 from grpo_lab.study import ARMS, run_study
 
 

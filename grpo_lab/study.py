@@ -36,9 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .build import build_loop
 from .checks import require_int_at_least
 from .evaluate import EvalResult, evaluate
-from .experiment import TrainConfig, build_loop, eval_problems, train, train_problems
+from .text_task import eval_problems, train_problems
+from .train_config import DTYPES, TrainConfig
+from .training import train
 
 STUDY_DIR = Path(__file__).resolve().parent.parent / "results" / "cpu_study"
 """Where ``benchmarks/cpu_study.py`` writes the committed study (notebook 02 reads it)."""
@@ -104,7 +107,6 @@ def run_study(base: TrainConfig, out_dir: str | Path, seeds: Sequence[int], runs
     ``base.checkpoint_every``). ``model``/``tokenizer``: the untrained model (default: load
     ``base.model``); every run trains a copy of it.
     """
-    from .experiment import DTYPES
     from .models import load_policy
 
     for seed in seeds:

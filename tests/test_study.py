@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpo_lab.experiment import TrainConfig
 from grpo_lab.models import bundled_model_dir
 from grpo_lab.study import ARMS, METRIC_FIELDS, run_study
 from grpo_lab.study_results import format_table, load_study, mean_ci, paired, t_975, table
+from grpo_lab.train_config import TrainConfig
 
 
 def test_mean_ci_is_students_t():

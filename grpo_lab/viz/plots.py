@@ -1,5 +1,5 @@
 """Plotly figures for notebook 01. Each function takes results from
-:mod:`grpo_lab.viz.lab` (or the bandit) and returns a ``go.Figure``;
+:mod:`grpo_lab.bandit_studies` (or the bandit) and returns a ``go.Figure``;
 nothing here computes what it draws beyond means and bands."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from ..bandit import BanditRun, bound_weight
+from ..bandit_studies import LONG_ON_POLICY, MATCHED_LR, GroupBatch, KLStudy, LagStudy, surrogate_curves, wall_clock
 from ..costmodel import StepCostModel
-from .lab import LONG_ON_POLICY, MATCHED_LR, GroupBatch, KLStudy, LagStudy, surrogate_curves, wall_clock
 
 COLORS = qualitative.Plotly
 HEIGHT = 420

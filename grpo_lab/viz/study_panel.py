@@ -19,10 +19,11 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
+from ..build import build_loop
 from ..checkpoint import save_checkpoint
-from ..experiment import TrainConfig, build_loop
 from ..loop import GRPOLoop
 from ..study_results import Study
+from ..train_config import TrainConfig
 from .display import display_mode, new_figure, show_panel
 from .plots import HEIGHT
 from .study_plots import ARM_LABELS, arm_color, ci_traces

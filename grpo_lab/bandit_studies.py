@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..advantages import whiten, zero_variance_mask
-from ..bandit import (
+from .advantages import whiten, zero_variance_mask
+from .bandit import (
     BanditProblem,
     BanditRun,
     BanditTask,
@@ -24,10 +24,10 @@ from ..bandit import (
     run_bandit,
     single_thread,
 )
-from ..checks import require_int_at_least, require_number_in
-from ..config import GRPOConfig, smoke_mode
-from ..costmodel import StepCostModel, paper_cost_model
-from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
+from .checks import require_int_at_least, require_number_in
+from .config import GRPOConfig, smoke_mode
+from .costmodel import StepCostModel, paper_cost_model
+from .objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
 
 LAB_PROBLEM = dict(contexts=16, arms=8, seed=0, hardness=3.0)
 """Hard enough that about a third of the groups are all-wrong or all-right (masked)."""
