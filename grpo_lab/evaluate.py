@@ -29,14 +29,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class EvalResult:
-    """Correct counts per question and a few completions to read."""
+    """Correct and truncated counts per question, and a few completions to read.
+
+    A completion is truncated when it used all ``max_completion_length`` tokens
+    without an EOS: it ran out of budget. Pass@1 = (1 − truncated share) ×
+    accuracy of the finished ones, which separates a gain in terseness from
+    one in arithmetic (docs/benchmarks.md, the CPU task scan).
+    """
 
     n: int
     correct: list[int]
     examples: list[tuple[str, str, str, float]]   # (question, gold, completion, reward)
+    truncated: list[int]
 
     def pass_at(self, k: int = 1) -> float:
         return sum(pass_at_k(self.n, c, k) for c in self.correct) / len(self.correct)
+
+    def truncated_frac(self) -> float:
+        """Share of the n·Q completions that ran out of tokens."""
+        return sum(self.truncated) / (self.n * len(self.truncated))
 
 
 @torch.no_grad()
@@ -56,15 +67,25 @@ def evaluate(policy: Any, tokenizer: Any, problems: Sequence[Problem], n: int = 
         raise ValueError("problems is empty: nothing to evaluate")
     sampler = HFSampler(policy, tokenizer, max_completion_length)
     generator = torch.Generator().manual_seed(seed)
-    correct, shown = [], []
+    correct, truncated, shown = [], [], []
     batches = range(0, len(problems), prompts_per_batch)
     for start in tqdm(batches, desc="eval", unit="batch", disable=not progress):
         batch = problems[start:start + prompts_per_batch]
         rollout = sampler.sample([build_prompt(p, tokenizer, system_prompt) for p in batch], n, generator)
         texts = rollout.extra["texts"]
+        ran_out = is_truncated(rollout, max_completion_length, sampler.eos_token_ids)
         for q, problem in enumerate(batch):
             rewards = [correctness_reward(texts[q * n + j], problem.answer) for j in range(n)]
             correct.append(int(sum(rewards)))
+            truncated.append(int(ran_out[q * n:(q + 1) * n].sum()))
             if len(shown) < examples:
                 shown.append((problem.question, problem.answer, texts[q * n], rewards[0]))
-    return EvalResult(n=n, correct=correct, examples=shown)
+    return EvalResult(n=n, correct=correct, examples=shown, truncated=truncated)
+
+
+def is_truncated(rollout: Any, max_completion_length: int, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """``[B]`` True where a completion used all ``max_completion_length`` tokens and its last is no EOS."""
+    lengths = rollout.mask.sum(dim=1)
+    last = rollout.completions[:, -1]
+    ended = torch.isin(last, torch.as_tensor(list(eos_token_ids)))
+    return (lengths == max_completion_length) & ~ended

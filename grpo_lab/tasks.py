@@ -10,6 +10,9 @@ name             source                                          answer format
                  "one-digit" a, b (reasoning-gym draws 0…10): the
                  preset where the untrained SmolLM2-135M is right
                  about half the time
+``add12``        the same with 1–2-digit a, b (0…99): the CPU   ``number``
+                 study's task, where the untrained model is right
+                 about a fifth of the time (docs/benchmarks.md)
 ``basic_arithmetic`` / ``chain_sum``  reasoning-gym, default    ``number``
                  settings (overridable)
 ``gsm_symbolic`` reasoning-gym GSM-style word problems           ``boxed``
@@ -81,6 +84,9 @@ GYM_TASKS = {
     "add1": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1,
                                              operators=("+",), allow_parentheses=False, allow_negation=False),
                     "number"),
+    "add12": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                                              operators=("+",), allow_parentheses=False, allow_negation=False),
+                     "number"),
     "basic_arithmetic": GymTask("basic_arithmetic", {}, "number"),
     "chain_sum": GymTask("chain_sum", {}, "number"),
     "gsm_symbolic": GymTask("gsm_symbolic", {}, "boxed"),

@@ -148,7 +148,7 @@ def test_pass_at_k():
     assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
     assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 − C(2,2)/C(4,2)
     assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 5, 1) == 1.0
-    assert EvalResult(n=4, correct=[4, 0, 2], examples=[]).pass_at(1) == pytest.approx(0.5)
+    assert EvalResult(n=4, correct=[4, 0, 2], examples=[], truncated=[0, 1, 2]).pass_at(1) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="k <= n"):
         pass_at_k(3, 1, 4)
 

@@ -66,7 +66,24 @@ def summed_bound(pi, pi_k, alpha, p, eps_std):
     return SOLUTIONS["bound"](pi, pi_k, alpha, p, eps_std).sum()
 
 
+def unmasked_r_prime(logp_k, logp_alpha, mask):
+    return torch.exp(logp_k - logp_alpha)
+
+
+def token_level_tv(logp_k, logp_alpha, mask):
+    return 0.5 * ((torch.exp(logp_k - logp_alpha) - 1).abs() * mask).sum() / mask.sum()
+
+
+def padded_tv(logp_k, logp_alpha, mask):
+    return 0.5 * (torch.exp((logp_k - logp_alpha).sum(1)) - 1).abs().mean()
+
+
+def lag_from_one(steps, v):
+    return torch.tensor([k % v + 1 for k in range(steps)]) % v
+
+
 @pytest.mark.parametrize("name, wrong", [
+    ("r_prime", unmasked_r_prime), ("tv", token_level_tv), ("tv", padded_tv), ("sync_schedule", lag_from_one),
     ("whiten", sample_variance_whiten), ("whiten", eps_added_to_std_whiten), ("whiten", uncentred_whiten),
     ("f_eps", on_policy_clip_f_eps), ("f_eps", optimistic_f_eps), ("f_eps", multiplicative_f_eps),
     ("bound", half_lag_bound), ("bound", no_eps_bound), ("bound", summed_bound)])

@@ -21,6 +21,7 @@ same figures and raises no error.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import plotly.graph_objects as go
@@ -69,3 +70,13 @@ def show(obj: Any, mode: str | None = None) -> None:
     from IPython.display import display
 
     display(obj)
+
+
+def show_panel(mode: str, widget: Callable[[], Any], figure: Any, status: str) -> None:
+    """A live panel: the whole widget in widget mode; in static mode its figure as it is now,
+    then its status line (the knobs do nothing without a front end)."""
+    if mode == "widget":
+        show(widget(), mode)
+    elif mode == "static":
+        show(figure, mode)
+        print(status)

@@ -6,7 +6,13 @@ exercise            signature                                     checked agains
 ``whiten``          ``f(rewards [P, G], eps_std) -> A [P, G]``     :func:`grpo_lab.whiten`
 ``f_eps``           ``f(r, r_prime, A, eps) -> f_ε`` (elementwise) :func:`grpo_lab.clipped_surrogate`
 ``bound``           ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
+``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.group_view.token_ratios`
+``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
+``sync_schedule``   ``f(steps, v) -> lag [steps]``                 the loop's ``make_sync_schedule``
 =================== ============================================= =========================
+
+The first three are notebook 01's (bandit), the last three notebook 02's (logged log-probs of
+a language model's completions).
 
 A stub that raises ``NotImplementedError`` is not a failure: the check then
 verifies the reference solution instead (so the notebook runs unattended) and
@@ -24,7 +30,10 @@ import torch
 from ..advantages import whiten
 from ..bandit import improvement_lower_bound
 from ..checks import require_choice
-from ..objective import clipped_surrogate
+from ..config import GRPOConfig
+from ..group_view import token_ratios
+from ..loop import make_sync_schedule
+from ..objective import clipped_surrogate, tv_terms
 
 
 def solution_whiten(rewards: torch.Tensor, eps_std: float) -> torch.Tensor:
@@ -50,12 +59,35 @@ def solution_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.Tensor, p:
     return L - 2 * (1 - sigma) / sigma * tv(pi, alpha) - 2 * tv(pi_k, alpha)
 
 
+def solution_r_prime(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    ratio = torch.exp(logp_k - logp_alpha)                          # π_k/α per token
+    return ratio * mask                                             # 0 on padding
+
+
+def solution_tv(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    seq_ratio = torch.exp(((logp_k - logp_alpha) * mask).sum(dim=1))    # π_k(y)/α(y): product over tokens
+    return 0.5 * (seq_ratio - 1).abs().mean()                           # ½ E_{y~α} |π_k/α − 1|
+
+
+def solution_sync_schedule(steps: int, v: int) -> torch.Tensor:
+    last, lags = 0, []
+    for k in range(steps):
+        if k % v == 0:                                              # sync: α ← π_k
+            last = k
+        lags.append(k - last)
+    return torch.tensor(lags)
+
+
 SOLUTIONS: dict[str, Callable[..., torch.Tensor]] = {
-    "whiten": solution_whiten, "f_eps": solution_f_eps, "bound": solution_bound}
+    "whiten": solution_whiten, "f_eps": solution_f_eps, "bound": solution_bound,
+    "r_prime": solution_r_prime, "tv": solution_tv, "sync_schedule": solution_sync_schedule}
 HINTS = {
     "whiten": "per row: subtract the mean, divide by sqrt(population variance + eps_std)",
     "f_eps": "clip r into [max(r′ − ε, 0), r′ + ε], then take the smaller of r·A and clipped·A",
     "bound": "L_α(π) = (J(π) − μ_α)/σ with σ = sqrt(μ_α(1 − μ_α) + ε_std); TV = ½ Σ |difference|",
+    "r_prime": "r′ = exp(log π_k − log α) per token; set padding (mask False) to 0",
+    "tv": "a completion's ratio is exp of the summed token log-ratios (padding excluded); TV ≈ ½ mean |ratio − 1|",
+    "sync_schedule": "α is synced at every k with k % v == 0; the lag is k minus the last sync step",
 }
 
 
@@ -94,8 +126,33 @@ def bound_cases() -> list[tuple]:
     return [(simplex(6, 5), simplex(6, 5), simplex(6, 5), p, eps) for eps in (1e-4, 0.05, 0.75)]
 
 
+def logprob_cases() -> list[tuple]:
+    """Log-probs of 8 completions × 6 tokens from α and from π_k (lagged), ragged padding."""
+    g = torch.Generator().manual_seed(4)
+    cases = []
+    for drift in (0.0, 0.05, 0.5):
+        logp_alpha = -torch.rand(8, 6, generator=g, dtype=torch.float64) * 3
+        logp_k = logp_alpha + drift * torch.randn(8, 6, generator=g, dtype=torch.float64)
+        lengths = torch.randint(1, 7, (8,), generator=g)
+        mask = torch.arange(6)[None, :] < lengths[:, None]
+        cases.append((logp_k, logp_alpha, mask))
+    return cases
+
+
+def loop_lags(steps: int, v: int) -> torch.Tensor:
+    """The lags the loop's fixed sync schedule gives, step by step."""
+    schedule, lags = make_sync_schedule(GRPOConfig(v=v)), []
+    for k in range(steps):
+        if schedule.should_sync(k):
+            schedule.mark_synced(k)
+        lags.append(schedule.lag(k))
+    return torch.tensor(lags)
+
+
 REFERENCES = {"whiten": (whiten, whiten_cases), "f_eps": (library_f_eps, f_eps_cases),
-              "bound": (improvement_lower_bound, bound_cases)}
+              "bound": (improvement_lower_bound, bound_cases),
+              "r_prime": (token_ratios, logprob_cases), "tv": (lambda *args: tv_terms(*args).mean(), logprob_cases),
+              "sync_schedule": (loop_lags, lambda: [(20, 1), (20, 4), (23, 8), (5, 10)])}
 
 
 def check(name: str, candidate: Callable[..., torch.Tensor]) -> str:

@@ -22,7 +22,7 @@ from ..bandit_closed_form import run_bandit_closed_form
 from ..bandit_studies import lab_config, lab_problem, lab_size
 from ..config import GRPOConfig
 from ..objective import BANDS, MASK_NORMALIZATIONS
-from .display import display_mode, new_figure, show
+from .display import display_mode, new_figure, show_panel
 from .plots import COLORS, HEIGHT, band_traces
 
 
@@ -112,8 +112,4 @@ class BanditPanel:
 
     def show(self) -> None:
         """Widget mode: the live panel. Static mode: the figure as it is now (knobs inactive)."""
-        if self.mode == "widget":
-            show(self.widget, self.mode)
-        elif self.mode == "static":
-            show(self.figure, self.mode)
-            print(self.status.value)
+        show_panel(self.mode, lambda: self.widget, self.figure, self.status.value)
