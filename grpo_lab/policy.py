@@ -92,6 +92,12 @@ class LMPolicy(torch.nn.Module):
         completions    ``[b, T]``     right-padded sampled tokens
         returned       ``[b, T]``     log π_θ, on the rollout's device
         ============== ============== =============================================
+        """
+        logits = self.completion_logits(rollout, rows)
+        return token_logprobs(logits, rollout.completions[rows].to(logits.device)).to(rollout.completions.device)
+
+    def completion_logits(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """The next-token scores / T at every completion position, ``[b, T, V]`` (float32 or float64).
 
         The forward sees prompt + completion without its last token; the logits
         of the last T positions predict the T completion tokens
@@ -113,4 +119,4 @@ class LMPolicy(torch.nn.Module):
         logits = logits if logits.dtype == torch.float64 else logits.float()
         if self.temperature != 1.0:
             logits.div_(self.temperature)
-        return token_logprobs(logits, completions.to(device)).to(rollout.completions.device)
+        return logits
