@@ -207,25 +207,34 @@ class ExactStep:
     tv_next: np.ndarray      # TV(π_{k+1}, α)
     tv_k: np.ndarray         # TV(π_k, α)
     bound: np.ndarray        # L − 2(1 − σ)/σ · TV(π_{k+1}, α) − 2 TV(π_k, α)
-    ratios: dict[str, dict[str, float]] = field(default_factory=dict)  # "drift" π_k/α, "update" π_{k+1}/α
+    ratios: dict[str, dict[str, float]] = field(default_factory=dict)
+    """:func:`ratio_stats` of π_k/α (``drift/…``) and π_{k+1}/α (``update/…``), on the step's
+    samples (``…/batch``) and over all of Y weighted by α (``…/exact``)."""
 
     @property
     def improvement(self) -> np.ndarray:
         return self.J_next - self.J_k
 
 
-def ratio_stats(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Sequence- vs token-level ratios of one batch (rows ``[B, n]`` of token log-probs under π and α).
+def ratio_stats(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor,
+                weight: torch.Tensor | None = None) -> dict[str, float]:
+    """Sequence- vs token-level ratios r_t = π(y_t|·)/α(y_t|·) of answers ``[B, n]`` (log-probs, real tokens).
 
-    ``seq`` = π(y)/α(y) = Π_t r_t (Theorem 1's ratio; E_α = 1 and ½ E_α|seq − 1| = TV(π, α));
-    ``gspo`` = exp(mean_t log r_t) (the kit's ``level="sequence"``); ``token`` = every r_t.
+    ``seq`` = π(y)/α(y) = Π_t r_t, Theorem 1's ratio: E_α[seq] = 1 and ½ E_α|seq − 1| = TV(π, α).
+    ``gspo`` = exp(mean_t log r_t), the kit's ``level="sequence"``; ``token`` = every r_t (``level="token"``).
+    ``weight [B]``: the answers' weights; None = a batch's samples (uniform), α(y) = exact over Y.
+    Returns E[seq] and, per level, ½ E|x − 1| (``*_half_abs_dev``) and max |log x| (``*_max_abs_log``).
     """
+    w = torch.full(mask.shape[:1], 1.0 / len(mask), dtype=torch.float64) if weight is None else weight / weight.sum()
     log_r = torch.where(mask, logp - logp_alpha, 0.0)
-    seq, gspo, token = log_r.sum(1), log_r.sum(1) / mask.sum(1), log_r[mask]
-    out = {"seq_mean": float(seq.exp().mean())}
-    for name, x in (("seq", seq), ("gspo", gspo), ("token", token)):
-        out[f"{name}_half_abs_dev"] = float(0.5 * (x.exp() - 1).abs().mean())
+    seq, gspo = log_r.sum(1), log_r.sum(1) / mask.sum(1)
+    out = {"seq_mean": float((w * seq.exp()).sum())}
+    for name, x in (("seq", seq), ("gspo", gspo)):
+        out[f"{name}_half_abs_dev"] = float(0.5 * (w * (x.exp() - 1).abs()).sum())
         out[f"{name}_max_abs_log"] = float(x.abs().max())
+    token_dev = torch.where(mask, (log_r.exp() - 1).abs(), 0.0).sum(1)
+    out["token_half_abs_dev"] = float(0.5 * (w * token_dev).sum() / (w * mask.sum(1)).sum())
+    out["token_max_abs_log"] = float(log_r.abs().max())
     return out
 
 
@@ -271,9 +280,35 @@ class ExactLM:
             bound=bandit.improvement_lower_bound(pi_next, pi_k, alpha, p, eps)).items()}
         prompts, index = sampler.last_draw
         rows = torch.tensor([self.prompts.index(x) for x in prompts])[:, None]
-        tables = {name: token_table(c, self.space)[rows, index].flatten(0, 1)
-                  for name, c in (("k", cond_k), ("next", self.cond), ("alpha", cond_alpha))}
-        mask = self.space.mask[index.flatten()]
-        ratios = {"drift": ratio_stats(tables["k"], tables["alpha"], mask),
-                  "update": ratio_stats(tables["next"], tables["alpha"], mask)}
+        tables = {name: token_table(c, self.space) for name, c in (("k", cond_k), ("next", self.cond),
+                                                                   ("alpha", cond_alpha))}
+        batch = {name: t[rows, index].flatten(0, 1) for name, t in tables.items()}
+        every = {name: t.flatten(0, 1) for name, t in tables.items()}
+        mask_batch, mask_every = self.space.mask[index.flatten()], self.space.mask.repeat(len(self.prompts), 1)
+        ratios = {}
+        for which, num in (("drift", "k"), ("update", "next")):
+            ratios[f"{which}/batch"] = ratio_stats(batch[num], batch["alpha"], mask_batch)
+            ratios[f"{which}/exact"] = ratio_stats(every[num], every["alpha"], mask_every, alpha.flatten())
         return ExactStep(k=record.step, lag=record.lag, ratios=ratios, **numpy)
+
+
+def bound_figure(runs: dict[str, list[ExactStep]], prompts: Sequence[str]) -> Any:
+    """Per run (columns): J(π_{k+1}) − J(π_k) and Theorem 1's bound per prompt (top), TV(π_k, α) and
+    TV(π_{k+1}, α) (bottom), against the step k."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=len(runs), shared_xaxes=True, subplot_titles=list(runs), vertical_spacing=0.12)
+    for col, steps in enumerate(runs.values(), start=1):
+        k = [s.k for s in steps]
+        for c, prompt in enumerate(prompts):
+            color, first = qualitative.Plotly[c % 10], col == 1
+            for row, name, y, dash in ((1, "J(π_k+1) − J(π_k)", [s.improvement[c] for s in steps], None),
+                                       (1, "bound", [s.bound[c] for s in steps], "dot"),
+                                       (2, "TV(π_k, α)", [s.tv_k[c] for s in steps], "dash"),
+                                       (2, "TV(π_k+1, α)", [s.tv_next[c] for s in steps], None)):
+                fig.add_scatter(x=k, y=y, row=row, col=col, mode="lines+markers", line=dict(color=color, dash=dash),
+                                name=f"{prompt}: {name}", legendgroup=f"{c}{name}", showlegend=first)
+    fig.update_xaxes(title_text="step k", row=2)
+    fig.update_layout(height=560, title="Theorem 1 on SmolLM2-135M (digits + EOS, ≤ 3 tokens): exact")
+    return fig

@@ -127,5 +127,11 @@ def test_bound_holds_at_every_step_and_a_lag_moves_pi_k_away_from_alpha(model_an
         assert (s.tv_k == 0).all() if s.lag == 0 else (s.tv_k > 1e-3).all()
     assert [s.lag for s in steps] == [0, 1, 0] and not exact.loop.history[0].skipped
     assert steps[1].J_k[0] == steps[0].J_next[0] and steps[1].tv_k[0] == steps[0].tv_next[0]  # π_1 seen from α = π_0
-    drift = steps[1].ratios["drift"]
-    assert drift["seq_half_abs_dev"] > 0 and steps[0].ratios["drift"]["seq_max_abs_log"] == 0
+    drift = steps[1].ratios["drift/batch"]
+    assert drift["seq_half_abs_dev"] > 0 and steps[0].ratios["drift/batch"]["seq_max_abs_log"] == 0
+    for s in steps:  # Theorem 1's ratio is the whole-sequence one: E_α[π/α] = 1 and ½ E_α|π/α − 1| = TV
+        for which, tv in (("drift", s.tv_k), ("update", s.tv_next)):
+            exact = s.ratios[f"{which}/exact"]
+            assert exact["seq_mean"] == pytest.approx(1, abs=1e-12)
+            assert exact["seq_half_abs_dev"] == pytest.approx(float(tv.mean()), abs=1e-12)
+    assert steps[1].ratios["drift/exact"]["token_half_abs_dev"] < steps[1].tv_k[0]  # token ratios do not see all of it
