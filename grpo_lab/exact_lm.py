@@ -1,4 +1,4 @@
-"""Theorem 1 exactly on a real language model (docs/theory.md §4, notebook 01b).
+"""Theorem 1 exactly on a real language model (docs/theory.md §2, notebook 01b).
 
 The bandit makes every quantity of Theorem 1 exact because its responses are
 few. This module gives a real LM (SmolLM2-135M) the same property by making its

@@ -10,8 +10,15 @@ import pytest
 import torch
 
 from grpo_lab.config import GRPOConfig
-from grpo_lab.exact_lm import (ExactLM, RestrictedPolicy, RestrictedSampler, answer_rewards, answer_space,
-                               conditionals, sequence_logprobs)
+from grpo_lab.exact_lm import (
+    ExactLM,
+    RestrictedPolicy,
+    RestrictedSampler,
+    answer_rewards,
+    answer_space,
+    conditionals,
+    sequence_logprobs,
+)
 from grpo_lab.models import load_policy
 from grpo_lab.rewards import answer_reward
 from grpo_lab.sampling import tokenize_prompts
