@@ -35,12 +35,20 @@ The top level imports only torch-level primitives; the LLM modules import
 from .advantages import whiten, zero_variance_mask
 from .config import GRPOConfig
 from .loop import GRPOLoop, Policy, Rollout, Sampler, StepRecord, Task
-from .objective import aggregate_loss, clip_bounds, clipped_surrogate, grpo_objective, kl_estimate, loss_weights
+from .objective import (
+    aggregate_loss,
+    clip_bounds,
+    clipped_surrogate,
+    grpo_objective,
+    kl_estimate,
+    loss_weights,
+    tv_terms,
+)
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 
 __all__ = [
     "whiten", "zero_variance_mask", "clipped_surrogate", "clip_bounds", "kl_estimate", "loss_weights",
-    "aggregate_loss", "grpo_objective", "SyncSchedule", "AdaptiveSyncSchedule", "RefResetSchedule",
+    "aggregate_loss", "grpo_objective", "tv_terms", "SyncSchedule", "AdaptiveSyncSchedule", "RefResetSchedule",
     "GRPOConfig", "GRPOLoop", "Policy", "Sampler", "Task", "Rollout", "StepRecord",
 ]
 __version__ = "0.1.0"

@@ -64,12 +64,15 @@ def run_bandit_fast(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -
 
 def sequence_weights(keep: torch.Tensor, runs: int, config: GRPOConfig) -> torch.Tensor:
     """:func:`~grpo_lab.objective.loss_weights` for one-token completions, per group ``[R·P, 1]``:
-    1 / (sequences kept in the run), times 1 / ``max_completion_length`` for ``dr_grpo``
-    (every ``loss_type`` divides by the kept sequences when T = 1)."""
-    kept = keep.view(runs, -1).sum(1, keepdim=True).to(torch.float64) * config.G     # [R, 1]
+    0 on masked groups, else 1 / (sequences in the run's denominator: all P·G under
+    ``mask_normalize="batch"``, the kept ones under ``"unmasked"``), times 1 / ``max_completion_length``
+    for ``dr_grpo`` (every ``loss_type`` divides by the counted sequences when T = 1)."""
+    per_run = keep.view(runs, -1)
+    counted = torch.ones_like(per_run) if config.mask_normalize == "batch" else per_run
+    kept = counted.sum(1, keepdim=True).to(torch.float64) * config.G     # [R, 1]
     if config.loss_type == "dr_grpo" and config.max_completion_length is not None:
         kept = kept * config.max_completion_length
-    return (keep.view(runs, -1) / kept.clamp(min=1.0)).view(-1, 1)
+    return (per_run / kept.clamp(min=1.0)).view(-1, 1)
 
 
 def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:

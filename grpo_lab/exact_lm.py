@@ -1,4 +1,4 @@
-"""Theorem 1 exactly on a real language model (docs/theory.md §2, notebook 01b).
+"""Theorem 1 exactly on a real language model (docs/theory.md §4, notebook 01b).
 
 The bandit makes every quantity of Theorem 1 exact because its responses are
 few. This module gives a real LM (SmolLM2-135M) the same property by making its
@@ -54,6 +54,7 @@ from .checks import require_int_at_least
 from .config import GRPOConfig
 from .experiment import TextTask
 from .loop import GRPOLoop, Rollout
+from .objective import tv_terms
 from .policy import LMPolicy, token_logprobs
 from .rewards import answer_reward
 from .sampling import HFSampler, build_rollout, tokenize_prompts
@@ -228,10 +229,10 @@ def ratio_stats(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor
     w = torch.full(mask.shape[:1], 1.0 / len(mask), dtype=torch.float64) if weight is None else weight / weight.sum()
     log_r = torch.where(mask, logp - logp_alpha, 0.0)
     seq, gspo = log_r.sum(1), log_r.sum(1) / mask.sum(1)
-    out = {"seq_mean": float((w * seq.exp()).sum())}
-    for name, x in (("seq", seq), ("gspo", gspo)):
-        out[f"{name}_half_abs_dev"] = float(0.5 * (w * (x.exp() - 1).abs()).sum())
-        out[f"{name}_max_abs_log"] = float(x.abs().max())
+    out = {"seq_mean": float((w * seq.exp()).sum()),
+           "seq_half_abs_dev": float((w * tv_terms(logp, logp_alpha, mask)).sum()),  # = the loop's tv_estimate
+           "gspo_half_abs_dev": float(0.5 * (w * torch.expm1(gspo).abs()).sum()),
+           "seq_max_abs_log": float(seq.abs().max()), "gspo_max_abs_log": float(gspo.abs().max())}
     token_dev = torch.where(mask, (log_r.exp() - 1).abs(), 0.0).sum(1)
     out["token_half_abs_dev"] = float(0.5 * (w * token_dev).sum() / (w * mask.sum(1)).sum())
     out["token_max_abs_log"] = float(log_r.abs().max())

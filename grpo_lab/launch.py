@@ -108,7 +108,7 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
         beta=config.beta, use_bias_correction_kl=config.kl_importance_weighted, sync_ref_model=config.ref_period > 0,
         ref_model_sync_steps=max(config.ref_period, 1) * config.i, eps_std=config.eps_std,
         unbiased_std=config.unbiased_std, eps_placement=config.eps_placement,
-        zero_variance_mask=config.mask_zero_variance, loss_type=config.loss_type,
+        zero_variance_mask=config.mask_zero_variance, mask_normalize=config.mask_normalize, loss_type=config.loss_type,
         importance_sampling_level=config.level, learning_rate=config.lr, lr_scheduler_type="constant",
         optim="sgd" if config.optimizer == "sgd" else "adamw_torch", weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm or 0.0, max_completion_length=config.max_completion_length,

@@ -14,6 +14,10 @@ PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
 KNOBS = {
     "on-policy": {},
     "no mask": dict(mask_zero_variance=False),
+    "mask, unmasked normalisation": dict(mask_normalize="unmasked"),
+    "mask, unmasked normalisation, beta k3, bnpo, v = 3": dict(mask_normalize="unmasked", beta=0.3, loss_type="bnpo",
+                                                               v=3),
+    "mask, batch normalisation, beta k2, v = 2, i = 2": dict(mask_normalize="batch", beta=0.3, kl_kind="k2", v=2, i=2),
     "v = 10": dict(v=10),
     "sample reuse i = 4": dict(i=4),
     "multiplicative band, v = 7, i = 3": dict(band="multiplicative", v=7, i=3),
@@ -63,12 +67,16 @@ def test_same_seed_same_curves():
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("max_completion_length", [None, 4])
-def test_sequence_weights_are_loss_weights_for_one_token(loss_type, max_completion_length):
+@pytest.mark.parametrize("mask_normalize", ["batch", "unmasked"])
+def test_sequence_weights_are_loss_weights_for_one_token(loss_type, max_completion_length, mask_normalize):
     runs, P, G = 3, 4, 5
     keep = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)    # run 1 keeps nothing
-    config = bandit_config(G=G, prompts_per_step=P, loss_type=loss_type, max_completion_length=max_completion_length)
+    config = bandit_config(G=G, prompts_per_step=P, loss_type=loss_type, max_completion_length=max_completion_length,
+                           mask_normalize=mask_normalize)
+    sampled = torch.ones(runs * P * G, 1, dtype=torch.bool)
     expected = loss_weights(keep.repeat_interleave(G)[:, None], loss_type, max_completion_length,
-                            torch.arange(runs).repeat_interleave(P * G), torch.float64)
+                            torch.arange(runs).repeat_interleave(P * G), torch.float64,
+                            sampled if mask_normalize == "batch" else None)
     got = sequence_weights(keep, runs, config).expand(-1, G).reshape(-1, 1)
     torch.testing.assert_close(got, expected, rtol=1e-15, atol=0)
 

@@ -27,7 +27,7 @@ def fake_run(v, steps, model=TRUTH, noise=0.0, seed=0, warmup_extra=5.0):
         records.append(StepRecord(
             step=k, lag=k % v, synced=synced, skipped=False, reward_mean=0.5, masked_frac=0.0, loss=0.0,
             clip_low_frac=0.0, clip_high_frac=0.0, ratio_k_mean=1.0, ratio_k_max=1.0,
-            log_ratio_k_abs=0.01 * (k % v), kl=0.0, grad_norm=1.0, num_tokens=8, sync_bytes=100 * synced,
+            log_ratio_k_abs=0.01 * (k % v), tv_estimate=0.0, kl=0.0, grad_norm=1.0, num_tokens=8, sync_bytes=100 * synced,
             sample_seconds=model.gen * jitter[0] + (warmup_extra if k == 0 else 0.0),
             train_seconds=model.train * jitter[1], sync_seconds=model.sync * jitter[2] * synced, ref_reset=False))
     return records

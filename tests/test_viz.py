@@ -185,7 +185,7 @@ def test_figures_build(monkeypatch):
     monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
     problem, config = BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=12, lr=1.0)
     results = lab.run_findings(problem, config, runs=2)
-    assert set(results) == set(lab.FINDINGS) | {lab.LONG_ON_POLICY}
+    assert set(results) == set(lab.FINDINGS) | {lab.LONG_ON_POLICY, lab.MATCHED_LR}
     figures = [plots.findings_figure(results),
                plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], lab.lab_cost_model()),
                plots.lag_figure(lab.lag_study(problem, config, [1, 3], runs=2)),
@@ -193,4 +193,4 @@ def test_figures_build(monkeypatch):
                plots.surrogate_figure(torch.linspace(0.1, 3, 30, dtype=torch.float64), [0.5, 2.0], 0.2),
                plots.whitening_figure(lab.example_batch(lab.lab_problem(), lab.lab_config()))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
-    assert len(figures[0].data) == 2 * 10                       # 10 curves over four panels, line + band each
+    assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each
