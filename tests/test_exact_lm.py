@@ -138,9 +138,9 @@ def test_bound_holds_at_every_step_and_a_lag_moves_pi_k_away_from_alpha(model_an
     assert drift["seq_half_abs_dev"] > 0 and steps[0].ratios["drift/batch"]["seq_max_abs_log"] == 0
     for s in steps:  # Theorem 1's ratio is the whole-sequence one: E_α[π/α] = 1 and ½ E_α|π/α − 1| = TV
         for which, tv in (("drift", s.tv_k), ("update", s.tv_next)):
-            exact = s.ratios[f"{which}/exact"]
-            assert exact["seq_mean"] == pytest.approx(1, abs=1e-12)
-            assert exact["seq_half_abs_dev"] == pytest.approx(float(tv.mean()), abs=1e-12)
+            summary = s.ratios[f"{which}/exact"]
+            assert summary["seq_mean"] == pytest.approx(1, abs=1e-12)
+            assert summary["seq_half_abs_dev"] == pytest.approx(float(tv.mean()), abs=1e-12)
     assert steps[1].ratios["drift/exact"]["token_half_abs_dev"] < steps[1].tv_k[0]  # token ratios do not see all of it
     for s, record in zip(steps, exact.loop.history):  # the loop's logged estimate, from its own forward pass
         assert record.tv_estimate == pytest.approx(s.ratios["drift/batch"]["seq_half_abs_dev"], abs=1e-9)
