@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import require_choice, require_number_in
+from .checks import require_choice, require_int_at_least, require_number_in
 
 EPS_PLACEMENTS = ("under_sqrt", "added_to_std")
 
@@ -66,3 +66,14 @@ def zero_variance_mask(rewards: torch.Tensor) -> torch.Tensor:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape [P, G], got {tuple(rewards.shape)}")
     return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def masking_probability(p: torch.Tensor | float, G: int) -> torch.Tensor:
+    """P(a group of G rewards ~ Bernoulli(p) all agree) = p^G + (1 − p)^G: how often the zero-variance mask,
+    which sees G samples and not the true σ, drops a prompt that α solves with probability p
+    (docs/theory.md §2). 0.663 at p = 0.05, G = 8."""
+    require_int_at_least("G", G, 1)
+    p = torch.as_tensor(p, dtype=torch.float64)
+    if not bool(((p >= 0) & (p <= 1)).all()):
+        raise ValueError(f"p must lie in [0, 1], got {p.tolist()}")
+    return p ** G + (1 - p) ** G

@@ -10,7 +10,7 @@ real tensor copy.
 Because π, π_k and α are explicit tables, J, L_α, TV and Theorem 1's bound are
 computed exactly (no sampling), vectorised over any leading dimensions.
 
-The live panel of notebook 01 re-runs with :mod:`grpo_lab.bandit_fast`: the same
+The live panel of notebook 01 re-runs with :mod:`grpo_lab.bandit_closed_form`: the same
 steps and random draws, with the gradient written in closed form.
 """
 
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .checks import require_int_at_least, require_number_in
+from .checks import require_choice, require_int_at_least, require_number_in
 from .config import GRPOConfig
 from .loop import GRPOLoop, Rollout
+from .objective import KL_KINDS
 
 MAX_EPS_STD = 0.75  # keeps σ = sqrt(σ² + ε_std) <= 1, where Theorem 1's weight (1−σ)/σ is >= 0
 
@@ -81,6 +82,29 @@ def improvement_lower_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.T
     require_number_in("eps_std", eps_std, 0.0, MAX_EPS_STD)
     return (surrogate_L(pi, alpha, p, eps_std) - 2 * bound_weight(alpha, p, eps_std) * tv(pi, alpha)
             - 2 * tv(pi_k, alpha))
+
+
+def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Tensor, kind: str,
+                         weighted: bool = False) -> torch.Tensor:
+    """The exact expected gradient of a KL estimator used as a loss term, w.r.t. the logits of a
+    softmax table (docs/theory.md §3), per context ``[..., C, K]``::
+
+        E_{y~α}[ w(y) · ∂k/∂log π(y) · (onehot(y) − π) ],   w = π/α (detached) if ``weighted`` else 1
+
+    with ∂k1 = 1, ∂k2 = log π − log π_ref, ∂k3 = 1 − π_ref/π (:func:`grpo_lab.kl_estimate`, the
+    sample y detached). With α = π or ``weighted``: 0 for k1, ∇KL(π ‖ π_ref) for k2, ∇KL(π_ref ‖ π)
+    for k3 (``tests/test_bandit.py`` holds these against autograd of the exact KLs).
+    """
+    require_choice("kind", kind, KL_KINDS)
+    if kind == "k1":
+        slope = torch.ones_like(pi)
+    elif kind == "k2":
+        slope = pi.log() - pi_ref.log()
+    else:
+        slope = 1 - pi_ref / pi
+    q = pi if weighted else alpha                     # α · (π/α) = π
+    weighted_slope = q * slope
+    return weighted_slope - weighted_slope.sum(-1, keepdim=True) * pi
 
 
 def true_improvement(pi: torch.Tensor, pi_k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

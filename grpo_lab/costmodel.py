@@ -17,6 +17,8 @@ from .checks import require_int_at_least, require_number_in
 
 # The paper's throughput run (SPEC §6): Qwen2.5-7B, TRL colocate, vLLM TP=4, 8 GPUs.
 PAPER_ITERS_PER_SECOND = {1: 0.02828, 10: 0.03828}
+PAPER_ITERS_PER_SECOND_SPREAD = {1: 0.017, 10: 0.016}
+"""The ± the paper reports with each rate; :func:`paper_intervals` carries it into every derived number."""
 PAPER_PARAMS_7B = 7.6e9
 
 
@@ -82,6 +84,25 @@ def paper_cost_model() -> StepCostModel:
     """The model fitted to the paper's 7B throughput (0.02828 vs 0.03828 iter/s):
     ≈35.4 s per step at v = 1, ≈26.1 s at v = 10 ⇒ one sync ≈ 10.3 s."""
     return fit_from_step_times({v: 1.0 / ips for v, ips in PAPER_ITERS_PER_SECOND.items()})
+
+
+def paper_intervals(v: int = 10) -> dict[str, tuple[float, float]]:
+    """What the paper's rates imply once their ± is taken as a range (each rate anywhere in mean ± spread):
+    ``step_seconds`` at v = 1 and at v = 10, ``sync_seconds`` and ``sync_share`` (of a v = 1 step) of the
+    two-point fit, and the ``speedup`` step(1)/step(v) that the fit predicts at ``v``. Each is monotone in the
+    two rates, so the extremes lie at the corners of the rate box. With the paper's numbers every interval is
+    wide: the sync share includes 0 and the measured speed-up at v = 10 includes 1."""
+    require_int_at_least("v", v, 1)
+    rate, spread = PAPER_ITERS_PER_SECOND, PAPER_ITERS_PER_SECOND_SPREAD
+    corners = [{1: rate[1] + s1 * spread[1], 10: rate[10] + s10 * spread[10]} for s1 in (-1, 1) for s10 in (-1, 1)]
+    values: dict[str, list[float]] = {}
+    for rates in corners:
+        model = fit_from_step_times({n: 1.0 / r for n, r in rates.items()})
+        for key, value in [("step_seconds_v1", 1.0 / rates[1]), ("step_seconds_v10", 1.0 / rates[10]),
+                           ("sync_seconds", model.sync), ("sync_share", model.sync / float(model.step_seconds(1))),
+                           ("speedup", float(model.speedup(v)))]:
+            values.setdefault(key, []).append(value)
+    return {key: (min(xs), max(xs)) for key, xs in values.items()}
 
 
 def sync_seconds_for(params: float, bandwidth_gb_s: float, bytes_per_param: int = 2,

@@ -52,13 +52,13 @@ import torch
 from . import bandit
 from .checks import require_int_at_least
 from .config import GRPOConfig
-from .experiment import TextTask
 from .loop import GRPOLoop, Rollout
 from .objective import tv_terms
 from .policy import LMPolicy, token_logprobs
 from .rewards import answer_reward
 from .sampling import HFSampler, build_rollout, tokenize_prompts
 from .tasks import Problem
+from .text_task import TextTask
 
 DIGITS = tuple("0123456789")
 

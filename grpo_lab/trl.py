@@ -250,7 +250,8 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         mask = sampled & keep.repeat_interleave(G)[rows, None].to(device)
         output["advantages"] = advantages[rows].to(device)
         output["loss_mask"], output["sampled_mask"] = mask, sampled
-        output["loss_weights"] = self._global_loss_weights(mask, rows, sampled if args.mask_normalize == "batch" else None)
+        denominator = sampled if args.mask_normalize == "batch" else None
+        output["loss_weights"] = self._global_loss_weights(mask, rows, denominator)
         if mode == "train":
             self._all_masked = not bool(keep.any())
         self._metrics[mode]["off_policy/masked_frac"].append(1.0 - float(zero_variance_mask(rewards).float().mean()))

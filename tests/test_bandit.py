@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab import grpo_objective, whiten, zero_variance_mask
+from grpo_lab import grpo_objective, kl_estimate, whiten, zero_variance_mask
 from grpo_lab.bandit import (
     BanditProblem,
     LaggedTabularSampler,
@@ -14,12 +14,14 @@ from grpo_lab.bandit import (
     bandit_config,
     bound_weight,
     improvement_lower_bound,
+    kl_expected_gradient,
     run_bandit,
     sigma_alpha,
     surrogate_L,
     true_improvement,
     tv,
 )
+from grpo_lab.objective import KL_KINDS
 
 
 def table(weights: list[float], contexts: int, arms: int) -> torch.Tensor:
@@ -152,3 +154,42 @@ def test_track_bound_rejects_eps_std_outside_the_theorem(eps_std):
     with pytest.raises(ValueError, match="eps_std"):
         run_bandit(BanditProblem.random(contexts=2, arms=2), bandit_config(steps=1, eps_std=eps_std), runs=1,
                    track_bound=True)
+
+
+def _tables(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    pi_ref, alpha = (torch.softmax(2 * torch.randn(3, 5, generator=g, dtype=torch.float64), -1) for _ in range(2))
+    return logits, pi_ref, alpha
+
+
+@pytest.mark.parametrize("kind", KL_KINDS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_kl_expected_gradient_is_autograd_of_the_expected_loss_term(kind, weighted):
+    """Σ_y α(y)·w(y)·k̂(y) with y and w detached, differentiated by autograd, against the closed form."""
+    logits, pi_ref, alpha = _tables(0)
+    pi = torch.softmax(logits, -1)
+    w = pi.detach() / alpha if weighted else torch.ones_like(alpha)
+    loss = (alpha * w * kl_estimate(torch.log_softmax(logits, -1), pi_ref.log(), kind)).sum()
+    (grad,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(kl_expected_gradient(pi.detach(), pi_ref, alpha, kind, weighted), grad,
+                               rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_kl_estimator_gradients_are_those_of_the_exact_kls(seed):
+    """On-policy, or lagged and weighted by π/α: k1 → 0, k2 → ∇KL(π‖π_ref), k3 → ∇KL(π_ref‖π) (the forward KL)."""
+    logits, pi_ref, alpha = _tables(seed)
+    pi, logp = torch.softmax(logits, -1), torch.log_softmax(logits, -1)
+    (reverse,) = torch.autograd.grad((pi * (logp - pi_ref.log())).sum(), logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((pi_ref * (pi_ref.log() - logp)).sum(), logits)
+    pi = pi.detach()
+    assert (reverse - forward).abs().max() > 0.05                     # two different directions
+    for sampler, weighted in [(pi, False), (alpha, True)]:
+        grads = {kind: kl_expected_gradient(pi, pi_ref, sampler, kind, weighted) for kind in KL_KINDS}
+        torch.testing.assert_close(grads["k1"], torch.zeros_like(pi), rtol=0, atol=1e-15)
+        torch.testing.assert_close(grads["k2"], reverse, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grads["k3"], forward, rtol=1e-12, atol=1e-14)
+    # lagged and unweighted: k1 pushes π away from α (gradient α − π of the loss), k3 no longer the forward KL
+    torch.testing.assert_close(kl_expected_gradient(pi, pi_ref, alpha, "k1"), alpha - pi, rtol=1e-12, atol=1e-14)
+    assert (kl_expected_gradient(pi, pi_ref, alpha, "k3") - forward).abs().max() > 0.01

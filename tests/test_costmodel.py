@@ -6,6 +6,7 @@ from grpo_lab.costmodel import (
     fit_from_step_times,
     paper_cost_model,
     paper_effective_bandwidth_gb_s,
+    paper_intervals,
     sync_seconds_for,
 )
 from grpo_lab.loop import StepRecord
@@ -19,6 +20,19 @@ def test_paper_numbers():
     assert m.sync == pytest.approx((1 / 0.02828 - 1 / 0.03828) / 0.9)
     assert m.speedup(10) == pytest.approx(0.03828 / 0.02828)
     assert paper_effective_bandwidth_gb_s() == pytest.approx(15.2 / m.sync)
+
+
+def test_paper_intervals_carry_the_reported_spread():
+    """0.02828 ± 0.017 and 0.03828 ± 0.016 iter/s: hand-computed corners; the central values lie inside."""
+    box = paper_intervals()
+    assert box["step_seconds_v1"] == pytest.approx((1 / 0.04528, 1 / 0.01128))
+    assert box["speedup"] == pytest.approx((0.02228 / 0.04528, 0.05428 / 0.01128))   # fit through both points
+    assert box["sync_seconds"] == pytest.approx(((1 / 0.04528 - 1 / 0.02228) / 0.9, (1 / 0.01128 - 1 / 0.05428) / 0.9))
+    m = paper_cost_model()
+    for key, central in [("sync_seconds", m.sync), ("sync_share", m.sync_fraction(1)), ("speedup", m.speedup(10))]:
+        low, high = box[key]
+        assert low < central < high
+    assert box["sync_share"][0] < 0 < box["sync_share"][1] and box["speedup"][0] < 1 < box["speedup"][1]
 
 
 def test_fit_from_step_times_recovers_terms():

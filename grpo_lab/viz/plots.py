@@ -1,5 +1,5 @@
 """Plotly figures for notebook 01. Each function takes results from
-:mod:`grpo_lab.viz.lab` (or the bandit) and returns a ``go.Figure``;
+:mod:`grpo_lab.bandit_studies` (or the bandit) and returns a ``go.Figure``;
 nothing here computes what it draws beyond means and bands."""
 
 from __future__ import annotations
@@ -13,8 +13,18 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from ..bandit import BanditRun, bound_weight
+from ..bandit_studies import (
+    LONG_ON_POLICY,
+    MATCHED_LR,
+    GroupBatch,
+    KLGradientStudy,
+    KLStudy,
+    LagStudy,
+    surrogate_curves,
+    trl_surrogate_curves,
+    wall_clock,
+)
 from ..costmodel import StepCostModel
-from .lab import LONG_ON_POLICY, MATCHED_LR, GroupBatch, KLStudy, LagStudy, surrogate_curves, wall_clock
 
 COLORS = qualitative.Plotly
 HEIGHT = 420
@@ -49,10 +59,11 @@ def whitening_figure(batch: GroupBatch) -> go.Figure:
 
 
 def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float) -> go.Figure:
-    """f_ε(r, r′, A) against r for several r′: rows A = +1 / A = −1, columns additive / multiplicative band."""
+    """f_ε(r, r′, A) against r for several r′: rows A = +1 / A = −1, columns additive / multiplicative band;
+    dashed in the multiplicative column, TRL 1.16 as it applies that band (zero when r′ > its cap of 3)."""
     fig = make_subplots(rows=2, cols=2, shared_xaxes=True, horizontal_spacing=0.08, vertical_spacing=0.1,
-                        subplot_titles=["additive band, A = +1", "multiplicative band, A = +1",
-                                        "additive band, A = −1", "multiplicative band, A = −1"])
+                        subplot_titles=["additive band, A = +1", "multiplicative band (dashed: TRL), A = +1",
+                                        "additive band, A = −1", "multiplicative band (dashed: TRL), A = −1"])
     x = ratio.numpy()
     for row, a in ((1, 1.0), (2, -1.0)):
         for col, band in ((1, "additive"), (2, "multiplicative")):
@@ -62,6 +73,12 @@ def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float)
             for n, (rk, y) in enumerate(zip(ratio_ks, curves, strict=True)):
                 fig.add_trace(go.Scatter(x=x, y=y, name=f"r′ = {rk:g}", line=dict(color=COLORS[n]),
                                          showlegend=row == col == 1, legendgroup=str(rk)), row=row, col=col)
+            if band == "multiplicative":
+                trl = trl_surrogate_curves(ratio, list(ratio_ks), a, eps).numpy()
+                for n, (rk, y) in enumerate(zip(ratio_ks, trl, strict=True)):
+                    fig.add_trace(go.Scatter(x=x, y=y, name=f"TRL, r′ = {rk:g}", showlegend=False,
+                                             line=dict(color=COLORS[n], dash="dash"), legendgroup=str(rk)),
+                                  row=row, col=col)
     fig.update_xaxes(title_text="r = π_θ/α", row=2)
     fig.update_yaxes(title_text="f_ε", col=1)
     fig.update_layout(title=f"Clipped surrogate f_ε(r, r′, A), ε = {eps:g}", height=2 * HEIGHT - 100)
@@ -84,6 +101,26 @@ def kl_figure(study: KLStudy) -> go.Figure:
     fig.add_hline(y=study.exact, line=dict(color="black", dash="dash"), row=1, col=1)
     fig.update_xaxes(title_text="lag of α behind π (steps); 0 = on-policy samples")
     fig.update_layout(title=f"KL(π ‖ π_ref) = {study.exact:.4f} estimated from samples of α", height=HEIGHT)
+    return fig
+
+
+def kl_gradient_figure(study: KLGradientStudy) -> go.Figure:
+    """Left: cosine of each estimator's expected gradient to ∇KL(π ‖ π_ref) against the lag of α
+    (solid unweighted, dotted weighted by π/α; dashed: the forward KL's gradient). Right: their norms."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["cos to ∇KL(π ‖ π_ref)", "norm of the expected gradient"])
+    for n, kind in enumerate(("k1", "k2", "k3")):
+        for key, dash in ((kind, None), (f"{kind} × π/α", "dot")):
+            for col, values in ((1, study.cosine[key]), (2, study.norm[key])):
+                fig.add_trace(go.Scatter(x=study.lags, y=values, name=key, mode="lines+markers",
+                                         line=dict(color=COLORS[n], dash=dash), legendgroup=key,
+                                         showlegend=col == 1), row=1, col=col)
+    fig.add_hline(y=study.forward_cosine, line=dict(color="black", dash="dash"), row=1, col=1,
+                  annotation_text="∇KL(π_ref ‖ π)")
+    fig.add_hline(y=study.reverse_norm, line=dict(color="black", dash="dash"), row=1, col=2,
+                  annotation_text="‖∇KL(π ‖ π_ref)‖")
+    fig.update_xaxes(title_text="lag of α behind π (steps); 0 = on-policy samples")
+    fig.update_layout(title="KL estimators as loss terms: the force each one exerts (exact expectations)",
+                      height=HEIGHT)
     return fig
 
 
@@ -115,6 +152,22 @@ def lag_figure(study: LagStudy) -> go.Figure:
                              line=dict(color=COLORS[1])), row=1, col=2)
     fig.update_xaxes(title_text="sync period v")
     fig.update_layout(title="What a lag costs the guarantee", height=HEIGHT)
+    return fig
+
+
+def tv_figure(run: BanditRun, steps: int | None = None) -> go.Figure:
+    """Per step: the logged ``tv_estimate`` (½·mean |r′ − 1| over the step's samples) against its expectation,
+    the exact TV(π_k, α) averaged over runs and (uniform) contexts; needs ``track_bound=True``."""
+    exact = run.tv_pik_alpha.mean(axis=(1, 2))
+    estimate = np.array([r.tv_estimate for r in run.records])
+    n = len(exact) if steps is None else min(steps, len(exact))
+    k = np.arange(n)
+    fig = go.Figure([go.Scatter(x=k, y=exact[:n], name="exact TV(π_k, α), mean over contexts",
+                                line=dict(color=COLORS[0])),
+                     go.Scatter(x=k, y=estimate[:n], name="tv_estimate (logged, from the step's samples)",
+                                mode="markers", marker=dict(color=COLORS[1]))])
+    fig.update_layout(title=f"TV(π_k, α) along a v = {run.config.v} run: the logged estimate and the exact value",
+                      xaxis_title="step k", yaxis_title="TV", height=HEIGHT)
     return fig
 
 
@@ -169,7 +222,8 @@ def wall_clock_figure(results: Mapping[str, BanditRun], names: Sequence[str], mo
         hours = wall_clock(results[name], model) / 3600
         for trace in band_traces(hours, results[name].J, name, COLORS[n]):
             fig.add_trace(trace)
-    fig.update_layout(title=(f"J against modelled time: gen {model.gen:.1f} s + i × train {model.train:.1f} s"
+    fig.update_layout(title=(f"J against time modelled from the paper's 7B rates (central values, not measured): "
+                             f"gen {model.gen:.1f} s + i × train {model.train:.1f} s"
                              f" + sync {model.sync:.1f} s every v steps"),
-                      xaxis_title="hours (7B cost model)", yaxis_title="J(π_θ)", height=HEIGHT)
+                      xaxis_title="modelled hours (paper's 7B cost model)", yaxis_title="J(π_θ)", height=HEIGHT)
     return fig

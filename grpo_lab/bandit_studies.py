@@ -13,26 +13,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..advantages import whiten, zero_variance_mask
-from ..bandit import (
+from .advantages import whiten, zero_variance_mask
+from .bandit import (
     BanditProblem,
     BanditRun,
     BanditTask,
     LaggedTabularSampler,
     bandit_config,
     build_bandit_loop,
+    kl_expected_gradient,
     run_bandit,
     single_thread,
 )
-from ..checks import require_int_at_least, require_number_in
-from ..config import GRPOConfig, smoke_mode
-from ..costmodel import StepCostModel, paper_cost_model
-from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
+from .checks import require_int_at_least, require_number_in
+from .config import GRPOConfig, smoke_mode
+from .costmodel import StepCostModel, paper_cost_model
+from .objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
 
 LAB_PROBLEM = dict(contexts=16, arms=8, seed=0, hardness=3.0)
 """Hard enough that about a third of the groups are all-wrong or all-right (masked)."""
 LAB_LR = 1.0
 """SGD step on the logits: slow enough to stay stable, fast enough to converge in ~1000 steps."""
+TRL_IS_CAP = 3.0
+"""TRL 1.16's ``vllm_importance_sampling_clip_max``: with its default ``vllm_importance_sampling_mode="sequence_mask"``
+a sequence whose π_k/α exceeds it is zeroed (``trl/trainer/grpo_trainer.py``, ``_generate_and_score_completions``)."""
 TRAIN_SHARE = 0.4
 """Assumed share of training in the paper's non-sync step time (the paper reports only the total)."""
 
@@ -103,6 +107,23 @@ def surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: floa
     return torch.stack(rows)
 
 
+def trl_surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: float, eps: float,
+                         cap: float = TRL_IS_CAP) -> torch.Tensor:
+    """The surrogate as TRL 1.16 applies it with its defaults, written as TRL writes it (one-token responses, α ≡ 1):
+    ρ = π_θ/π_k, w = r′ if r′ ≤ ``cap`` else 0, f = w · min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A). For r′ ≤ cap this is
+    the multiplicative band (w·ρ = r), beyond it the response is masked. ``[len(ratio_ks), N]``."""
+    rows = []
+    for rk in ratio_ks:
+        rho, weight = ratio / rk, rk if rk <= cap else 0.0
+        rows.append(weight * torch.minimum(rho * advantage, rho.clamp(1 - eps, 1 + eps) * advantage))
+    return torch.stack(rows)
+
+
+def clip_fraction(run: BanditRun) -> float:
+    """Mean over the steps that trained of clip_low_frac + clip_high_frac (each averaged over the i passes)."""
+    return float(np.mean([r.clip_low_frac + r.clip_high_frac for r in run.records if not r.skipped]))
+
+
 def band_gaps(ratio_ks: list[float], eps: float, ratio: torch.Tensor) -> list[dict[str, float]]:
     """Per r′: both clip intervals and the largest |f_add − f_mult| over ``ratio`` for A = +1 and A = −1."""
     rows = []
@@ -115,6 +136,8 @@ def band_gaps(ratio_ks: list[float], eps: float, ratio: torch.Tensor) -> list[di
             gap = (surrogate_curves(ratio, [rk], a, eps, "additive")
                    - surrogate_curves(ratio, [rk], a, eps, "multiplicative")).abs().max()
             row[f"max_gap_A{'+' if a > 0 else '-'}"] = float(gap)
+            trl = (trl_surrogate_curves(ratio, [rk], a, eps) - surrogate_curves(ratio, [rk], a, eps, "multiplicative"))
+            row[f"trl_gap_A{'+' if a > 0 else '-'}"] = float(trl.abs().max())
         rows.append(row)
     return rows
 
@@ -143,32 +166,86 @@ class KLStudy:
     iw_mean: dict[str, float]       # kind → E_{y~α}[(π/α)·k̂] (the same for every lag)
 
 
+def lagged_tables(trajectory: torch.Tensor, lags: list[int],
+                  ref_lag: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """π (the last table), π_ref (``ref_lag`` steps earlier) and α for each lag (``lag`` steps earlier)."""
+    last = trajectory.shape[0] - 1
+    for name, value in [("ref_lag", ref_lag), *(("lags", lag) for lag in lags)]:
+        require_int_at_least(name, value, 0)
+        if value > last:
+            raise ValueError(f"{name} must be <= {last} (the trajectory's steps), got {value}")
+    return trajectory[last], trajectory[last - ref_lag], [trajectory[last - lag] for lag in lags]
+
+
 def kl_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLStudy:
     """π = last table, π_ref = ``ref_lag`` steps earlier, α = ``lag`` steps earlier.
 
     Expectations are exact sums over the K arms (contexts weighted uniformly),
     the estimators are :func:`grpo_lab.kl_estimate` on every arm.
     """
-    last = trajectory.shape[0] - 1
-    for name, value in [("ref_lag", ref_lag), *(("lags", lag) for lag in lags)]:
-        require_int_at_least(name, value, 0)
-        if value > last:
-            raise ValueError(f"{name} must be <= {last} (the trajectory's steps), got {value}")
-    pi, pi_ref = trajectory[last], trajectory[last - ref_lag]
+    pi, pi_ref, alphas = lagged_tables(trajectory, lags, ref_lag)
     exact = float((pi * (pi.log() - pi_ref.log())).sum(-1).mean())
     mean, std, iw = {}, {}, {}
     for kind in KL_KINDS:
         values = kl_estimate(pi.log(), pi_ref.log(), kind)                       # [C, K]
         iw[kind] = float((pi * values).sum(-1).mean())
         m, s = [], []
-        for lag in lags:
-            alpha = trajectory[last - lag]
+        for alpha in alphas:
             first = float((alpha * values).sum(-1).mean())
             second = float((alpha * values ** 2).sum(-1).mean())
             m.append(first)
             s.append(max(second - first ** 2, 0.0) ** 0.5)
         mean[kind], std[kind] = np.array(m), np.array(s)
     return KLStudy(np.array(lags), exact, mean, std, iw)
+
+
+@dataclass
+class KLGradientStudy:
+    """Each estimator's exact expected gradient (w.r.t. the logits) as a loss term, y ~ α = π_{k−lag},
+    unweighted and weighted by the detached π/α, against the gradients of the exact KLs."""
+
+    lags: np.ndarray                    # [L]
+    reverse_norm: float                 # ‖∇KL(π ‖ π_ref)‖, the KL the paper writes
+    forward_cosine: float               # cos(∇KL(π_ref ‖ π), ∇KL(π ‖ π_ref))
+    cosine: dict[str, np.ndarray]       # "k3" / "k3 × π/α" → [L]  cos to ∇KL(π ‖ π_ref) (NaN at norm 0)
+    norm: dict[str, np.ndarray]         # same keys → [L]
+    gap: dict[str, float]               # the largest distance of each claimed equality (see kl_gradient_study)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    na, nb = float(a.norm()), float(b.norm())
+    return float((a * b).sum()) / (na * nb) if na > 1e-12 and nb > 1e-12 else float("nan")
+
+
+def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLGradientStudy:
+    """π, π_ref and α as in :func:`kl_study`; gradients by :func:`grpo_lab.bandit.kl_expected_gradient`
+    (flattened over contexts), the exact KLs' by autograd. ``gap`` holds the largest entry-wise distance of
+    each claim: ``k1 = 0``, ``k2 = ∇reverse``, ``k3 = ∇forward`` on-policy, and ``weighted = on-policy`` at
+    every lag."""
+    pi, pi_ref, alphas = lagged_tables(trajectory, lags, ref_lag)
+    logits = pi.log().clone().requires_grad_(True)
+    logp = torch.log_softmax(logits, -1)
+    (reverse,) = torch.autograd.grad((logp.exp() * (logp - pi_ref.log())).sum(), logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((pi_ref * (pi_ref.log() - logp)).sum(), logits)
+    on_policy = {kind: kl_expected_gradient(pi, pi_ref, pi, kind) for kind in KL_KINDS}
+    cosine: dict[str, list[float]] = {}
+    norm: dict[str, list[float]] = {}
+    weighted_gap = 0.0
+    for alpha in alphas:
+        for kind in KL_KINDS:
+            for weighted in (False, True):
+                grad = kl_expected_gradient(pi, pi_ref, alpha, kind, weighted)
+                key = f"{kind} × π/α" if weighted else kind
+                cosine.setdefault(key, []).append(_cosine(grad, reverse))
+                norm.setdefault(key, []).append(float(grad.norm()))
+                if weighted:
+                    weighted_gap = max(weighted_gap, float((grad - on_policy[kind]).abs().max()))
+    gap = {"k1 = 0": float(on_policy["k1"].abs().max()),
+           "k2 = ∇KL(π‖π_ref)": float((on_policy["k2"] - reverse).abs().max()),
+           "k3 = ∇KL(π_ref‖π)": float((on_policy["k3"] - forward).abs().max()),
+           "weighted = on-policy": weighted_gap}
+    return KLGradientStudy(np.array(lags), float(reverse.norm()), _cosine(forward, reverse),
+                           {k: np.array(v) for k, v in cosine.items()}, {k: np.array(v) for k, v in norm.items()}, gap)
 
 
 # ----------------------------------------------------------------------------- §4 Theorem 1 against v
