@@ -22,8 +22,10 @@ STAMP := $(VENV)/.grpo-lab-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
-# The engine in this process (no fork, no __main__ guard needed); a small KV cache on a shared CPU.
-VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1}
+# The engine in this process (no fork, no __main__ guard needed); a small KV cache on a shared CPU; every core
+# for torch (vLLM otherwise drops this process, the trainer's too, to one thread).
+VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
 
 .PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs binder-check clean \
 	setup-vllm test-vllm

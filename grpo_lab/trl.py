@@ -135,9 +135,9 @@ class OffPolicyGRPOConfig(GRPOConfig):
 def _engine_arguments(**engine_args: Any) -> Iterator[None]:
     """TRL builds the colocated ``vllm.LLM`` itself and passes no ``enforce_eager``: add the given arguments
     to that one construction (a no-op without vLLM or when none is true)."""
+    engine_args = {k: v for k, v in engine_args.items() if v}
     import trl.generation.vllm_generation as generation
 
-    engine_args = {k: v for k, v in engine_args.items() if v}
     if not engine_args or not hasattr(generation, "LLM"):
         yield
         return
