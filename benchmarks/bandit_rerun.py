@@ -1,7 +1,7 @@
 """How long one re-run of the live bandit panel takes (notebook 01), engine against loop.
 
 The panel re-trains ``steps`` × ``runs`` on every slider change with
-:func:`~grpo_lab.bandit_fast.run_bandit_fast` (gradient in closed form); the
+:func:`~grpo_lab.bandit_closed_form.run_bandit_closed_form` (gradient in closed form); the
 budget is 0.5 s for 300 steps × 8 runs on a 2-core CPU. The same runs through
 :class:`~grpo_lab.loop.GRPOLoop` (:func:`~grpo_lab.bandit.run_bandit`, autograd)
 are timed alongside, interleaved repeat by repeat so that both see the same
@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from grpo_lab.bandit import BanditRun, run_bandit
-from grpo_lab.bandit_fast import run_bandit_fast
-from grpo_lab.viz.lab import lab_config, lab_problem
+from grpo_lab.bandit_closed_form import run_bandit_closed_form
+from grpo_lab.bandit_studies import lab_config, lab_problem
 
 BUDGET_S = 0.5
-ENGINES: dict[str, Callable[..., BanditRun]] = {"closed form (panel)": run_bandit_fast, "GRPOLoop": run_bandit}
+ENGINES: dict[str, Callable[..., BanditRun]] = {"closed form (panel)": run_bandit_closed_form, "GRPOLoop": run_bandit}
 CASES = {"on-policy (v=1, i=1)": {}, "v=10": {"v": 10}, "beta=0.1": {"beta": 0.1}, "i=4": {"i": 4}}
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     if args.profile:
         problem, config = lab_problem(), lab_config(steps=args.steps)
         profiler = cProfile.Profile()
-        profiler.runcall(run_bandit_fast, problem, config, args.runs)
+        profiler.runcall(run_bandit_closed_form, problem, config, args.runs)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
 

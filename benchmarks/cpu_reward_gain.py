@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from grpo_lab.cli import load_config
+from grpo_lab.build import build_loop
 from grpo_lab.evaluate import evaluate
-from grpo_lab.experiment import CONFIG_DIR, build_loop, eval_problems
+from grpo_lab.recipes import CONFIG_DIR, load_config
+from grpo_lab.text_task import eval_problems
 
 
 def main() -> None:

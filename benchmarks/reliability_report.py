@@ -1,9 +1,10 @@
 """Reliability, measured: bad inputs, hostile answers, faults, determinism and the memory guard.
 
-Runs the checks of ``tests/test_reliability.py`` (its catalogue, fuzzer and fault scenarios) on more
-inputs and on both kinds of run, plus the slow ones the test suite leaves out:
+Runs the checks of the reliability tests on more inputs and on both kinds of run, from the modules
+they share (``tests/bad_input_catalogue.py``, ``tests/hostile_answers.py``, ``tests/fault_scenarios.py``,
+``tests/reliability_runs.py``), plus the slow ones the test suite leaves out:
 
-* **bad inputs** — ``tests/test_bad_input.py``'s config cases and ``CATALOGUE`` (datasets, prompts,
+* **bad inputs** — ``CONFIG_CASES`` and ``CATALOGUE`` (datasets, prompts,
   model names, checkpoint paths, reward functions, memory): each must raise the named error with a
   message naming the parameter and the value; the time to the error is measured;
 * **hostile answers** — ``--examples`` hypothesis completions (unicode, huge numbers, LaTeX nested up
@@ -43,8 +44,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-import test_bad_input  # noqa: E402
-import test_reliability as rel  # noqa: E402
+import bad_input_catalogue as catalogue  # noqa: E402
+import fault_scenarios as scenarios  # noqa: E402
+import hostile_answers as answers  # noqa: E402
+import reliability_runs as runs  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
@@ -67,8 +70,8 @@ WORST_ANSWERS = {
 
 def bad_inputs() -> dict[str, Any]:
     """Every catalogue case: right error type, message matching, and the time to the error."""
-    cases = [rel.BadInput(f"GRPOConfig({changes})", functools.partial(GRPOConfig, **changes), ValueError, message)
-             for changes, message in test_bad_input.CONFIG_CASES] + rel.CATALOGUE
+    cases = [catalogue.BadInput(f"GRPOConfig({changes})", functools.partial(GRPOConfig, **changes), ValueError,
+                                message) for changes, message in catalogue.CONFIG_CASES] + catalogue.CATALOGUE
     unclear, times = [], []
     for case in cases:
         start = time.perf_counter()
@@ -97,15 +100,15 @@ def hostile_answers(examples: int, depth: int, timeout: float) -> dict[str, Any]
 
     def score(completion: str, gold: str, label: str) -> None:
         try:
-            _, seconds, warm = rel.score_answer(completion, gold, timeout)
+            _, seconds, warm = answers.score_answer(completion, gold, timeout)
             seen.append((seconds, warm, label))
-        except TimeoutError as exc:  # extraction over rel.PARENT_SLACK_S: it has no timeout of its own
+        except TimeoutError as exc:  # extraction over answers.PARENT_SLACK_S: it has no timeout of its own
             too_slow.append(f"{label}: {exc}"[:200])
         except Exception as exc:  # noqa: BLE001 - counted, never expected
             raised.append(f"{label}: {type(exc).__name__}: {exc}"[:200])
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(completion=rel.completions(depth), gold=rel.GOLDS)
+    @given(completion=answers.completions(depth), gold=answers.GOLDS)
     def fuzz(completion: str, gold: str) -> None:
         score(completion, gold, repr(completion[:40]))
 
@@ -117,7 +120,7 @@ def hostile_answers(examples: int, depth: int, timeout: float) -> dict[str, Any]
     cold = max(seen, default=(0.0, False, "-"))
     stats = rewards.verifier_stats()
     print(f"hostile answers: {len(seen) + len(raised) + len(too_slow)} scored (timeout {timeout} s), "
-          f"{len(raised)} raised, {len(too_slow)} with extraction over {rel.PARENT_SLACK_S} s; worst latency "
+          f"{len(raised)} raised, {len(too_slow)} with extraction over {answers.PARENT_SLACK_S} s; worst latency "
           f"{warm[0]:.2f} s with a warm worker ({warm[2]}), {cold[0]:.2f} s including a worker restart "
           f"({cold[2]}); math-verify: {stats}")
     for line in raised:
@@ -133,23 +136,23 @@ def extraction_scaling() -> float:
     """Worst seconds to extract an answer (and check its format) from the 100k-character pieces of
     the fuzzer, measured directly (capped at 60 s): extraction runs in the trainer, with no timeout."""
     worst = 0.0
-    for piece in rel.LONG_PIECES:
+    for piece in answers.LONG_PIECES:
         text = piece * (100_000 // len(piece))
         start = time.perf_counter()
         try:
-            with rel.within(60.0, "extraction"):
+            with answers.within(60.0, "extraction"):
                 rewards.extract_answer(text)
                 rewards.format_reward(text, "boxed")
         except TimeoutError:
             pass
         worst = max(worst, time.perf_counter() - start)
-    print(f"  answer extraction on 100k characters: worst {worst * 1e3:.0f} ms over {len(rel.LONG_PIECES)} pieces")
+    print(f"  answer extraction on 100k characters: worst {worst * 1e3:.0f} ms over {len(answers.LONG_PIECES)} pieces")
     return worst
 
 
-def kill_the_verifier() -> rel.Outcome:
+def kill_the_verifier() -> scenarios.Outcome:
     """SIGKILL the math-verify worker in the middle of a call: that answer scores 0, the next is right."""
-    outcome = rel.Outcome("math-verify worker killed mid-call")
+    outcome = scenarios.Outcome("math-verify worker killed mid-call")
     rewards.answers_match("\\frac{1}{2}", "0.5")
     worker, crashes = rewards._VERIFIER.worker.proc, rewards.verifier_stats()["crashes"]
     threading.Timer(0.3, worker.kill).start()
@@ -163,13 +166,13 @@ def faults(kinds: tuple[str, ...]) -> dict[str, Any]:
     """Every scenario on every kind of run, plus the verifier kill."""
     outcomes = []
     for kind in kinds:
-        for name, scenario in rel.SCENARIOS.items():
+        for name, scenario in scenarios.SCENARIOS.items():
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 try:
                     outcome = scenario(Path(tmp), kind)
                 except Exception as exc:  # noqa: BLE001 - a scenario that crashes is a failed recovery
-                    outcome = rel.Outcome(f"{name} ({kind})", {"ran": False}, note=repr(exc)[:300])
+                    outcome = scenarios.Outcome(f"{name} ({kind})", {"ran": False}, note=repr(exc)[:300])
                 outcomes.append(outcome)
                 print(f"  {'ok  ' if outcome.ok else 'FAIL'} {outcome.fault} [{time.perf_counter() - start:.1f} s]"
                       + ("" if outcome.ok else f": {outcome.failed()} {outcome.note}")
@@ -184,9 +187,10 @@ def faults(kinds: tuple[str, ...]) -> dict[str, Any]:
 
 def smollm2_determinism() -> dict[str, Any]:
     """2 steps of the real SmolLM2 on CPU, seed 0 twice and seed 1: records, completions, weights."""
-    from grpo_lab.experiment import TrainConfig, build_loop
+    from grpo_lab.build import build_loop
     from grpo_lab.models import load_policy
     from grpo_lab.tasks import load_problems
+    from grpo_lab.train_config import TrainConfig
 
     def two_steps(seed: int) -> tuple[list[dict[str, Any]], list[torch.Tensor], dict[str, torch.Tensor]]:
         model, tokenizer = load_policy("smollm2-135m")
@@ -196,13 +200,13 @@ def smollm2_determinism() -> dict[str, Any]:
         seen, real = [], loop.sampler.sample
         loop.sampler.sample = lambda *args: seen.append(real(*args)) or seen[-1]
         list(loop.run())
-        return rel.rows_of(loop.history), [r.completions for r in seen], {
+        return runs.rows_of(loop.history), [r.completions for r in seen], {
             k: v.clone() for k, v in loop.policy.state_dict().items()}
 
     start = time.perf_counter()
     first, again, other = two_steps(0), two_steps(0), two_steps(1)
     same = (first[0] == again[0] and all(map(torch.equal, first[1], again[1]))
-            and rel.same_tensors(first[2], again[2]))
+            and runs.same_tensors(first[2], again[2]))
     differs = not torch.equal(first[1][0], other[1][0])
     print(f"determinism, SmolLM2-135M 2 steps on CPU: same seed identical = {same} (records, completions, "
           f"weights); another seed differs = {differs} [{time.perf_counter() - start:.0f} s]")
@@ -212,7 +216,8 @@ def smollm2_determinism() -> dict[str, Any]:
 MEMORY_CHILD = r"""
 import json, sys
 import torch
-from grpo_lab.experiment import TrainConfig, build_loop
+from grpo_lab.build import build_loop
+from grpo_lab.train_config import TrainConfig
 from grpo_lab.memory import ModelShape, estimate_memory, longest_prompt
 from grpo_lab.models import load_policy
 from grpo_lab.tasks import load_problems

@@ -21,7 +21,8 @@ import torch
 
 
 def lab_stepper(args: argparse.Namespace):
-    from grpo_lab.experiment import TrainConfig, build_loop
+    from grpo_lab.build import build_loop
+    from grpo_lab.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
                          temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6)

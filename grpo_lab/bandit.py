@@ -10,7 +10,7 @@ real tensor copy.
 Because π, π_k and α are explicit tables, J, L_α, TV and Theorem 1's bound are
 computed exactly (no sampling), vectorised over any leading dimensions.
 
-The live panel of notebook 01 re-runs with :mod:`grpo_lab.bandit_fast`: the same
+The live panel of notebook 01 re-runs with :mod:`grpo_lab.bandit_closed_form`: the same
 steps and random draws, with the gradient written in closed form.
 """
 

@@ -3,47 +3,20 @@
     grpo-lab train --config configs/cpu_arith_smollm2.yaml [--set v=4 --set steps=20]
     grpo-lab eval  --config configs/cpu_arith_smollm2.yaml [--checkpoint runs/x/checkpoint.pt]
 
-A recipe is a flat YAML mapping of :class:`~grpo_lab.experiment.TrainConfig`
+A recipe is a flat YAML mapping of :class:`~grpo_lab.train_config.TrainConfig`
 fields; ``--set key=value`` overrides one (the value is read as YAML: ``v=4``,
-``eps_high=0.28``, ``report_to=[tensorboard]``).
+``eps_high=0.28``, ``report_to=[tensorboard]``); :mod:`grpo_lab.recipes` reads both.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-import yaml
-
-from .experiment import TrainConfig
-
-
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """A :class:`TrainConfig` from a YAML file and ``key=value`` overrides; unknown keys are errors."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {str(path)!r} must hold a mapping of TrainConfig fields")
-        values.update(loaded)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set takes key=value, got {item!r}")
-        values[key.strip()] = yaml.safe_load(raw)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown config field(s) {unknown}; fields are {sorted(known)}")
-    return TrainConfig(**values)
+from .recipes import load_config
+from .train_config import TrainConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     if args.command == "train":
-        from .experiment import train
+        from .training import train
 
         loop = train(config, progress=not args.quiet, resume=not args.no_resume)
         last = loop.history[-1] if loop.history else None
@@ -73,9 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _evaluate(config: TrainConfig, checkpoint: str | None, progress: bool) -> int:
+    from .build import build_loop
     from .checkpoint import load_checkpoint
     from .evaluate import evaluate
-    from .experiment import build_loop, eval_problems
+    from .text_task import eval_problems
 
     problems = eval_problems(config)
     loop = build_loop(config, problems=problems)

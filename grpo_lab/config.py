@@ -10,7 +10,7 @@ from typing import Any
 
 from .advantages import EPS_PLACEMENTS
 from .checks import require_choice, require_int_at_least, require_number_in
-from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES
+from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
 SYNC_MODES = ("fixed", "adaptive")
@@ -58,7 +58,14 @@ class GRPOConfig:
     eps_placement: str = "under_sqrt"
     """``under_sqrt`` (paper) or ``added_to_std`` (TRL's std + ε)."""
     mask_zero_variance: bool = True
-    """Drop groups whose G rewards all agree (m(x) = 1[σ ≠ 0])."""
+    """Drop groups whose G rewards all agree (m(x) = 1[σ ≠ 0]) from the loss's terms."""
+    mask_normalize: str = "batch"
+    """What the loss divides by when groups are masked (docs/theory.md §2). ``batch`` (default, the
+    paper's E_x[m(x)·(L^c − β·KL)]): masked groups stay in the denominator as zero terms, so the
+    step size does not depend on how many groups happen to be masked. ``unmasked``: they leave
+    it, which multiplies the step by 1/(1 − masked fraction). With β = 0, masked groups have
+    A = 0 and contribute no gradient anyway: under ``batch`` the mask then changes nothing, under
+    ``unmasked`` it only raises the effective learning rate (notebook 01 §5 measures both)."""
     loss_type: str = "grpo"
     """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
     level: str = "token"
@@ -98,6 +105,7 @@ class GRPOConfig:
         require_int_at_least("ref_period", self.ref_period, 0)
         require_number_in("eps_std", self.eps_std, 0.0)
         require_choice("eps_placement", self.eps_placement, EPS_PLACEMENTS)
+        require_choice("mask_normalize", self.mask_normalize, MASK_NORMALIZATIONS)
         require_choice("loss_type", self.loss_type, LOSS_TYPES)
         require_choice("level", self.level, LEVELS)
         require_number_in("lr", self.lr, 0.0, low_open=True)

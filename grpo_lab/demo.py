@@ -15,8 +15,9 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from . import bandit_studies as studies
 from .bandit import run_bandit
-from .viz import lab, plots
+from .viz import plots
 
 
 def write_figure(fig: go.Figure, out: Path, name: str, png: bool) -> list[Path]:
@@ -41,14 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if "BROWSER_PATH" not in os.environ and shutil.which("chromium"):
         os.environ["BROWSER_PATH"] = shutil.which("chromium")  # kaleido drives the system Chromium
-    size = lab.lab_size()
-    problem, config = lab.lab_problem(), lab.lab_config()
+    size = studies.lab_size()
+    problem, config = studies.lab_problem(), studies.lab_config()
     print(f"bandit: {problem.contexts} contexts × {problem.arms} arms, {size.steps} steps × {size.runs} runs")
 
-    findings = lab.run_findings(problem, config, runs=size.runs)
+    findings = studies.run_findings(problem, config, runs=size.runs)
     print(f"{'configuration':32s} final J (mean ± std over runs)   optimiser passes")
     for name, run in findings.items():
-        mean, std = lab.final_reward(run)
+        mean, std = studies.final_reward(run)
         print(f"{name:32s} {mean:.3f} ± {std:.3f}                   {int(run.optimizer_passes[-1])}")
     lagged = {f"v = {v}": run_bandit(problem, config.replace(v=v), runs=size.runs, track_bound=True) for v in (1, 10)}
     violations = sum(int((r.improvement < r.bound).sum()) for r in lagged.values())
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     written += write_figure(plots.findings_figure(findings), out, "findings", not args.no_png)
     written += write_figure(plots.bound_figure(lagged), out, "theorem1_bound", not args.no_png)
     written += write_figure(plots.wall_clock_figure(findings, ["on-policy + mask", "v = 10", "sample reuse i = 10"],
-                                                    lab.lab_cost_model()), out, "wall_clock", not args.no_png)
+                                                    studies.lab_cost_model()), out, "wall_clock", not args.no_png)
     print("wrote", ", ".join(str(p) for p in written))
     return 0 if violations == 0 else 1
 

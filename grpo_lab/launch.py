@@ -1,8 +1,9 @@
 """Launch a recipe at scale: ``accelerate launch ... -m grpo_lab.launch --config R``.
 
-A recipe (``configs/*.yaml``) holds :class:`~grpo_lab.experiment.TrainConfig` fields, an optional
-``trl:`` mapping of extra :class:`~grpo_lab.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor
-parallelism, memory share) and an optional ``orz_data_files:`` path. :func:`trl_args` maps SPEC's
+A recipe (``configs/*.yaml``, read by :func:`~grpo_lab.recipes.load_launch_recipe`) holds
+:class:`~grpo_lab.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
+:class:`~grpo_lab.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor parallelism, memory share) and
+an optional ``orz_data_files:`` path. :func:`trl_args` maps SPEC's
 names onto TRL's; :func:`launch` trains with :class:`~grpo_lab.trl.OffPolicyGRPOTrainer` on the
 process group ``accelerate`` started and writes iter/s and the final reward to ``throughput.json``,
 which notebook 03 reads back (:func:`read_result`) beside the paper's numbers.
@@ -14,16 +15,16 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
 from .checks import require_choice
-from .experiment import CONFIG_DIR, TrainConfig, train_problems
+from .recipes import CONFIG_DIR, LaunchRecipe, load_launch_recipe
 from .tasks import chat_messages, load_orz
+from .text_task import train_problems
+from .train_config import TrainConfig
 
 if TYPE_CHECKING:
     from .trl import OffPolicyGRPOConfig
@@ -50,42 +51,6 @@ def read_result(v: int) -> dict[str, float] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-@dataclass(frozen=True)
-class LaunchRecipe:
-    """What ``python -m grpo_lab.launch`` runs.
-
-    ================== =================================================================
-    ``config``         the TrainConfig fields of the YAML (a ``configs/*.yaml`` recipe)
-    ``trl``            its ``trl:`` mapping: extra :class:`~grpo_lab.trl.OffPolicyGRPOConfig`
-                       fields (vLLM mode, tensor parallelism, memory share)
-    ``orz_data_files`` its ``orz_data_files:`` path: orz-math-57k's JSON, which then
-                       replaces ``config.task`` as the training problems (:func:`load_orz`)
-    ================== =================================================================
-    """
-
-    config: TrainConfig
-    trl: dict[str, Any] = field(default_factory=dict)
-    orz_data_files: str | None = None
-
-
-def load_launch_recipe(path: str | Path, overrides: Sequence[str] = (),
-                       trl_overrides: Sequence[str] = ()) -> LaunchRecipe:
-    """A :class:`LaunchRecipe` from YAML; ``key=value`` overrides (YAML values) of the recipe's
-    fields (``orz_data_files`` included) and of its ``trl:`` fields."""
-    values = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"recipe {str(path)!r} must hold a mapping of TrainConfig fields")
-    extras = dict(values.pop("trl", None) or {})
-    for target, items in ((values, overrides), (extras, trl_overrides)):
-        for item in items:
-            key, sep, raw = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"an override takes key=value, got {item!r}")
-            target[key.strip()] = yaml.safe_load(raw)
-    orz = values.pop("orz_data_files", None)
-    return LaunchRecipe(TrainConfig().replace(**values), extras, None if orz is None else str(orz))
-
-
 def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int) -> OffPolicyGRPOConfig:
     """The :class:`~grpo_lab.trl.OffPolicyGRPOConfig` of a recipe: SPEC names mapped to TRL's
     (G → num_generations, v → vllm_sync_interval, i → num_iterations, ε → epsilon, …), one step k =
@@ -108,7 +73,7 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
         beta=config.beta, use_bias_correction_kl=config.kl_importance_weighted, sync_ref_model=config.ref_period > 0,
         ref_model_sync_steps=max(config.ref_period, 1) * config.i, eps_std=config.eps_std,
         unbiased_std=config.unbiased_std, eps_placement=config.eps_placement,
-        zero_variance_mask=config.mask_zero_variance, loss_type=config.loss_type,
+        zero_variance_mask=config.mask_zero_variance, mask_normalize=config.mask_normalize, loss_type=config.loss_type,
         importance_sampling_level=config.level, learning_rate=config.lr, lr_scheduler_type="constant",
         optim="sgd" if config.optimizer == "sgd" else "adamw_torch", weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm or 0.0, max_completion_length=config.max_completion_length,

@@ -37,7 +37,7 @@ import torch
 from .advantages import whiten, zero_variance_mask
 from .checks import require_rewards
 from .config import RESUME_FREE_FIELDS, GRPOConfig
-from .objective import grpo_objective, loss_weights
+from .objective import grpo_objective, loss_weights, tv_terms
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 
 
@@ -119,6 +119,7 @@ class StepRecord:
     ratio_k_mean: float
     ratio_k_max: float
     log_ratio_k_abs: float
+    tv_estimate: float
     kl: float
     grad_norm: float
     num_tokens: int
@@ -249,7 +250,8 @@ class GRPOLoop:
                 reward_mean=float(rewards.mean()), masked_frac=metrics["masked_frac"], loss=loss,
                 clip_low_frac=metrics["clip_low_frac"], clip_high_frac=metrics["clip_high_frac"],
                 ratio_k_mean=metrics["ratio_k_mean"], ratio_k_max=metrics["ratio_k_max"],
-                log_ratio_k_abs=metrics["log_ratio_k_abs"], kl=metrics.get("kl", 0.0),
+                log_ratio_k_abs=metrics["log_ratio_k_abs"], tv_estimate=metrics["tv_estimate"],
+                kl=metrics.get("kl", 0.0),
                 grad_norm=grad_norm, num_tokens=metrics["num_tokens"], sync_bytes=sync_bytes,
                 sample_seconds=sample_seconds, train_seconds=train_seconds,
                 sync_seconds=sync_seconds, ref_reset=ref_reset)
@@ -269,33 +271,37 @@ class GRPOLoop:
         advantages = whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement).reshape(-1)
         informative = zero_variance_mask(rewards)
         keep = informative if cfg.mask_zero_variance else torch.ones(P, dtype=torch.bool)
-        mask = rollout.mask.bool() & keep.repeat_interleave(G)[:, None]
+        sampled = rollout.mask.bool()
+        mask = sampled & keep.repeat_interleave(G)[:, None]
         weights = loss_weights(mask, cfg.loss_type, cfg.max_completion_length, self.run_ids,
-                               rollout.logp_alpha.dtype)
+                               rollout.logp_alpha.dtype, sampled if cfg.mask_normalize == "batch" else None)
         masked_frac = 1.0 - float(informative.sum()) / P
         B = rollout.completions.shape[0]
         size = cfg.micro_batch_size or B
         chunks = [slice(s, min(s + size, B)) for s in range(0, B, size)]
-        # Rows whose every weight is 0 (masked groups) need no forward at all.
-        chunks = [rows for rows in chunks if bool((weights[rows] > 0).any())]
-        if not chunks:
+        # Rows whose every weight is 0 (masked groups) need no gradient: one no-grad forward gives their log π_k.
+        trained = [rows for rows in chunks if bool((weights[rows] > 0).any())]
+        tv = [self._tv_terms(rollout, rows) for rows in chunks if rows not in trained]
+        if not trained:
             empty = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0, "ratio_k_max": 0.0,
-                     "log_ratio_k_abs": 0.0, "num_tokens": 0, "masked_frac": masked_frac}
+                     "log_ratio_k_abs": 0.0, "num_tokens": 0, "masked_frac": masked_frac,
+                     "tv_estimate": float(torch.cat(tv).mean())}
             return empty, 0.0, 0.0, True
 
         logp_ref = None
         if self.reference is not None:
             with torch.no_grad():
-                logp_ref = [self.reference.logprobs(rollout, rows) for rows in chunks]
-        logp_k: list[torch.Tensor | None] = [None] * len(chunks)
+                logp_ref = [self.reference.logprobs(rollout, rows) for rows in trained]
+        logp_k: list[torch.Tensor | None] = [None] * len(trained)
         loss_sum, parts = 0.0, []
         for pass_index in range(cfg.i):
             for param in self._params:  # = optimizer.zero_grad(set_to_none=True), without its per-call overhead
                 param.grad = None
-            for c, rows in enumerate(chunks):
+            for c, rows in enumerate(trained):
                 logp = self.policy.logprobs(rollout, rows)
                 if pass_index == 0:
                     logp_k[c] = logp.detach()  # π_θ = π_k before the first optimiser step
+                    tv.append(tv_terms(logp_k[c], rollout.logp_alpha[rows], sampled[rows]))
                 loss, metrics = grpo_objective(
                     logp, rollout.logp_alpha[rows], advantages[rows], mask[rows], logp_k=logp_k[c],
                     logp_ref=None if logp_ref is None else logp_ref[c], beta=cfg.beta,
@@ -311,7 +317,14 @@ class GRPOLoop:
             grad_norm = self._optimizer_step()
         metrics = merge_metrics(parts)
         metrics["masked_frac"] = masked_frac
+        metrics["tv_estimate"] = float(torch.cat(tv).mean())
         return metrics, loss_sum / cfg.i, grad_norm, False
+
+    def _tv_terms(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """:func:`tv_terms` of rows that train nothing (masked groups): log π_k by a no-grad forward."""
+        with torch.no_grad():
+            logp_k = self.policy.logprobs(rollout, rows)
+        return tv_terms(logp_k, rollout.logp_alpha[rows], rollout.mask[rows])
 
     def _optimizer_step(self) -> float:
         """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,

@@ -3,7 +3,7 @@
 A run that does not fit is killed by the kernel's OOM killer (CPU) or stops with
 CUDA out-of-memory — minutes into loading and sampling, often taking the
 notebook kernel with it. :func:`guard_memory` runs inside
-:func:`grpo_lab.experiment.build_loop`, once π_θ is loaded and before anything
+:func:`grpo_lab.build.build_loop`, once π_θ is loaded and before anything
 else is allocated: it estimates the bytes the run will add, compares them with
 what the device has available, and either shrinks the micro-batch (printing
 why) or raises a ValueError stating estimate vs available.

@@ -16,6 +16,7 @@ BANDS = ("additive", "multiplicative")
 KL_KINDS = ("k1", "k2", "k3")
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
 LEVELS = ("token", "sequence")
+MASK_NORMALIZATIONS = ("batch", "unmasked")
 
 
 def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
@@ -69,11 +70,17 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
 
 
 def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimators of KL(π_θ ‖ π_ref) (SPEC §3), with d = log π_ref − log π_θ::
+    """Per-token KL estimators, used as *loss terms* (docs/theory.md §3), with d = log π_ref − log π_θ::
 
-        k1 = −d                 unbiased, high variance, can be negative
-        k2 = d² / 2             biased, low variance, ≥ 0
-        k3 = exp(d) − d − 1     unbiased and ≥ 0 (default; TRL's choice)
+        estimator              value: E_{y~π}[k] =              gradient: E_{y~π}[∇k] =
+        k1 = −d                KL(π ‖ π_ref)                     0               (no force at all)
+        k2 = d² / 2            KL(π ‖ π_ref) to second order     ∇KL(π ‖ π_ref)  (the reverse KL)
+        k3 = exp(d) − d − 1    KL(π ‖ π_ref), and k3 ≥ 0         ∇KL(π_ref ‖ π)  (the *forward* KL)
+
+    (y detached; ∇k = ∂k/∂log π · ∇log π with ∂k1 = 1, ∂k2 = −d, ∂k3 = 1 − e^d.) So the
+    logged value of k3 estimates KL(π ‖ π_ref), which the paper writes, while the
+    gradient it adds to the loss is that of KL(π_ref ‖ π); only k2 differentiates
+    the KL the paper writes. k3 is the default because it is TRL's.
 
     ======== ========== ===============================================
     symbol   shape      meaning
@@ -83,10 +90,11 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     KL̂       ``[B, T]`` returned, elementwise
     ======== ========== ===============================================
 
-    "Unbiased" holds for tokens sampled from π_θ. In off-policy GRPO the tokens
-    come from α, so each estimate is biased by the α/π_θ mismatch; multiplying
-    by the (detached) ratio π_θ/α — ``grpo_objective(kl_importance_weighted=True)``
-    — removes that bias per token at the cost of variance.
+    Off-policy the tokens come from α, so both columns above change. Weighting each
+    term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)``) gives
+    back the on-policy expectations of both value and gradient — the gradient of
+    *the same* KL as on-policy, nothing more: k3 still follows the forward KL.
+    ``grpo_lab.bandit.kl_expected_gradient`` computes these expectations exactly.
     """
     require_choice("kind", kind, KL_KINDS)
     require_same_shape(logp=logp, logp_ref=logp_ref)
@@ -100,16 +108,20 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
 
 def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
                  max_completion_length: int | None = None,
-                 run_ids: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                 run_ids: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                 denominator_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token weights w such that the aggregated loss is Σ w · loss_token.
 
     ``mask [B, T]`` is True on tokens that count: completion tokens of groups the
-    zero-variance mask kept. Masked tokens get weight 0 and are excluded from
-    every denominator. With N_seq / N_tok the kept sequences / tokens and L_b
-    the kept length of sequence b:
+    zero-variance mask kept; the others get weight 0. ``denominator_mask [B, T]``
+    (default: ``mask``) holds the tokens the denominators count. Passing the
+    completion tokens *before* the group mask keeps masked groups in the
+    denominators as zero terms: the paper's E_x[m(x)·(…)], ``mask_normalize="batch"``
+    (docs/theory.md §3). With N_seq / N_tok the sequences / tokens of ``denominator_mask``
+    and L_b the length of sequence b there:
 
     ============ =========================================== ===================
-    loss_type    w_{b,t}                                     peer
+    loss_type    w_{b,t}  (0 where ``mask`` is False)        peer
     ============ =========================================== ===================
     ``grpo``     1 / (L_b · N_seq)                           GRPO, TRL "grpo"
     ``bnpo``     1 / N_tok                                   TRL "bnpo"
@@ -126,25 +138,32 @@ def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
     require_choice("loss_type", loss_type, LOSS_TYPES)
     if mask.dim() != 2:
         raise ValueError(f"mask must have shape [B, T], got {tuple(mask.shape)}")
-    mask = mask.to(dtype)
+    counted = mask.to(dtype)
+    if denominator_mask is None:
+        denominator = counted
+    else:
+        require_same_shape(mask=mask, denominator_mask=denominator_mask)
+        if bool((mask.bool() & ~denominator_mask.bool()).any()):
+            raise ValueError("denominator_mask must contain every token of mask")
+        denominator = denominator_mask.to(dtype)
     if run_ids is None:
         run_ids = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
     num_runs = int(run_ids.max()) + 1 if run_ids.numel() else 1
-    lengths = mask.sum(dim=1)
+    lengths = denominator.sum(dim=1)
 
     def per_run(x: torch.Tensor) -> torch.Tensor:
         total = torch.zeros(num_runs, dtype=x.dtype, device=x.device).index_add_(0, run_ids, x)
         return total[run_ids].clamp(min=1.0)
 
     if loss_type in ("bnpo", "dapo"):
-        return mask / per_run(lengths)[:, None]
-    num_seqs = per_run((lengths > 0).to(mask.dtype))
+        return counted / per_run(lengths)[:, None]
+    num_seqs = per_run((lengths > 0).to(counted.dtype))
     if loss_type == "grpo":
-        return mask / (lengths.clamp(min=1.0) * num_seqs)[:, None]
+        return counted / (lengths.clamp(min=1.0) * num_seqs)[:, None]
     max_len = mask.shape[1] if max_completion_length is None else max_completion_length
     if max_len < mask.shape[1]:
         raise ValueError(f"max_completion_length must be >= T = {mask.shape[1]}, got {max_len}")
-    return mask / (num_seqs * max_len)[:, None]
+    return counted / (num_seqs * max_len)[:, None]
 
 
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo",
@@ -160,6 +179,16 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str =
     return weighted_sum(per_token, weights)
 
 
+def tv_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """½·|r′_b − 1| per sequence, r′_b = π_k(y_b)/α(y_b) the whole-sequence ratio (the product
+    of the token ratios over ``mask``), in float64, ``[B]``. Their mean over sequences drawn
+    from α is an unbiased estimate of TV(π_k, α) (docs/theory.md §3): E_α|π_k/α − 1| = Σ|π_k − α|.
+    It is exactly 0 where π_k = α (right after a sync)."""
+    require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, mask=mask)
+    log_ratio = torch.where(mask.bool(), logp_k.detach() - logp_alpha, torch.zeros_like(logp_alpha))
+    return 0.5 * torch.expm1(log_ratio.to(torch.float64).sum(dim=1)).abs()
+
+
 def weighted_sum(per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Σ w · x over tokens with w > 0 (others are ignored, NaN or not)."""
     return (torch.where(weights > 0, per_token, torch.zeros_like(per_token)) * weights).sum()
@@ -170,7 +199,7 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    logp_ref: torch.Tensor | None = None, group_mask: torch.Tensor | None = None,
                    beta: float = 0.0, eps_low: float = 0.2, eps_high: float | None = None,
                    band: str = "additive", kl_kind: str = "k3", kl_importance_weighted: bool = False,
-                   loss_type: str = "grpo", level: str = "token",
+                   loss_type: str = "grpo", level: str = "token", mask_normalize: str = "batch",
                    max_completion_length: int | None = None, run_ids: torch.Tensor | None = None,
                    weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (SPEC §3).
@@ -178,6 +207,10 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     Equation::
 
         loss = Σ_{b,t} w_{b,t} · ( −f_ε(r, r′, A_b) + β · KL̂_{b,t} )
+
+    The β term is a loss term: its gradient, not its value, is what acts. With
+    the default k3 that gradient follows KL(π_ref ‖ π_θ), not KL(π_θ ‖ π_ref); k1's
+    is 0 in expectation (see :func:`kl_estimate`).
 
     ============== ========== ==================================================
     argument       shape      meaning
@@ -189,10 +222,17 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     ``logp_k``     ``[B, T]`` log π_k; ``None`` means π_k = π_θ (first/only pass)
     ``logp_ref``   ``[B, T]`` log π_ref, needed when β > 0
     ``group_mask`` ``[P]``    zero-variance mask m(x); rows of groups with
-                              m = False drop out of numerator and denominator
+                              m = False drop out of the numerator, and of the
+                              denominator only if ``mask_normalize="unmasked"``
     ``weights``    ``[B, T]`` precomputed :func:`loss_weights` of the *whole*
                               batch, for exact micro-batching
     ============== ========== ==================================================
+
+    ``mask_normalize``: ``"batch"`` (the paper's E_x[m(x)·(…)]: masked groups stay in
+    the denominators as zero terms; for ``loss_type="grpo"`` the loss is ``"unmasked"``'s
+    times the kept fraction) or ``"unmasked"`` (masked groups leave the denominators too,
+    which scales the step by 1/(1 − masked fraction)). Ignored when ``weights`` is given:
+    the weights carry it.
 
     ``level="sequence"`` (GSPO-style) replaces per-token ratios by the ratio of
     length-normalised sequence log-probabilities, broadcast to the tokens.
@@ -205,19 +245,21 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     """
     beta = require_number_in("beta", beta, 0.0)
     require_choice("level", level, LEVELS)
+    require_choice("mask_normalize", mask_normalize, MASK_NORMALIZATIONS)
     require_same_shape(logp=logp, logp_alpha=logp_alpha, mask=mask)
     if advantages.dim() != 1 or advantages.shape[0] != logp.shape[0]:
         raise ValueError(f"advantages must have shape [B] = [{logp.shape[0]}], got {tuple(advantages.shape)}")
     if beta > 0 and logp_ref is None:
         raise ValueError(f"beta = {beta} > 0 needs logp_ref (the reference policy's log-probs)")
     mask = mask.bool()
+    denominator_mask = mask if mask_normalize == "batch" else None
     if group_mask is not None:
         group_size = logp.shape[0] // group_mask.shape[0]
         if group_size * group_mask.shape[0] != logp.shape[0]:
             raise ValueError(f"group_mask has {group_mask.shape[0]} groups, which does not divide B = {logp.shape[0]}")
         mask = mask & group_mask.bool().repeat_interleave(group_size)[:, None]
     if weights is None:
-        weights = loss_weights(mask, loss_type, max_completion_length, run_ids, logp.dtype)
+        weights = loss_weights(mask, loss_type, max_completion_length, run_ids, logp.dtype, denominator_mask)
     logp_k = logp.detach() if logp_k is None else logp_k.detach()
 
     if level == "sequence":

@@ -13,6 +13,7 @@ paper           the same model fitted to the 7B colocate run (0.02828 vs 0.03828
                 iter/s, PAPER): predicted speed-up against v and against model size
 full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.launch`
                 (8 GPUs); :func:`colocate_table` sets their iter/s beside the PAPER's
+figures         :mod:`grpo_lab.viz.throughput` draws these numbers
 =============== ===================================================================
 """
 
@@ -22,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
 
+from .build import build_loop
 from .checks import require_choice, require_int_at_least, require_number_in
 from .costmodel import (
     PAPER_ITERS_PER_SECOND,
@@ -35,9 +36,9 @@ from .costmodel import (
     paper_effective_bandwidth_gb_s,
     sync_seconds_for,
 )
-from .experiment import TrainConfig, build_loop, recipe
 from .loop import StepRecord
-from .viz.display import new_figure
+from .recipes import recipe
+from .train_config import TrainConfig
 
 MEASURED, PAPER = "MEASURED here", "PAPER"
 WARMUP_STEPS = 1
@@ -119,20 +120,6 @@ def fit_step_times(stats: Mapping[int, tuple[float, float]]) -> StepCostModel:
     return fit_from_step_times({v: mean for v, (mean, _) in stats.items()})
 
 
-def fit_figure(stats: Mapping[int, tuple[float, float]], model: StepCostModel, source: str) -> go.Figure:
-    """MEASURED mean step time ± standard error at each v beside the fitted step(v) curve."""
-    vs = np.array(sorted(stats), dtype=float)
-    grid = np.linspace(1, vs.max(), 64)
-    fig = new_figure(height=380, xaxis_title="v (steps per sync)", yaxis_title="seconds per step",
-                     title=f"step(v) = gen + train + sync / v, fitted to the {MEASURED} means ({source})")
-    fig.add_scatter(x=vs, y=[stats[int(v)][0] for v in vs], mode="markers", marker=dict(size=10),
-                    error_y=dict(type="data", array=[stats[int(v)][1] for v in vs]),
-                    name=f"{MEASURED}: mean ± standard error")
-    fig.add_scatter(x=grid, y=model.step_seconds(grid), mode="lines",
-                    name=f"fit: {model.gen + model.train:.3g} s + {model.sync:.3g} s / v")
-    return fig
-
-
 def log_ratio_at_lag0(loop: Any, prompts: int = 4, seed: int = 0) -> np.ndarray:
     """log r′ = log π_k − log α of every sampled token right after a sync (lag 0): α ← π_θ, sample
     G completions of ``prompts`` of the task's prompts, score them with π_θ. Zero in exact arithmetic; what
@@ -196,52 +183,6 @@ def size_speedups(v: int, fixed_shares: Sequence[float]) -> dict[float, np.ndarr
     require_int_at_least("v", v, 1)
     return {share: np.array([float(size_model(n, share).speedup(v)) for n in MODEL_SIZES.values()])
             for share in fixed_shares}
-
-
-# ----------------------------------------------------------------------------- figures
-
-def step_time_figure(runs: Mapping[str, Sequence[StepRecord]], model: StepCostModel) -> go.Figure:
-    """MEASURED mean seconds per step, split into sample / train / sync, beside the step time the
-    v = 1 fit predicts at each run's effective v."""
-    names, windows = list(runs), [timed(r) for r in runs.values()]
-    fig = new_figure(barmode="stack", height=380, yaxis_title="seconds per step",
-                     title=f"{MEASURED}: mean step time after {WARMUP_STEPS} warm-up step (shared machine: noisy)")
-    for key, label in (("sample_seconds", "sample (gen)"), ("train_seconds", "train"), ("sync_seconds", "sync")):
-        fig.add_bar(x=names, y=[np.mean([getattr(r, key) for r in w]) for w in windows], name=f"{label}, {MEASURED}")
-    fig.add_scatter(x=names, y=[float(model.step_seconds(effective_v(w))) for w in windows], mode="markers",
-                    marker=dict(symbol="diamond", size=12, color="black"), name="predicted from the v=1 fit")
-    return fig
-
-
-def speedup_v_figure(measured: StepCostModel, runs: Mapping[str, Sequence[StepRecord]], base: str = "v=1",
-                     max_v: int = 32) -> go.Figure:
-    """Predicted speed-up step(1)/step(v) for v = 1..max_v: the PAPER 7B model and the model fitted
-    here, with the measured points: the paper's v = 10 and, per run, step(base) / step(run) at the
-    run's steps per sync."""
-    vs, paper = np.arange(1, max_v + 1), paper_cost_model()
-    fig = new_figure(height=380, xaxis_title="v (steps per sync)", yaxis_title="speed-up step(1) / step(v)",
-                     title="What a lag of v buys: step(v) = gen + train + sync / v")
-    fig.add_scatter(x=vs, y=paper.speedup(vs), name=f"{PAPER} 7B colocate model (sync {paper.sync:.1f} s)")
-    fig.add_scatter(x=vs, y=measured.speedup(vs), name=f"fit to {base}, {MEASURED} (sync {measured.sync:.2g} s)")
-    fig.add_scatter(x=[10], y=[PAPER_ITERS_PER_SECOND[10] / PAPER_ITERS_PER_SECOND[1]], mode="markers",
-                    marker=dict(size=11), name=f"{PAPER} measured, v=10")
-    one = step_seconds(timed(runs[base]))
-    windows = {name: timed(records) for name, records in runs.items()}
-    fig.add_scatter(x=[effective_v(w) for w in windows.values()], y=[one / step_seconds(w) for w in windows.values()],
-                    text=list(windows), mode="markers", marker=dict(size=11, symbol="x"),
-                    name=f"{MEASURED}: step({base}) / step(run)")
-    return fig
-
-
-def speedup_size_figure(v: int, fixed_shares: Sequence[float]) -> go.Figure:
-    """Predicted speed-up at lag v against model size, one line per assumption (see :func:`size_model`)."""
-    fig = new_figure(height=380, xaxis_title="parameters N", xaxis_type="log", yaxis_title=f"speed-up at v={v}",
-                     title=f"{PAPER}-anchored prediction against model size (sync at "
-                           f"{paper_effective_bandwidth_gb_s():.2f} GB/s, bf16)")
-    for share, speedups in size_speedups(v, fixed_shares).items():
-        fig.add_scatter(x=list(MODEL_SIZES.values()), y=speedups, text=list(MODEL_SIZES), mode="lines+markers+text",
-                        textposition="top center", name=f"gen+train: {share:.0%} fixed per step, rest ∝ N")
-    return fig
 
 
 # ----------------------------------------------------------------------------- full mode: the PAPER's run beside ours

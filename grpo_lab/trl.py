@@ -13,8 +13,10 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
 * ``clip_band``: ``additive`` [max(r′−ε, 0), r′+ε] (paper) or ``multiplicative``
   r′(1±ε) (TRL), r′ = π_k/α. The ratio r = π_θ/α already corrects for the lag,
   so TRL's ``vllm_importance_sampling_correction`` must stay off.
-* ``zero_variance_mask``: groups whose G rewards agree drop out of numerator,
-  denominator and KL. The mask and the advantages come from the rewards gathered
+* ``zero_variance_mask``: groups whose G rewards agree drop out of the loss's
+  terms (surrogate and KL) and, with ``mask_normalize="unmasked"``, of its
+  denominator too (``"batch"``, the default, keeps them there as zeros: the paper's
+  E_x[m(x)·(…)]). The mask and the advantages come from the rewards gathered
   over all processes, so a group split between processes is handled whole; the
   loss weights are normalised over the whole generation batch of every process,
   so micro-batching and data parallelism give the one-process loss exactly.
@@ -42,7 +44,8 @@ Overridden TRL methods (and why):
 Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
 ``sync_seconds``, ``masked_frac`` (groups with zero reward variance, masked or
 not), ``skipped``, ``ratio_k_mean`` / ``ratio_k_max`` (r′ over counted tokens),
-``log_ratio_k_abs``, ``clip_low_frac``, ``clip_high_frac`` (as in
+``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
+whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
 :func:`grpo_lab.grpo_objective`); and TRL's ``kl``, ``entropy``.
 Evaluation samples from α too and never syncs (it would move α off its schedule).
 """
@@ -64,7 +67,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 from .advantages import EPS_PLACEMENTS, whiten, zero_variance_mask
 from .checks import require_choice, require_int_at_least, require_number_in, require_rewards
-from .objective import BANDS, LOSS_TYPES, grpo_objective, loss_weights
+from .objective import BANDS, LOSS_TYPES, MASK_NORMALIZATIONS, grpo_objective, loss_weights, tv_terms
 
 # TRL options the off-policy objective replaces; each must keep the value shown.
 _REQUIRED = {
@@ -94,6 +97,8 @@ class OffPolicyGRPOConfig(GRPOConfig):
         "help": "v: α ← π_θ at steps k with k % v == 0 (vLLM push, or the in-process copy without vLLM)."})
     zero_variance_mask: bool = field(default=True, metadata={
         "help": "Drop groups whose G rewards all agree from the loss (numerator, denominator and KL)."})
+    mask_normalize: str = field(default="batch", metadata={
+        "help": "'batch' (paper): masked groups stay in the loss's denominator as zeros; 'unmasked': they leave it."})
     clip_band: str = field(default="additive", metadata={
         "help": "Clip interval around r' = π_k/α: 'additive' [max(r'-ε,0), r'+ε] (paper) or 'multiplicative'."})
     eps_std: float = field(default=1e-4, metadata={"help": "ε_std of the whitening sqrt(σ² + ε_std)."})
@@ -115,6 +120,7 @@ class OffPolicyGRPOConfig(GRPOConfig):
         super().__post_init__()
         require_int_at_least("vllm_sync_interval", self.vllm_sync_interval, 1)
         require_choice("clip_band", self.clip_band, BANDS)
+        require_choice("mask_normalize", self.mask_normalize, MASK_NORMALIZATIONS)
         require_choice("loss_type", self.loss_type, LOSS_TYPES)
         require_number_in("eps_std", self.eps_std, 0.0)
         require_choice("eps_placement", self.eps_placement, EPS_PLACEMENTS)
@@ -272,12 +278,13 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         advantages = whiten(rewards, args.eps_std, args.unbiased_std, args.eps_placement).view(-1)
         self._logs["advantages"].extend(advantages.tolist())  # replaces TRL's in the completions table
         keep = zero_variance_mask(rewards) if args.zero_variance_mask else torch.ones(len(rewards), dtype=torch.bool)
-        mask = output["completion_mask"].bool() & keep.repeat_interleave(G)[rows, None].to(device)
+        sampled = output["completion_mask"].bool()  # the tokens α sampled
         if "tool_mask" in output:
-            mask &= output["tool_mask"].bool()
+            sampled &= output["tool_mask"].bool()
+        mask = sampled & keep.repeat_interleave(G)[rows, None].to(device)
         output["advantages"] = advantages[rows].to(device)
-        output["loss_mask"] = mask
-        output["loss_weights"] = self._global_loss_weights(mask, rows)
+        output["loss_mask"], output["sampled_mask"] = mask, sampled
+        output["loss_weights"] = self._global_loss_weights(mask, rows, sampled if args.mask_normalize == "batch" else None)
         if mode == "train":
             self._all_masked = not bool(keep.any())
         self._metrics[mode]["off_policy/masked_frac"].append(1.0 - float(zero_variance_mask(rewards).float().mean()))
@@ -287,12 +294,16 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
                 output["sampling_per_token_logps"] = self._logps(self.alpha_model, output)
         return output
 
-    def _global_loss_weights(self, mask: torch.Tensor, rows: slice) -> torch.Tensor:
+    def _global_loss_weights(self, mask: torch.Tensor, rows: slice,
+                             denominator_mask: torch.Tensor | None) -> torch.Tensor:
         """:func:`loss_weights` of the generation batch of *all* processes, sliced to this
         one's rows, times the number of processes (DDP averages the gradients)."""
-        padded = self.accelerator.pad_across_processes(mask.to(torch.int32), dim=1)
-        everything = self.accelerator.gather(padded).bool()
-        weights = loss_weights(everything, self.loss_type, self.max_completion_length)
+        def gather(m: torch.Tensor) -> torch.Tensor:
+            return self.accelerator.gather(self.accelerator.pad_across_processes(m.to(torch.int32), dim=1)).bool()
+
+        everything = gather(mask)
+        denominator = None if denominator_mask is None else gather(denominator_mask)
+        weights = loss_weights(everything, self.loss_type, self.max_completion_length, denominator_mask=denominator)
         return weights[rows, : mask.shape[1]].to(mask.device) * self.accelerator.num_processes
 
     def _logps(self, model: torch.nn.Module, inputs: dict[str, Any],
@@ -330,19 +341,24 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
             eps_high=self.epsilon_high, band=self.args.clip_band, loss_type=self.loss_type,
             kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level,
             weights=inputs["loss_weights"])
-        self._log_loss_metrics(metrics, entropies, inputs["loss_mask"])
+        tv = tv_terms(logp_k, logp_alpha, inputs["sampled_mask"])
+        self._log_loss_metrics(metrics, entropies, inputs["loss_mask"], tv)
         return loss
 
-    def _log_loss_metrics(self, metrics: dict[str, float], entropies: torch.Tensor, mask: torch.Tensor) -> None:
-        """Token-weighted means over all processes; the max of r′ over all processes."""
+    def _log_loss_metrics(self, metrics: dict[str, float], entropies: torch.Tensor, mask: torch.Tensor,
+                          tv: torch.Tensor) -> None:
+        """Token-weighted means over all processes, the sequence mean of ``tv`` (:func:`tv_terms`)
+        and the max of r′ over all processes."""
         mode = "train" if self.model.training else "eval"
         n = metrics["num_tokens"]
         names = [*_MEAN_METRICS, *(["kl"] if "kl" in metrics else [])]
-        sums = [metrics[name] * n for name in names] + [float((entropies.detach() * mask).sum()), float(n)]
+        sums = [metrics[name] * n for name in names] + [float(tv.sum()), float(tv.numel()),
+                                                         float((entropies.detach() * mask).sum()), float(n)]
         totals = self.accelerator.reduce(torch.tensor(sums, device=entropies.device), reduction="sum").tolist()
         count = max(totals[-1], 1.0)
-        for name, total in zip(names, totals[:-2], strict=True):
+        for name, total in zip(names, totals[:-4], strict=True):
             self._metrics[mode][name if name == "kl" else f"off_policy/{name}"].append(total / count)
+        self._metrics[mode]["off_policy/tv_estimate"].append(totals[-4] / max(totals[-3], 1.0))
         self._metrics[mode]["entropy"].append(totals[-2] / count)
         ratio_max = self.accelerator.gather(torch.tensor([metrics["ratio_k_max"]], device=entropies.device))
         self._metrics[mode]["off_policy/ratio_k_max"].append(float(ratio_max.max()))

@@ -33,7 +33,7 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from grpo_lab import grpo_objective, whiten, zero_variance_mask
+from grpo_lab import grpo_objective, tv_terms, whiten, zero_variance_mask
 from grpo_lab.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
 
 FIXED_PROMPTS = ("a b", "c d", "e f")  # rewards: all 1 (masked), mixed (split between 2 processes), all 0 (masked)
@@ -114,7 +114,9 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
     out["ref_per_token_logps"] = logp_now + noise_ref[:, :T]  # π_ref ≠ π_θ: the KL has a gradient
     batches = split_tensor_dict(shuffle_sequence_dict(out), trainer.args.gradient_accumulation_steps)
     model.zero_grad()
+    trainer._metrics["train"]["off_policy/tv_estimate"].clear()
     loss = sum(trainer.compute_loss(model, batch) for batch in batches)
+    tv_logged = trainer._metrics["train"]["off_policy/tv_estimate"]  # one per equal-sized micro-batch
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     loss = acc.reduce(loss.detach(), reduction="mean")
@@ -127,6 +129,7 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
     return {"loss": float(loss), "lab_loss": float(lab_loss),
             "loss_error": abs(float(loss) - float(lab_loss)),
             "grad_error": float((grads - lab_grads).abs().max()), "grad_scale": float(lab_grads.abs().max()),
+            "tv_error": abs(sum(tv_logged) / len(tv_logged) - metrics["tv_estimate"]),
             **{f"lab_{k}": v for k, v in metrics.items()}}
 
 
@@ -148,7 +151,10 @@ def lab_reference(trainer: OffPolicyGRPOTrainer, batch: dict[str, torch.Tensor])
         logp_ref=batch.get("ref_per_token_logps"),
         group_mask=zero_variance_mask(rewards) if args.zero_variance_mask else None, beta=args.beta,
         eps_low=args.epsilon, eps_high=args.epsilon_high, band=args.clip_band, loss_type=args.loss_type,
-        level=args.importance_sampling_level, max_completion_length=args.max_completion_length)
+        level=args.importance_sampling_level, mask_normalize=args.mask_normalize,
+        max_completion_length=args.max_completion_length)
+    metrics["tv_estimate"] = float(tv_terms(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
+                                            batch["completion_mask"]).mean())
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     model.zero_grad()

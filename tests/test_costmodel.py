@@ -34,7 +34,7 @@ def test_fit_from_step_times_recovers_terms():
 def record(step, synced, sample, train, sync):
     return StepRecord(step=step, lag=0, synced=synced, skipped=False, reward_mean=0.0, masked_frac=0.0, loss=0.0,
                       clip_low_frac=0.0, clip_high_frac=0.0, ratio_k_mean=1.0, ratio_k_max=1.0, log_ratio_k_abs=0.0,
-                      kl=0.0, grad_norm=0.0, num_tokens=1, sync_bytes=0, sample_seconds=sample,
+                      tv_estimate=0.0, kl=0.0, grad_norm=0.0, num_tokens=1, sync_bytes=0, sample_seconds=sample,
                       train_seconds=train, sync_seconds=sync, ref_reset=False)
 
 

@@ -9,11 +9,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpo_lab.cli import load_config, main
+from grpo_lab.build import build_loop
+from grpo_lab.cli import main
 from grpo_lab.evaluate import EvalResult, pass_at_k
-from grpo_lab.experiment import TextTask, TrainConfig, build_loop, train
 from grpo_lab.models import bundled_model_dir
+from grpo_lab.recipes import load_config
 from grpo_lab.tasks import Problem, load_problems
+from grpo_lab.text_task import TextTask
+from grpo_lab.train_config import TrainConfig
+from grpo_lab.training import train
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +144,7 @@ def test_pass_at_k():
 
 
 def test_gsm8k_recipe_reads_local_files(tmp_path):
-    from grpo_lab.experiment import eval_problems
+    from grpo_lab.text_task import eval_problems
 
     rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} plus {i}.\n#### {2 * i:,}"} for i in range(600, 606)]
     path = tmp_path / "gsm8k.jsonl"

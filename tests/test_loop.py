@@ -57,6 +57,16 @@ def test_i3_makes_three_optimiser_steps_per_batch():
     assert loop.sync_calls == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("band", ["additive", "multiplicative"])
+def test_the_clip_never_acts_at_i1_whatever_the_lag(band):
+    """At the only pass π_θ = π_k, so r = r′ lies inside either band: no token is ever clipped, even at lag > 0."""
+    records = list(counting_loop(v=4, i=1, steps=12, eps_low=0.01, band=band).run())
+    assert any(r.lag > 0 and r.log_ratio_k_abs > 0 for r in records)          # α really lags
+    assert all(r.clip_low_frac == 0 and r.clip_high_frac == 0 for r in records)
+    assert any(r.clip_low_frac + r.clip_high_frac > 0
+               for r in counting_loop(v=4, i=2, steps=12, eps_low=0.01, band=band).run())
+
+
 def test_each_batch_is_freshly_sampled_even_when_lagged():
     loop = counting_loop(v=5, steps=3)
     seen = []
@@ -82,6 +92,29 @@ def test_mask_off_counts_constant_groups_in_the_denominator():
     assert r_on.masked_frac == r_off.masked_frac          # measured either way
     if 0 < r_on.masked_frac < 1:
         assert r_off.num_tokens > r_on.num_tokens
+
+
+def test_batch_normalisation_scales_the_sgd_step_by_the_kept_fraction():
+    """``mask_normalize="batch"`` (the paper) = ``"unmasked"`` × kept fraction, step for step (SGD, β = 0)."""
+    problem = BanditProblem.random(6, 3, seed=2, hardness=3.0)
+    moves, masked = {}, set()
+    for normalize in ("batch", "unmasked"):
+        loop = build_bandit_loop(problem, bandit_config(steps=1, mask_normalize=normalize), runs=1)
+        before = loop.policy.logits.detach().clone()
+        masked.add(loop.step().masked_frac)
+        moves[normalize] = loop.policy.logits.detach() - before
+    (masked_frac,) = masked
+    assert 0 < masked_frac < 1
+    torch.testing.assert_close(moves["batch"], moves["unmasked"] * (1 - masked_frac), rtol=1e-6, atol=1e-9)
+
+
+def test_tv_estimate_is_zero_after_a_sync_and_the_same_for_any_micro_batch():
+    records = {size: list(counting_loop(v=4, steps=8, micro_batch_size=size).run()) for size in (None, 8)}
+    assert all(r.tv_estimate == 0.0 for r in records[None] if r.lag == 0)
+    assert sum(r.tv_estimate > 0.0 for r in records[None] if r.lag > 0) >= 4     # α lags: π_k ≠ α on drawn contexts
+    # with micro-batches of one group, wholly masked groups get log π_k from a no-grad forward
+    assert any(0 < r.masked_frac for r in records[8])
+    assert [r.tv_estimate for r in records[8]] == pytest.approx([r.tv_estimate for r in records[None]], rel=1e-6)
 
 
 def test_beta_zero_keeps_no_reference_and_ref_reset_copies():

@@ -14,6 +14,7 @@ from grpo_lab import (
     grpo_objective,
     kl_estimate,
     loss_weights,
+    tv_terms,
     whiten,
     zero_variance_mask,
 )
@@ -215,7 +216,7 @@ def test_masked_groups_contribute_exactly_zero():
     keep = zero_variance_mask(rewards)
     mask = torch.ones(B, T, dtype=torch.bool)
     kw = dict(logp_ref=logp_a + 0.1, beta=0.5, loss_type="grpo")
-    loss, metrics = grpo_objective(logp, logp_a, adv, mask, group_mask=keep, **kw)
+    loss, metrics = grpo_objective(logp, logp_a, adv, mask, group_mask=keep, mask_normalize="unmasked", **kw)
     # the same batch with the masked group's rows removed
     rows = torch.tensor([0, 1, 4, 5])
     loss_drop, _ = grpo_objective(logp[rows], logp_a[rows], adv[rows], mask[rows], logp_ref=(logp_a + 0.1)[rows],
@@ -226,6 +227,83 @@ def test_masked_groups_contribute_exactly_zero():
     assert metrics["masked_frac"] == pytest.approx(1 / 3)
     w = loss_weights(mask & keep.repeat_interleave(2)[:, None], "bnpo", dtype=torch.float64)
     assert w[2:4].sum() == 0 and w.sum().item() == pytest.approx(1.0)   # out of the denominator too
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.4])
+def test_batch_normalisation_is_unmasked_times_the_kept_fraction(beta):
+    """The paper's E_x[m(x)·(…)]: masked groups stay in the denominator as zeros. For ``grpo`` that is the
+    ``unmasked`` loss (and gradient) times the kept fraction of sequences; for ``bnpo`` of tokens."""
+    g = torch.Generator().manual_seed(11)
+    P, G, T = 5, 4, 3
+    logp = torch.randn(P * G, T, generator=g, dtype=torch.float64, requires_grad=True)
+    logp_a, logp_k = torch.randn(P * G, T, generator=g, dtype=torch.float64), torch.randn(P * G, T, generator=g,
+                                                                                           dtype=torch.float64)
+    rewards = torch.tensor([[1.0, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]])
+    keep = zero_variance_mask(rewards)
+    mask = torch.rand(P * G, T, generator=g) > 0.2
+    mask[:, 0] = True
+    kw = dict(logp_k=logp_k, logp_ref=logp_a + 0.2, beta=beta, group_mask=keep)
+    rows_kept = keep.repeat_interleave(G)
+    for loss_type, kept_frac in [("grpo", float(rows_kept.double().mean())),
+                                 ("bnpo", float(mask[rows_kept].sum() / mask.sum()))]:
+        grads = {}
+        for normalize in ("batch", "unmasked"):
+            logp.grad = None
+            loss, _ = grpo_objective(logp, logp_a, whiten(rewards).reshape(-1), mask, loss_type=loss_type,
+                                     mask_normalize=normalize, **kw)
+            loss.backward()
+            grads[normalize] = (loss.detach(), logp.grad.clone())
+        assert 0 < kept_frac < 1
+        torch.testing.assert_close(grads["batch"][0], grads["unmasked"][0] * kept_frac, rtol=1e-12, atol=0)
+        torch.testing.assert_close(grads["batch"][1], grads["unmasked"][1] * kept_frac, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+def test_with_beta_zero_the_mask_under_batch_changes_nothing(loss_type):
+    """Masked groups have A = 0 exactly, so with β = 0 and the paper's normalisation the mask is a no-op."""
+    g = torch.Generator().manual_seed(12)
+    logp = torch.randn(12, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    logp_a = torch.randn(12, 3, generator=g, dtype=torch.float64)
+    rewards = torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
+    adv, mask = whiten(rewards).reshape(-1), torch.ones(12, 3, dtype=torch.bool)
+    results = []
+    for group_mask in (zero_variance_mask(rewards), None):
+        logp.grad = None
+        loss, _ = grpo_objective(logp, logp_a, adv, mask, group_mask=group_mask, loss_type=loss_type)
+        loss.backward()
+        results.append((loss.item(), logp.grad.clone()))
+    assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
+
+
+def test_unknown_mask_normalize_is_named():
+    with pytest.raises(ValueError, match="mask_normalize"):
+        grpo_objective(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), mask_normalize="mean")
+    with pytest.raises(ValueError, match="denominator_mask must contain"):
+        loss_weights(torch.ones(2, 1, dtype=torch.bool), denominator_mask=torch.zeros(2, 1, dtype=torch.bool))
+
+
+def test_tv_terms_hand_computed_and_zero_after_a_sync():
+    logp_a = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.25, 0.5, 1.0]], dtype=torch.float64))
+    logp_k = torch.log(torch.tensor([[0.25, 0.4, 0.1], [0.5, 0.5, 0.3]], dtype=torch.float64))
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    # r′_0 = (0.25/0.5)·(0.4/0.2) = 1 (third token is padding); r′_1 = 2 · 1 · 0.3
+    torch.testing.assert_close(tv_terms(logp_k, logp_a, mask), torch.tensor([0.0, 0.5 * 0.4], dtype=torch.float64))
+    assert torch.equal(tv_terms(logp_a, logp_a, mask), torch.zeros(2, dtype=torch.float64))
+
+
+def test_tv_estimate_is_unbiased_for_the_sequence_tv():
+    """E_{y~α} of ½|r′(y) − 1| over every two-token sequence equals TV(π_k, α) of the sequence distributions."""
+    g = torch.Generator().manual_seed(13)
+    alpha, pi_k = torch.softmax(torch.randn(2, 3, generator=g, dtype=torch.float64), -1), \
+        torch.softmax(torch.randn(2, 3, generator=g, dtype=torch.float64), -1)
+    seqs = torch.cartesian_prod(torch.arange(3), torch.arange(3))                 # [9, 2]
+    token = torch.arange(2)
+    logp_a, logp_k = alpha.log()[token, seqs], pi_k.log()[token, seqs]            # [9, 2]
+    weight_alpha = logp_a.sum(1).exp()
+    estimate = (weight_alpha * tv_terms(logp_k, logp_a, torch.ones(9, 2, dtype=torch.bool))).sum()
+    exact = 0.5 * (logp_k.sum(1).exp() - weight_alpha).abs().sum()
+    assert weight_alpha.sum().item() == pytest.approx(1.0, rel=1e-14)
+    assert estimate.item() == pytest.approx(exact.item(), rel=1e-12) and exact > 0.05
 
 
 def test_all_masked_batch_gives_exact_zero_loss():

@@ -1,5 +1,6 @@
 """Notebook 03's logic (grpo_lab.throughput) on fake step records, the paper-anchored predictions,
-the launch recipes (grpo_lab.launch: DeepScaleR, 7B colocate) and their loaders on small local files."""
+the launch recipes (grpo_lab.recipes, grpo_lab.launch: DeepScaleR, 7B colocate) and their loaders on
+small local files."""
 
 import json
 
@@ -8,11 +9,12 @@ import pytest
 
 from grpo_lab import launch as gl
 from grpo_lab import throughput as tp
-from grpo_lab.cli import load_config
 from grpo_lab.costmodel import StepCostModel, fit_from_records, paper_cost_model
-from grpo_lab.experiment import CONFIG_DIR, eval_problems
 from grpo_lab.loop import StepRecord
+from grpo_lab.recipes import CONFIG_DIR, load_config, load_launch_recipe
 from grpo_lab.tasks import load_orz
+from grpo_lab.text_task import eval_problems
+from grpo_lab.viz import throughput as figures
 
 TRUTH = StepCostModel(gen=2.0, train=1.0, sync=0.8)
 
@@ -27,7 +29,7 @@ def fake_run(v, steps, model=TRUTH, noise=0.0, seed=0, warmup_extra=5.0):
         records.append(StepRecord(
             step=k, lag=k % v, synced=synced, skipped=False, reward_mean=0.5, masked_frac=0.0, loss=0.0,
             clip_low_frac=0.0, clip_high_frac=0.0, ratio_k_mean=1.0, ratio_k_max=1.0,
-            log_ratio_k_abs=0.01 * (k % v), kl=0.0, grad_norm=1.0, num_tokens=8, sync_bytes=100 * synced,
+            log_ratio_k_abs=0.01 * (k % v), tv_estimate=0.0, kl=0.0, grad_norm=1.0, num_tokens=8, sync_bytes=100 * synced,
             sample_seconds=model.gen * jitter[0] + (warmup_extra if k == 0 else 0.0),
             train_seconds=model.train * jitter[1], sync_seconds=model.sync * jitter[2] * synced, ref_reset=False))
     return records
@@ -95,15 +97,15 @@ def test_paper_model_and_size_sweep():
 def test_figures_label_measured_and_paper():
     runs = {"v=1": fake_run(1, 9), "v=4": fake_run(4, 9)}
     fitted = fit_from_records(tp.timed(runs["v=1"]))
-    bars = tp.step_time_figure(runs, fitted)
+    bars = figures.step_time_figure(runs, fitted)
     assert [t.type for t in bars.data] == ["bar"] * 3 + ["scatter"]
     assert all(tp.MEASURED in t.name for t in bars.data[:3])
     assert list(bars.data[3].y) == pytest.approx([TRUTH.step_seconds(1), TRUTH.step_seconds(4)])
-    curves = tp.speedup_v_figure(fitted, runs)
+    curves = figures.speedup_v_figure(fitted, runs)
     names = [t.name for t in curves.data]
     assert sum(tp.PAPER in n for n in names) == 2 and sum(tp.MEASURED in n for n in names) == 2
     assert list(curves.data[-1].x) == [1, 4] and curves.data[-1].y[1] == pytest.approx(TRUTH.speedup(4))
-    sizes = tp.speedup_size_figure(10, (0.0, 0.2))
+    sizes = figures.speedup_size_figure(10, (0.0, 0.2))
     assert len(sizes.data) == 2 and list(sizes.data[0].text) == list(tp.MODEL_SIZES)
 
 
@@ -133,7 +135,7 @@ def test_step_time_stats_and_fit_recover_the_terms_with_error_bars():
     assert fit.sync == pytest.approx(TRUTH.sync, rel=0.3)
     exact = tp.fit_step_times(tp.step_time_stats({f"v={v}": fake_run(v, 17) for v in (1, 2, 4, 8)}))
     assert (exact.gen, exact.sync) == pytest.approx((TRUTH.gen + TRUTH.train, TRUTH.sync))
-    figure = tp.fit_figure(stats, fit, "hf")
+    figure = figures.fit_figure(stats, fit, "hf")
     assert list(figure.data[0].x) == [1, 2, 4, 8] and list(figure.data[0].error_y.array) == [
         stats[v][1] for v in (1, 2, 4, 8)]
     assert tp.MEASURED in figure.data[0].name
@@ -174,7 +176,7 @@ def test_aime24_and_math500_eval_loaders_on_local_files(tmp_path):
 
 def test_colocate_recipes_map_to_the_paper_setting():
     for v, name in gl.COLOCATE_RECIPES.items():
-        launch_recipe = gl.load_launch_recipe(CONFIG_DIR / f"{name}.yaml")
+        launch_recipe = load_launch_recipe(CONFIG_DIR / f"{name}.yaml")
         config = launch_recipe.config
         assert (config.model, config.v, config.i) == ("Qwen/Qwen2.5-7B", v, 1)
         assert launch_recipe.orz_data_files == "data/orz_math_57k_collected.json"
@@ -193,7 +195,7 @@ def test_colocate_recipes_map_to_the_paper_setting():
 
 
 def test_trl_args_map_names_and_refuse_what_trl_cannot_do(tmp_path):
-    launch_recipe = gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
+    launch_recipe = load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
                                           ["i=2", "eps_high=0.28", "beta=0.04", "ref_period=5",
                                            f"output_dir={tmp_path}"], ["logging_steps=3"])
     config = launch_recipe.config
@@ -210,9 +212,9 @@ def test_trl_args_map_names_and_refuse_what_trl_cannot_do(tmp_path):
     with pytest.raises(ValueError, match="must be a multiple of micro_batch_size"):
         gl.trl_args(config.replace(micro_batch_size=5), {}, 1)
     with pytest.raises(ValueError, match="an override takes key=value"):
-        gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["v"])
+        load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["v"])
     with pytest.raises(ValueError, match="unknown"):
-        gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["nonsense=1"])
+        load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["nonsense=1"])
 
 
 def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
@@ -221,14 +223,14 @@ def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
     path = tmp_path / "orz.json"
     path.write_text(json.dumps(rows))
     assert [p.answer for p in load_orz(path)] == ["5", "\\frac{1}{2}"] and len(load_orz(path, 1)) == 1
-    launch_recipe = gl.load_launch_recipe(CONFIG_DIR / "qwen7b_orz_colocate_v1.yaml",
+    launch_recipe = load_launch_recipe(CONFIG_DIR / "qwen7b_orz_colocate_v1.yaml",
                                           [f"orz_data_files={path}", "system_prompt=Be brief."])
     assert launch_recipe.orz_data_files == str(path)
     data = gl.training_dataset(launch_recipe)
     assert data[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
     user = data[0]["prompt"][1]["content"]
     assert user.startswith("What is 2+3?\n") and "\\boxed{}" in user
-    gym = gl.training_dataset(gl.load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["train_problems=3"]))
+    gym = gl.training_dataset(load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["train_problems=3"]))
     assert len(gym) == 3 and all(row["answer_format"] == "number" for row in gym)
     assert gym[0]["prompt"][-1]["content"].endswith("Answer with just the number.")
     reward = gl.verifiable_reward()
@@ -255,7 +257,7 @@ def test_launch_trains_with_the_trl_adapter_and_writes_results(tmp_path, monkeyp
                                          tie_word_embeddings=True))
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    launch_recipe = gl.load_launch_recipe(
+    launch_recipe = load_launch_recipe(
         CONFIG_DIR / "cpu_arith_smollm2.yaml",
         [f"model={tmp_path / 'model'}", "G=2", "prompts_per_step=2", "micro_batch_size=2", "v=2", "steps=3",
          "max_completion_length=4", "train_problems=8", "checkpoint_every=0", "device=cpu",

@@ -5,10 +5,11 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
+from grpo_lab import bandit_studies as studies
 from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.config import smoke_mode
 from grpo_lab.costmodel import StepCostModel
-from grpo_lab.viz import BanditPanel, check, display_mode, lab, new_figure, plots, show_solution
+from grpo_lab.viz import BanditPanel, check, display_mode, new_figure, plots, show_solution
 from grpo_lab.viz.exercises import SOLUTIONS
 
 # ----------------------------------------------------------------------------- exercises
@@ -126,13 +127,13 @@ def test_widget_mode_panel_holds_a_figure_widget():
 
 def test_smoke_switch_shrinks_the_lab(monkeypatch):
     monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
-    assert smoke_mode() and lab.lab_size() == lab.SMOKE and lab.lab_config().steps == lab.SMOKE.steps
+    assert smoke_mode() and studies.lab_size() == studies.SMOKE and studies.lab_config().steps == studies.SMOKE.steps
     monkeypatch.setenv("GRPO_LAB_SMOKE", "0")
-    assert not smoke_mode() and lab.lab_size() == lab.FULL
+    assert not smoke_mode() and studies.lab_size() == studies.FULL
 
 
 def test_band_gaps_hand_computed():
-    rows = lab.band_gaps([1.0, 3.0], 0.2, torch.linspace(0.01, 5, 500, dtype=torch.float64))
+    rows = studies.band_gaps([1.0, 3.0], 0.2, torch.linspace(0.01, 5, 500, dtype=torch.float64))
     assert rows[0]["max_gap_A+"] == pytest.approx(0.0) and rows[0]["max_gap_A-"] == pytest.approx(0.0)
     # r′ = 3: additive [2.8, 3.2], multiplicative [2.4, 3.6]; the largest gap is ε·|r′ − 1| = 0.4
     assert (rows[1]["additive_low"], rows[1]["additive_high"]) == pytest.approx((2.8, 3.2))
@@ -143,19 +144,19 @@ def test_band_gaps_hand_computed():
 
 def test_kl_study_on_policy_unbiased_lagged_biased():
     problem = BanditProblem.random(contexts=4, arms=5, seed=1)
-    trajectory = lab.policy_trajectory(problem, bandit_config(steps=40, lr=2.0))
+    trajectory = studies.policy_trajectory(problem, bandit_config(steps=40, lr=2.0))
     assert trajectory.shape == (41, 4, 5)
-    study = lab.kl_study(trajectory, [0, 30], ref_lag=20)
+    study = studies.kl_study(trajectory, [0, 30], ref_lag=20)
     for kind in ("k1", "k3"):
         assert study.mean[kind][0] == pytest.approx(study.exact, rel=1e-9)     # on-policy: unbiased
         assert study.iw_mean[kind] == pytest.approx(study.exact, rel=1e-9)     # × π/α: unbiased at any lag
         assert abs(study.mean[kind][1] - study.exact) > 1e-3 * study.exact     # lagged: biased
     with pytest.raises(ValueError, match="ref_lag"):
-        lab.kl_study(trajectory, [0], ref_lag=41)
+        studies.kl_study(trajectory, [0], ref_lag=41)
 
 
 def test_example_batch_has_a_masked_group():
-    batch = lab.example_batch(lab.lab_problem(), lab.lab_config())
+    batch = studies.example_batch(studies.lab_problem(), studies.lab_config())
     masked = ~batch.keep
     assert masked.any()
     assert (batch.rewards[masked] == batch.rewards[masked][:, :1]).all()
@@ -166,31 +167,31 @@ def test_wall_clock_follows_the_cost_model():
     model = StepCostModel(gen=2.0, train=3.0, sync=10.0)
     problem = BanditProblem.random(contexts=4, arms=3, seed=0)
     run = run_bandit(problem, bandit_config(steps=20, v=10, i=2), runs=1)
-    seconds = lab.wall_clock(run, model)
+    seconds = studies.wall_clock(run, model)
     assert seconds.shape == (21,)
     assert seconds[-1] == pytest.approx(20 * 2.0 + 3.0 * run.optimizer_passes[-1] + 2 * 10.0)
-    paper = lab.lab_cost_model(0.4)
+    paper = studies.lab_cost_model(0.4)
     assert paper.gen + paper.train + paper.sync == pytest.approx(1 / 0.02828, rel=1e-6)
     assert paper.gen + paper.train + paper.sync / 10 == pytest.approx(1 / 0.03828, rel=1e-6)
 
 
 def test_reward_at_passes():
     run = run_bandit(BanditProblem.random(contexts=4, arms=3), bandit_config(steps=10, i=3), runs=2)
-    assert np.array_equal(lab.reward_at_passes(run, run.optimizer_passes[4]), run.J[5])
+    assert np.array_equal(studies.reward_at_passes(run, run.optimizer_passes[4]), run.J[5])
     with pytest.raises(ValueError, match="passes"):
-        lab.reward_at_passes(run, 10_000)
+        studies.reward_at_passes(run, 10_000)
 
 
 def test_figures_build(monkeypatch):
     monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
     problem, config = BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=12, lr=1.0)
-    results = lab.run_findings(problem, config, runs=2)
-    assert set(results) == set(lab.FINDINGS) | {lab.LONG_ON_POLICY}
+    results = studies.run_findings(problem, config, runs=2)
+    assert set(results) == set(studies.FINDINGS) | {studies.LONG_ON_POLICY, studies.MATCHED_LR}
     figures = [plots.findings_figure(results),
-               plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], lab.lab_cost_model()),
-               plots.lag_figure(lab.lag_study(problem, config, [1, 3], runs=2)),
+               plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], studies.lab_cost_model()),
+               plots.lag_figure(studies.lag_study(problem, config, [1, 3], runs=2)),
                plots.bound_weight_figure([1e-4, 0.1]),
                plots.surrogate_figure(torch.linspace(0.1, 3, 30, dtype=torch.float64), [0.5, 2.0], 0.2),
-               plots.whitening_figure(lab.example_batch(lab.lab_problem(), lab.lab_config()))]
+               plots.whitening_figure(studies.example_batch(studies.lab_problem(), studies.lab_config()))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
-    assert len(figures[0].data) == 2 * 10                       # 10 curves over four panels, line + band each
+    assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each

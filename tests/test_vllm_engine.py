@@ -61,7 +61,8 @@ def fp32():
 def test_a_model_vllm_cannot_build_fails_before_training(tmp_path):
     """A checkpoint whose architecture vLLM has no class for: build_loop (π_θ loads fine) stops with one
     clear error naming the model, before any step."""
-    from grpo_lab.experiment import TrainConfig, build_loop
+    from grpo_lab.build import build_loop
+    from grpo_lab.train_config import TrainConfig
 
     source = bundled_model_dir()
     for path in source.iterdir():

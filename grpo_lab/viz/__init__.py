@@ -1,11 +1,15 @@
-"""Figures, live panels and exercises for the notebooks (notebook 01: the bandit lab).
+"""Drawing only: figures, live panels and exercises for the notebooks.
+
+The numbers they draw are computed elsewhere (:mod:`grpo_lab.bandit_studies`,
+:mod:`grpo_lab.throughput`, a run's ``metrics.jsonl``).
 
 =================== ============================================================
 ``display``         the display switch (``GRPO_LAB_DISPLAY``: widget/static/none)
-``lab``             the runs and exact studies behind each figure (``GRPO_LAB_SMOKE``)
-``plots``           plotly figures built from those results
+``plots``           notebook 01's figures of the bandit studies
 ``widgets``         :class:`BanditPanel`, sliders that re-train and redraw in place
 ``exercises``       ``check(name, fn)`` against the library, ``show_solution(name)``
+``dashboard``       a run's metrics over steps (notebooks 02 and 03)
+``throughput``      notebook 03's figures: step times, predicted speed-ups
 =================== ============================================================
 """
 

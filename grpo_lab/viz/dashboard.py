@@ -37,7 +37,7 @@ def _values(records: Sequence[Any], key: str) -> list[float]:
 
 def dashboard(runs: Mapping[str, Sequence[Any]], mode: str | None = None) -> go.Figure:
     """Panels of the metrics in ``docs/metrics.md`` for each named run's records
-    (``StepRecord`` s or their dicts, e.g. from ``experiment.load_metrics``)."""
+    (``StepRecord`` s or their dicts, e.g. from ``training.load_metrics``)."""
     fig = make_subplots(rows=2, cols=4, subplot_titles=[title for _, title in PANELS],
                         horizontal_spacing=0.06, vertical_spacing=0.14)
     fig.update_layout(height=620, margin=dict(t=40, b=30))

@@ -1,5 +1,5 @@
 """Plotly figures for notebook 01. Each function takes results from
-:mod:`grpo_lab.viz.lab` (or the bandit) and returns a ``go.Figure``;
+:mod:`grpo_lab.bandit_studies` (or the bandit) and returns a ``go.Figure``;
 nothing here computes what it draws beyond means and bands."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from ..bandit import BanditRun, bound_weight
+from ..bandit_studies import LONG_ON_POLICY, MATCHED_LR, GroupBatch, KLStudy, LagStudy, surrogate_curves, wall_clock
 from ..costmodel import StepCostModel
-from .lab import LONG_ON_POLICY, GroupBatch, KLStudy, LagStudy, surrogate_curves, wall_clock
 
 COLORS = qualitative.Plotly
 HEIGHT = 420
@@ -135,11 +135,11 @@ def bound_weight_figure(eps_stds: Sequence[float], points: int = 401) -> go.Figu
 def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
     """The paper's four findings, mean ± std over runs: (a) mask, (b) v and i per step,
     (c) sample reuse per optimiser pass, (d) resetting π_ref."""
-    panels = [["on-policy, no mask", "on-policy + mask"],
+    panels = [["on-policy, no mask", "on-policy + mask", "mask, unmasked normalisation", MATCHED_LR],
               ["on-policy + mask", "v = 10", "sample reuse i = 10"],
               [LONG_ON_POLICY, "sample reuse i = 10"],
               ["β = 1, fixed π_ref", "β = 1, π_ref reset every 20", "on-policy + mask"]]
-    titles = ["(a) zero-variance mask, v = 1", "(b) per step: lag v vs reuse i",
+    titles = ["(a) zero-variance mask and its normalisation, v = 1", "(b) per step: lag v vs reuse i",
               "(c) per optimiser pass", "(d) KL to π_ref: fixed vs reset"]
     color = {name: COLORS[n % len(COLORS)] for n, name in enumerate(results)}
     fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.14)
@@ -150,6 +150,7 @@ def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
             r = results[name]
             x = np.concatenate([[0], r.optimizer_passes]) if n == 2 else np.arange(len(r.J))
             dash = "dot" if (n == 3 and name == "on-policy + mask") else None
+            dash = "dash" if (n == 0 and name == "on-policy + mask") else dash    # it lies on "no mask" exactly
             for trace in band_traces(x, r.J, name, color[name], dash, showlegend=name not in seen):
                 fig.add_trace(trace, row=row + 1, col=col + 1)
             seen.add(name)

@@ -1,6 +1,6 @@
 """A live panel: sliders for the loop's knobs re-run the bandit and redraw one figure in place.
 
-Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.bandit_fast.run_bandit_fast`
+Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.bandit_closed_form.run_bandit_closed_form`
 (the loop's steps with the gradient in closed form: the same curves as
 :func:`~grpo_lab.bandit.run_bandit`, 4-6× sooner; ``benchmarks/bandit_rerun.py`` times
 both) and replaces the traces of the figure inside ``batch_update``. Without a front
@@ -18,11 +18,11 @@ import ipywidgets as W
 import numpy as np
 
 from ..bandit import MAX_EPS_STD, BanditProblem, BanditRun
-from ..bandit_fast import run_bandit_fast
+from ..bandit_closed_form import run_bandit_closed_form
+from ..bandit_studies import lab_config, lab_problem, lab_size
 from ..config import GRPOConfig
 from ..objective import BANDS
 from .display import display_mode, new_figure, show
-from .lab import lab_config, lab_problem, lab_size
 from .plots import COLORS, HEIGHT, band_traces
 
 
@@ -64,7 +64,7 @@ class BanditPanel:
         self.status = W.HTML()
         self.figure = new_figure(self.mode, height=HEIGHT, xaxis_title="step k", yaxis_title="J(π_θ)",
                                  title="Live bandit: change a knob, the runs re-train")
-        baseline = run_bandit_fast(self.problem, self.base, runs=self.controls["runs"].value)
+        baseline = run_bandit_closed_form(self.problem, self.base, runs=self.controls["runs"].value)
         x = np.arange(len(baseline.J))
         for trace in band_traces(x, baseline.J, "baseline: v = 1, i = 1, mask", "grey", dash="dot"):
             self.figure.add_trace(trace)
@@ -86,7 +86,7 @@ class BanditPanel:
         """Train ``runs`` runs with the current knobs and replace the 'current' traces."""
         config, runs = self.config(), self.controls["runs"].value
         start = time.perf_counter()
-        result = run_bandit_fast(self.problem, config, runs=runs)
+        result = run_bandit_closed_form(self.problem, config, runs=runs)
         seconds = time.perf_counter() - start
         band, line = band_traces(np.arange(len(result.J)), result.J, "current knobs", COLORS[0])
         with self.figure.batch_update():

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..advantages import whiten, zero_variance_mask
-from ..bandit import (
+from .advantages import whiten, zero_variance_mask
+from .bandit import (
     BanditProblem,
     BanditRun,
     BanditTask,
@@ -24,10 +24,10 @@ from ..bandit import (
     run_bandit,
     single_thread,
 )
-from ..checks import require_int_at_least, require_number_in
-from ..config import GRPOConfig, smoke_mode
-from ..costmodel import StepCostModel, paper_cost_model
-from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
+from .checks import require_int_at_least, require_number_in
+from .config import GRPOConfig, smoke_mode
+from .costmodel import StepCostModel, paper_cost_model
+from .objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
 
 LAB_PROBLEM = dict(contexts=16, arms=8, seed=0, hardness=3.0)
 """Hard enough that about a third of the groups are all-wrong or all-right (masked)."""
@@ -201,20 +201,26 @@ def lag_study(problem: BanditProblem, config: GRPOConfig, vs: list[int], runs: i
 FINDINGS: dict[str, dict[str, object]] = {
     "on-policy, no mask": dict(mask_zero_variance=False),
     "on-policy + mask": {},
+    "mask, unmasked normalisation": dict(mask_normalize="unmasked"),
     "v = 10": dict(v=10),
     "sample reuse i = 10": dict(i=10),
     "β = 1, fixed π_ref": dict(beta=1.0),
     "β = 1, π_ref reset every 20": dict(beta=1.0, ref_period=20),
 }
-"""The configurations compared, as changes to :func:`lab_config` (all with v = 1, i = 1 unless said)."""
+"""The configurations compared, as changes to :func:`lab_config` (all with v = 1, i = 1, the mask under
+``mask_normalize="batch"`` unless said)."""
 LONG_ON_POLICY = "on-policy, 10× the steps"
 """On-policy run with as many optimiser passes as the sample-reuse run."""
+MATCHED_LR = "no mask, matched lr"
+"""No mask at lr / (1 − mean masked fraction of the ``unmasked`` run): the step size that normalisation gives."""
 
 
 def run_findings(problem: BanditProblem, config: GRPOConfig, runs: int) -> dict[str, BanditRun]:
-    """Run every :data:`FINDINGS` configuration, plus :data:`LONG_ON_POLICY`, R runs each."""
+    """Run every :data:`FINDINGS` configuration, plus :data:`LONG_ON_POLICY` and :data:`MATCHED_LR`, R runs each."""
     results = {name: run_bandit(problem, config.replace(**changes), runs=runs) for name, changes in FINDINGS.items()}
     results[LONG_ON_POLICY] = run_bandit(problem, config.replace(steps=10 * config.steps), runs=runs)
+    kept = 1.0 - float(results["mask, unmasked normalisation"].masked_frac.mean())
+    results[MATCHED_LR] = run_bandit(problem, config.replace(mask_zero_variance=False, lr=config.lr / kept), runs=runs)
     return results
 
 

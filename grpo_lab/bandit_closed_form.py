@@ -6,7 +6,7 @@ through :func:`~grpo_lab.objective.grpo_objective`, a :class:`StepRecord` of
 every metric and checks at every step, hundreds of small torch calls a step.
 A 300 × 8 re-run then takes 0.5-1 s on a 2-core CPU: too slow for a slider.
 
-:func:`run_bandit_fast` takes the same steps (the same sampler, task, random
+:func:`run_bandit_closed_form` takes the same steps (the same sampler, task, random
 draws, schedules, whitening, mask, clip band and optimiser rule) but writes
 ∂loss/∂logits by hand and records only the curves. For a softmax table,
 ∂ log π(y|x) / ∂ logits[x] = onehot(y) − π(·|x), so with
@@ -18,7 +18,7 @@ the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u i
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
 inside [lo, hi], bounds included, and the min keeps the smaller branch. At the
 first pass r = r′ lies inside the band, so the clip only acts when i > 1.
-``tests/test_bandit_fast.py`` checks the curves against
+``tests/test_bandit_closed_form.py`` checks the curves against
 :func:`~grpo_lab.bandit.run_bandit` for every knob of the panel and more.
 """
 
@@ -54,7 +54,7 @@ def kl_gradient(d: torch.Tensor, kind: str) -> torch.Tensor:
     return -torch.expm1(d)
 
 
-def run_bandit_fast(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -> BanditRun:
+def run_bandit_closed_form(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -> BanditRun:
     """:func:`~grpo_lab.bandit.run_bandit` without autograd: the same J curve, masked
     fraction, lag and optimiser passes (``records`` stays empty)."""
     require_int_at_least("runs", runs, 1)
@@ -64,12 +64,15 @@ def run_bandit_fast(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -
 
 def sequence_weights(keep: torch.Tensor, runs: int, config: GRPOConfig) -> torch.Tensor:
     """:func:`~grpo_lab.objective.loss_weights` for one-token completions, per group ``[R·P, 1]``:
-    1 / (sequences kept in the run), times 1 / ``max_completion_length`` for ``dr_grpo``
-    (every ``loss_type`` divides by the kept sequences when T = 1)."""
-    kept = keep.view(runs, -1).sum(1, keepdim=True).to(torch.float64) * config.G     # [R, 1]
+    0 on masked groups, else 1 / (sequences in the run's denominator: all P·G under
+    ``mask_normalize="batch"``, the kept ones under ``"unmasked"``), times 1 / ``max_completion_length``
+    for ``dr_grpo`` (every ``loss_type`` divides by the counted sequences when T = 1)."""
+    per_run = keep.view(runs, -1)
+    counted = torch.ones_like(per_run) if config.mask_normalize == "batch" else per_run
+    kept = counted.sum(1, keepdim=True).to(torch.float64) * config.G     # [R, 1]
     if config.loss_type == "dr_grpo" and config.max_completion_length is not None:
         kept = kept * config.max_completion_length
-    return (keep.view(runs, -1) / kept.clamp(min=1.0)).view(-1, 1)
+    return (per_run / kept.clamp(min=1.0)).view(-1, 1)
 
 
 def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:

@@ -6,7 +6,7 @@ import torch
 
 from grpo_lab import kl_estimate, loss_weights
 from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
-from grpo_lab.bandit_fast import kl_gradient, run_bandit_fast, sequence_weights
+from grpo_lab.bandit_closed_form import kl_gradient, run_bandit_closed_form, sequence_weights
 from grpo_lab.objective import KL_KINDS, LOSS_TYPES
 
 PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
@@ -14,6 +14,10 @@ PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
 KNOBS = {
     "on-policy": {},
     "no mask": dict(mask_zero_variance=False),
+    "mask, unmasked normalisation": dict(mask_normalize="unmasked"),
+    "mask, unmasked normalisation, beta k3, bnpo, v = 3": dict(mask_normalize="unmasked", beta=0.3, loss_type="bnpo",
+                                                               v=3),
+    "mask, batch normalisation, beta k2, v = 2, i = 2": dict(mask_normalize="batch", beta=0.3, kl_kind="k2", v=2, i=2),
     "v = 10": dict(v=10),
     "sample reuse i = 4": dict(i=4),
     "multiplicative band, v = 7, i = 3": dict(band="multiplicative", v=7, i=3),
@@ -35,7 +39,7 @@ KNOBS = {
 @pytest.mark.parametrize("changes", KNOBS.values(), ids=KNOBS.keys())
 def test_closed_form_engine_gives_the_loops_curves(changes):
     config = bandit_config(**{"steps": 80, "lr": 1.0, "seed": 3, **changes})
-    loop, fast = run_bandit(PROBLEM, config, runs=3), run_bandit_fast(PROBLEM, config, runs=3)
+    loop, fast = run_bandit(PROBLEM, config, runs=3), run_bandit_closed_form(PROBLEM, config, runs=3)
     assert fast.J.shape == loop.J.shape == (81, 3)
     np.testing.assert_allclose(fast.J, loop.J, rtol=0, atol=1e-10)
     assert np.array_equal(fast.masked_frac, loop.masked_frac)
@@ -47,7 +51,7 @@ def test_closed_form_engine_gives_the_loops_curves(changes):
 def test_a_step_where_every_group_is_masked_trains_nothing_in_both():
     problem = BanditProblem(torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0]], dtype=torch.float64))
     config = bandit_config(steps=40, G=2, prompts_per_step=1, lr=1.0, beta=0.1, ref_period=5)
-    loop, fast = run_bandit(problem, config, runs=2), run_bandit_fast(problem, config, runs=2)
+    loop, fast = run_bandit(problem, config, runs=2), run_bandit_closed_form(problem, config, runs=2)
     skipped = np.diff(np.concatenate([[0], fast.optimizer_passes])) == 0
     assert skipped.any() and not skipped.all()
     np.testing.assert_allclose(fast.J, loop.J, rtol=0, atol=1e-12)
@@ -56,19 +60,23 @@ def test_a_step_where_every_group_is_masked_trains_nothing_in_both():
 
 def test_same_seed_same_curves():
     config = bandit_config(steps=30, seed=7, v=3)
-    a, b = run_bandit_fast(PROBLEM, config, runs=2), run_bandit_fast(PROBLEM, config, runs=2)
+    a, b = run_bandit_closed_form(PROBLEM, config, runs=2), run_bandit_closed_form(PROBLEM, config, runs=2)
     assert np.array_equal(a.J, b.J)
-    assert not np.array_equal(a.J, run_bandit_fast(PROBLEM, config.replace(seed=8), runs=2).J)
+    assert not np.array_equal(a.J, run_bandit_closed_form(PROBLEM, config.replace(seed=8), runs=2).J)
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("max_completion_length", [None, 4])
-def test_sequence_weights_are_loss_weights_for_one_token(loss_type, max_completion_length):
+@pytest.mark.parametrize("mask_normalize", ["batch", "unmasked"])
+def test_sequence_weights_are_loss_weights_for_one_token(loss_type, max_completion_length, mask_normalize):
     runs, P, G = 3, 4, 5
     keep = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)    # run 1 keeps nothing
-    config = bandit_config(G=G, prompts_per_step=P, loss_type=loss_type, max_completion_length=max_completion_length)
+    config = bandit_config(G=G, prompts_per_step=P, loss_type=loss_type, max_completion_length=max_completion_length,
+                           mask_normalize=mask_normalize)
+    sampled = torch.ones(runs * P * G, 1, dtype=torch.bool)
     expected = loss_weights(keep.repeat_interleave(G)[:, None], loss_type, max_completion_length,
-                            torch.arange(runs).repeat_interleave(P * G), torch.float64)
+                            torch.arange(runs).repeat_interleave(P * G), torch.float64,
+                            sampled if mask_normalize == "batch" else None)
     got = sequence_weights(keep, runs, config).expand(-1, G).reshape(-1, 1)
     torch.testing.assert_close(got, expected, rtol=1e-15, atol=0)
 
@@ -83,4 +91,4 @@ def test_kl_gradient_is_the_estimators_derivative(kind):
 
 def test_runs_below_one_is_rejected():
     with pytest.raises(ValueError, match="runs"):
-        run_bandit_fast(PROBLEM, bandit_config(steps=1), runs=0)
+        run_bandit_closed_form(PROBLEM, bandit_config(steps=1), runs=0)
