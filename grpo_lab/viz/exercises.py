@@ -8,7 +8,7 @@ exercise            signature                                     checked agains
 ``bound``           ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
 ``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.group_view.token_ratios`
 ``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
-``sync_schedule``   ``f(steps, v) -> lag [steps]``                 the loop's ``make_sync_schedule``
+``sync_schedule``   ``f(steps, v) -> lag [steps]``                 ``schedules.make_sync_schedule``
 =================== ============================================= =========================
 
 The first three are notebook 01's (bandit), the last three notebook 02's (logged log-probs of
@@ -30,10 +30,9 @@ import torch
 from ..advantages import whiten
 from ..bandit import improvement_lower_bound
 from ..checks import require_choice
-from ..config import GRPOConfig
 from ..group_view import token_ratios
-from ..loop import make_sync_schedule
 from ..objective import clipped_surrogate, tv_terms
+from ..schedules import make_sync_schedule
 
 
 def solution_whiten(rewards: torch.Tensor, eps_std: float) -> torch.Tensor:
@@ -141,7 +140,7 @@ def logprob_cases() -> list[tuple]:
 
 def loop_lags(steps: int, v: int) -> torch.Tensor:
     """The lags the loop's fixed sync schedule gives, step by step."""
-    schedule, lags = make_sync_schedule(GRPOConfig(v=v)), []
+    schedule, lags = make_sync_schedule("fixed", v, threshold=0.0), []
     for k in range(steps):
         if schedule.should_sync(k):
             schedule.mark_synced(k)
