@@ -2,7 +2,8 @@
 
 The panel re-trains ``steps`` × ``runs`` on every slider change with
 :func:`~grpo_lab.bandit_closed_form.run_bandit_closed_form` (gradient in closed form); the
-budget is 0.5 s for 300 steps × 8 runs on a 2-core CPU. The same runs through
+budget is 0.5 s for 300 steps × 8 runs on a 2-core CPU, at every slider's extreme too
+(i = 10, G = 32, v = 20, 16 runs). The same runs through
 :class:`~grpo_lab.loop.GRPOLoop` (:func:`~grpo_lab.bandit.run_bandit`, autograd)
 are timed alongside, interleaved repeat by repeat so that both see the same
 machine load; it prints the medians, their ratio and the engine's share of the
@@ -31,7 +32,10 @@ from grpo_lab.bandit_studies import lab_config, lab_problem
 
 BUDGET_S = 0.5
 ENGINES: dict[str, Callable[..., BanditRun]] = {"closed form (panel)": run_bandit_closed_form, "GRPOLoop": run_bandit}
-CASES = {"on-policy (v=1, i=1)": {}, "v=10": {"v": 10}, "beta=0.1": {"beta": 0.1}, "i=4": {"i": 4}}
+CASES: dict[str, dict[str, object]] = {
+    "on-policy (v=1, i=1)": {}, "v=10": {"v": 10}, "beta=0.1": {"beta": 0.1}, "i=4": {"i": 4},
+    "extreme i=10": {"i": 10}, "extreme G=32": {"G": 32}, "extreme v=20": {"v": 20}, "extreme runs=16": {"runs": 16}}
+"""Each case changes the panel's defaults; ``runs`` is the number of runs, the rest config fields."""
 
 
 def time_case(steps: int, runs: int, repeats: int, **changes: object) -> dict[str, list[float]]:
@@ -62,7 +66,8 @@ def main() -> None:
           f"(both engines use 1); {args.steps} steps x {args.runs} runs, median of {args.repeats}")
     fast, loop = ENGINES
     for label, changes in CASES.items():
-        times = time_case(args.steps, args.runs, args.repeats, **changes)
+        config_changes = {key: value for key, value in changes.items() if key != "runs"}
+        times = time_case(args.steps, int(changes.get("runs", args.runs)), args.repeats, **config_changes)
         median = {name: statistics.median(t) for name, t in times.items()}
         print(f"{label:22s} {fast}: {median[fast]:.3f} s (best {min(times[fast]):.3f})   {loop}: {median[loop]:.3f} s"
               f"   ratio {median[fast] / median[loop]:.2f}   = {median[fast] / BUDGET_S:.2f}x the {BUDGET_S} s budget"

@@ -1,13 +1,26 @@
-"""P1: seconds per step of grpo_lab's loop vs TRL's GRPOTrainer, side by side in one run.
+"""P1: grpo_lab's loop against TRL's GRPOTrainer on the same work, side by side in one run.
 
-Same model (bundled SmolLM2-135M, float32, CPU), same problems (add1), G, prompts per
-step, max completion tokens, β and i = 1; v = 1 for the loop (it syncs every step, the
-cost TRL does not pay without vLLM). The two are run interleaved, one step each in
-turn, so machine noise hits both alike; the ratio of medians is printed.
+Same model (bundled SmolLM2-135M, float32, CPU), same problems (add1), G, prompts per step P,
+max completion tokens, β and i = 1, temperature 1. The loop runs v = 1 (it syncs α every step,
+a cost TRL does not pay without vLLM), and by default without the zero-variance mask
+(``--mask off``) so that, like TRL, it trains every group. The two run interleaved, one step
+each in turn, so machine noise hits both alike. Printed for each side, as medians over steps:
 
-    .venv/bin/python benchmarks/trl_step_ratio.py [--steps 4] [--tokens 32] [--beta 0.04]
+- the step split into sample (generation), reward, sync and train (everything else: the
+  π_ref forward, the policy's forward and backward, the optimiser step);
+- seconds per completion token (the two draw different completions, of different lengths);
+- the training FLOP/s it reached, as a share of this machine's GEMM peak, measured in the
+  same run with a float32 matmul micro-benchmark.
 
-Target: ratio <= 0.75 (the loop at most 3/4 of TRL's step time).
+Training FLOPs are counted from the shapes each side ran: a forward costs 2·N_body per
+token position it processes (N_body: the weights outside the embedding) plus 2·N_head per
+position where logits are taken; backward costs twice the forward; the β > 0 reference
+forward once more. Attention scores (under 2 % at these lengths) are left out.
+
+    .venv/bin/python benchmarks/trl_step_ratio.py [--steps 5] [--G 8] [--prompts 2] [--tokens 32]
+                                                   [--beta 0.04] [--mask off|on]
+
+Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 """
 
 from __future__ import annotations
@@ -16,21 +29,104 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+PARTS = ("sample", "reward", "sync", "train")
 
-def lab_stepper(args: argparse.Namespace):
+
+@dataclass
+class Side:
+    """One trainer's step function and what it measured, step by step."""
+
+    step: Callable[[], None]
+    parts: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in (*PARTS, "total")})
+    tokens: list[int] = field(default_factory=list)
+    flops: list[float] = field(default_factory=list)
+
+
+def timed(function: Callable[..., Any], seconds: list[float]) -> Callable[..., Any]:
+    """``function``, appending the seconds of each call to ``seconds``."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+    return wrapper
+
+
+def weight_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(N_body, N_head): weights outside the input embedding, and the LM head's (tied or not)."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.parameters() if p is not embedding and p is not head)
+    return body, head.numel()
+
+
+def forward_flops(n_body: int, n_head: int, positions: int, logit_positions: int) -> float:
+    return 2.0 * (n_body * positions + n_head * logit_positions)
+
+
+def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
+    """This machine's float32 matmul FLOP/s: the best of ``repeats`` [size × size] products."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = min(timed_once(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2.0 * size**3 / best
+
+
+def timed_once(function: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def lab_side(args: argparse.Namespace) -> Side:
     from grpo_lab.build import build_loop
+    from grpo_lab.policy import prompt_groups
     from grpo_lab.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
-                         temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6)
+                         temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6,
+                         mask_zero_variance=args.mask == "on")
     loop = build_loop(config)
-    return loop.step
+    side = Side(step=lambda: None)
+    n_body, n_head = weight_counts(loop.policy.model)
+    rewards: list[float] = []
+    loop.task.rewards = timed(loop.task.rewards, rewards)
+    rollouts: list[Any] = []
+    sample = loop.sampler.sample
+    loop.sampler.sample = lambda *a, **k: rollouts.append(sample(*a, **k)) or rollouts[-1]
+
+    def step() -> None:
+        record = loop.step()
+        rollout = rollouts.pop()
+        trained_rows = rollout.mask.shape[0] if not record.skipped else 0
+        # What LMPolicy runs (share_prompt): each distinct prompt once, the completions up to the last
+        # scored column on its keys and values, logits at the scored tokens only.
+        ids, mask = rollout.extra["prompt_ids"], rollout.extra["prompt_mask"]
+        mask = mask[:, int(mask.any(0).long().argmax()):]
+        first, _ = prompt_groups(ids, rollout.extra["prompt_mask"])
+        length = int(rollout.mask.any(0).nonzero().max()) + 1
+        positions = len(first) * mask.shape[1] + trained_rows * (length - 1)
+        logits = int(rollout.mask.sum()) if trained_rows else 0
+        passes = 3 + (1 if args.beta > 0 else 0)
+        side.flops.append(passes * forward_flops(n_body, n_head, positions, logits))
+        side.tokens.append(record.num_tokens)
+        total = record.sample_seconds + record.train_seconds + record.sync_seconds
+        for part, seconds in (("sample", record.sample_seconds - rewards[-1]), ("reward", rewards[-1]),
+                              ("sync", record.sync_seconds), ("train", record.train_seconds), ("total", total)):
+            side.parts[part].append(seconds)
+
+    side.step = step
+    return side
 
 
-def trl_stepper(args: argparse.Namespace):
+def trl_side(args: argparse.Namespace) -> Side:
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -44,8 +140,8 @@ def trl_stepper(args: argparse.Namespace):
     data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer) for p in problems],
                               "gold": [p.answer for p in problems]})
 
-    def reward(completions, gold, **kwargs):
-        return [correctness_reward(c, g) for c, g in zip(completions, gold)]
+    def reward(completions: list[str], gold: list[str], **kwargs: Any) -> list[float]:
+        return [correctness_reward(c, g) for c, g in zip(completions, gold, strict=True)]
 
     config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.G * args.prompts,
                         num_generations=args.G, max_completion_length=args.tokens, beta=args.beta,
@@ -58,39 +154,81 @@ def trl_stepper(args: argparse.Namespace):
     batches = iter(trainer.get_train_dataloader())
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop, which we step by hand
+    side = Side(step=lambda: None)
+    n_body, n_head = weight_counts(trainer.model)
+    generate_seconds: list[float] = []
+    reward_seconds: list[float] = []
+    shapes: list[tuple[int, int, int]] = []
+    generate = timed(trainer._generate, generate_seconds)
 
-    def step():
+    def counted_generate(prompts: list[Any]) -> Any:
+        out = generate(prompts)
+        prompt_ids, completion_ids = out[0], out[1]
+        shapes.append((max(map(len, prompt_ids)), max(map(len, completion_ids)), sum(map(len, completion_ids))))
+        return out
+
+    trainer._generate = counted_generate
+    trainer._calculate_rewards = timed(trainer._calculate_rewards, reward_seconds)
+
+    def step() -> None:
+        start = time.perf_counter()
         trainer.training_step(trainer.model, next(batches), None)
         trainer.optimizer.step()
         trainer.optimizer.zero_grad()
+        total = time.perf_counter() - start
+        prompt_length, completion_length, tokens = shapes.pop()
+        rows = args.G * args.prompts
+        # TRL runs every row's prompt + completion whole and takes logits at the completion's positions + 1.
+        positions, logits = rows * (prompt_length + completion_length), rows * (completion_length + 1)
+        passes = 3 + (1 if args.beta > 0 else 0)
+        side.flops.append(passes * forward_flops(n_body, n_head, positions, logits))
+        side.tokens.append(tokens)
+        sample, reward = generate_seconds.pop(), reward_seconds.pop()
+        for part, seconds in (("sample", sample), ("reward", reward), ("sync", 0.0),
+                              ("train", total - sample - reward), ("total", total)):
+            side.parts[part].append(seconds)
 
-    return step
+    side.step = step
+    return side
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--G", type=int, default=4)
+    parser.add_argument("--G", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--beta", type=float, default=0.04)
+    parser.add_argument("--mask", choices=("off", "on"), default="off",
+                        help="the loop's zero-variance mask (off: every group trains, as in TRL)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    steppers = {"grpo_lab": lab_stepper(args), "trl": trl_stepper(args)}
-    times: dict[str, list[float]] = {name: [] for name in steppers}
-    for step in steppers.values():  # warm-up step each, not timed
-        step()
+    sides = {"grpo_lab": lab_side(args), "trl": trl_side(args)}
+    for side in sides.values():  # a warm-up step each, not kept
+        side.step()
+        for values in (*side.parts.values(), side.tokens, side.flops):
+            values.clear()
     for _ in range(args.steps):
-        for name, step in steppers.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    for name, t in times.items():
-        print(f"{name:9s} s/step: " + " ".join(f"{x:6.2f}" for x in t) + f"   median {medians[name]:.2f}")
-    ratio = medians["grpo_lab"] / medians["trl"]
-    print(f"P1 ratio grpo_lab / trl = {ratio:.2f} (target <= 0.75) "
-          f"[G={args.G}, P={args.prompts}, tokens={args.tokens}, beta={args.beta}, {torch.get_num_threads()} threads]")
+        for side in sides.values():
+            side.step()
+    peak = gemm_peak()
+    median = statistics.median
+    print(f"G={args.G}, P={args.prompts}, tokens={args.tokens}, beta={args.beta}, mask={args.mask}, "
+          f"{args.steps} steps each, {torch.get_num_threads()} torch threads; float32 GEMM peak "
+          f"{peak / 1e9:.1f} GFLOP/s")
+    print(f"{'':9s} " + " ".join(f"{p:>7s}" for p in (*PARTS, "total")) + "   s/token  tokens  train GFLOP/s (of peak)")
+    for name, side in sides.items():
+        parts = {p: median(v) for p, v in side.parts.items()}
+        per_token = median(t / n for t, n in zip(side.parts["total"], side.tokens, strict=True))
+        rate = median(f / t for f, t in zip(side.flops, side.parts["train"], strict=True))
+        print(f"{name:9s} " + " ".join(f"{parts[p]:7.2f}" for p in (*PARTS, "total"))
+              + f"   {per_token:7.4f}  {median(side.tokens):6.0f}  {rate / 1e9:8.1f} ({rate / peak:.0%})")
+    lab, trl = sides["grpo_lab"], sides["trl"]
+    step_ratio = median(lab.parts["total"]) / median(trl.parts["total"])
+    token_ratio = (median(t / n for t, n in zip(lab.parts["total"], lab.tokens, strict=True))
+                   / median(t / n for t, n in zip(trl.parts["total"], trl.tokens, strict=True)))
+    print(f"P1 ratio grpo_lab / trl: {step_ratio:.2f} per step, {token_ratio:.2f} per completion token "
+          f"(target <= 0.5 per step)")
 
 
 if __name__ == "__main__":

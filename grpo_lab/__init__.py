@@ -17,7 +17,7 @@ Where things live:
 ``tasks``              problems: reasoning-gym, GSM8K, MATH500, AIME24, DeepScaleR
 ``rewards``            verifiable rewards with a real timeout
 ``policy``             LMPolicy: log π_θ of completions at temperature T
-``sampling``           HFSampler: the lagged in-process α (log α from generate)
+``sampling``           HFSampler: the lagged in-process α (log α of the tokens it draws)
 ``sampling_vllm``      VLLMSampler: α served by an in-process vLLM engine (GPU, or vLLM's CPU build)
 ``memory``             will an LLM run fit? estimate, measure, shrink micro-batches
 ``train_config``       TrainConfig: GRPOConfig plus model, task, evaluation, output

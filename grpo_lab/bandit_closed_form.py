@@ -88,7 +88,6 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
     schedule = make_sync_schedule(cfg.sync, cfg.v, cfg.sync_threshold)
     ref_schedule = RefResetSchedule(cfg.ref_period)
     generator = torch.Generator().manual_seed(cfg.seed)
-    eps_high = cfg.eps_low if cfg.eps_high is None else cfg.eps_high
     group_run = torch.arange(runs).repeat_interleave(P)                # [N]: the run of each of N = R·P groups
 
     thetas, informative_per_step, lags, passes, grad_norms = [theta.clone()], [], [], [], []
@@ -111,35 +110,14 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
         grad_norm = 0.0
         if trained:
             weights = sequence_weights(keep, runs, cfg)                # [N, 1], 0 on masked groups
-            counted = (weights > 0).expand(-1, G)
             weighted_advantages = whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement) * weights
-            positive = weighted_advantages > 0
             rows = group_run * problem.contexts + prompts             # [N] rows of the [R·C, K] table
             logp_ref = (torch.log_softmax(reference.view(-1, K).index_select(0, rows), -1).gather(1, arms)
                         if reference is not None else None)
-            for pass_index in range(cfg.i):
-                logp_table = torch.log_softmax(theta.view(-1, K).index_select(0, rows), -1)   # [N, K]
-                logp = logp_table.gather(1, arms)                                          # [N, G]
-                log_ratio = logp - logp_alpha
-                ratio = torch.exp(log_ratio)                                               # r = π_θ/α
-                if pass_index == 0:                                                        # π_θ = π_k: r′ = r
-                    low, high = clip_bounds(ratio, cfg.eps_low, eps_high, cfg.band)
-                    log_ratio_k = log_ratio
-                # w·∂(−f_ε)/∂ log π = −r·w·A·u  (u = 0: the band clipped r on the side A pushes towards)
-                clipped = torch.where(positive, ratio > high, ratio < low)
-                g = torch.where(clipped, 0.0, -ratio * weighted_advantages)
-                if logp_ref is not None:
-                    dkl = kl_gradient(logp_ref - logp, cfg.kl_kind)
-                    g = g + (cfg.beta * weights) * (dkl * ratio if cfg.kl_importance_weighted else dkl)
-                g = torch.where(counted, g, 0.0)                                           # [N, G]
-                # Σ_g g_g (onehot(y_g) − π): g scattered onto the sampled arms, minus (Σ_g g_g)·π
-                row_grad = (torch.zeros_like(logp_table).scatter_add_(1, arms, g)
-                            - g.sum(1, keepdim=True) * logp_table.exp())
-                grad = torch.zeros_like(theta)
-                grad.view(-1, K).index_add_(0, rows, row_grad)
-                grad_norm = _optimizer_step(policy, theta, grad, optimizer, cfg)
+            grad_norm, drift = _train_passes(policy, theta, optimizer, cfg, rows, arms, logp_alpha,
+                                             weighted_advantages, weights, logp_ref)
             if cfg.sync == "adaptive":
-                schedule.observe(float(log_ratio_k.abs()[counted].mean()))
+                schedule.observe(drift)
         grad_norms.append(grad_norm)
         if reference is not None and ref_schedule.should_reset(k):
             reference.copy_(theta)
@@ -153,18 +131,75 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
                      grad_norm=np.array(grad_norms))
 
 
-def _optimizer_step(policy: TabularPolicy, theta: torch.Tensor, grad: torch.Tensor,
+def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.optim.Optimizer | None,
+                  cfg: GRPOConfig, rows: torch.Tensor, arms: torch.Tensor, logp_alpha: torch.Tensor,
+                  weighted_advantages: torch.Tensor, weights: torch.Tensor,
+                  logp_ref: torch.Tensor | None) -> tuple[float, float]:
+    """The ``cfg.i`` optimiser passes on one batch; returns the last gradient norm and the drift
+    mean |log r′| over the trained draws (what the adaptive sync schedule observes).
+
+    ============================ ============ =============================================
+    argument                     shape        meaning
+    ============================ ============ =============================================
+    ``theta``                    ``[R, C, K]`` the logits table, updated in place
+    ``rows``                     ``[N]``      the table row of each group (run · C + context)
+    ``arms``, ``logp_alpha``     ``[N, G]``   the sampled arms and their log α
+    ``weighted_advantages``      ``[N, G]``   w·A (0 on masked groups)
+    ``weights``                  ``[N, 1]``   the loss weight w of each group
+    ``logp_ref``                 ``[N, G]``   log π_ref of the arms (None when β = 0)
+    ============================ ============ =============================================
+
+    Written in numpy on views of the same memory: on these [32, K] arrays an operation costs
+    a microsecond or two where torch's dispatch costs several, and i = 10 runs ten passes a step.
+    """
+    K = theta.shape[-1]
+    table = theta.numpy().reshape(-1, K)                              # θ's storage
+    rows, arms, logp_alpha = rows.numpy(), arms.numpy(), logp_alpha.numpy()
+    minus_wa, positive = -weighted_advantages.numpy(), weighted_advantages.numpy() > 0
+    counted = np.broadcast_to(weights.numpy() > 0, arms.shape)
+    sampled = (rows[:, None] * K + arms).ravel()                      # flat table index of each drawn arm
+    row_entries = (rows[:, None] * K + np.arange(K)).ravel()          # flat table index of each row's K logits
+    grad_norm, drift = 0.0, 0.0
+    for pass_index in range(cfg.i):
+        logits = table[rows]                                          # [N, K]
+        shifted = logits - logits.max(1, keepdims=True)
+        logp_table = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+        logp = np.take_along_axis(logp_table, arms, 1)                # [N, G]
+        log_ratio = logp - logp_alpha
+        ratio = np.exp(log_ratio)                                     # r = π_θ/α
+        if pass_index == 0:                                           # π_θ = π_k: r′ = r
+            low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(ratio), cfg.eps_low,
+                                                        cfg.eps_low if cfg.eps_high is None else cfg.eps_high,
+                                                        cfg.band))
+            # u = 0 where the band clipped r on the side A pushes towards: above hi if A > 0, below lo if not
+            upper, lower = np.where(positive, high, np.inf), np.where(positive, -np.inf, low)
+            drift = float(np.abs(log_ratio)[counted].mean())
+        # w·∂(−f_ε)/∂ log π = −r·w·A·u
+        g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_wa)
+        if logp_ref is not None:
+            dkl = kl_gradient(torch.from_numpy(logp_ref.numpy() - logp), cfg.kl_kind).numpy()
+            g = g + (cfg.beta * weights.numpy()) * (dkl * ratio if cfg.kl_importance_weighted else dkl)
+        g = np.where(counted, g, 0.0)                                 # [N, G]
+        # Σ_g g_g (onehot(y_g) − π): g added at the drawn arms, (Σ_g g_g)·π taken from the row's K logits
+        grad = (np.bincount(sampled, g.ravel(), minlength=table.size)
+                - np.bincount(row_entries, (g.sum(1, keepdims=True) * np.exp(logp_table)).ravel(),
+                              minlength=table.size))
+        grad_norm = _optimizer_step(policy, table, grad, optimizer, cfg)
+    return grad_norm, drift
+
+
+def _optimizer_step(policy: TabularPolicy, table: np.ndarray, grad: np.ndarray,
                     optimizer: torch.optim.Optimizer | None, cfg: GRPOConfig) -> float:
-    """Clip like the loop, then SGD written out (θ ← θ − lr·(∇ + wd·θ), torch.optim.SGD's rule
-    without its per-call overhead) or the loop's optimiser (AdamW). Returns the norm before
-    clipping, as the loop records it."""
-    policy.logits.grad = grad
+    """Clip like the loop (``clip_grad_norm_``'s rule: × min(max_norm / (‖∇‖ + 1e-6), 1)), then SGD
+    written out (θ ← θ − lr·(∇ + wd·θ), ``torch.optim.SGD``'s rule without its per-call overhead) or
+    the loop's optimiser (AdamW). ``grad`` is flat, ``table`` θ's ``[R·C, K]`` view. Returns the norm
+    before clipping, as the loop records it."""
+    norm = float(np.sqrt(grad @ grad))
     if cfg.max_grad_norm is not None:
-        norm = torch.nn.utils.clip_grad_norm_([policy.logits], cfg.max_grad_norm)  # scales grad in place
-    else:
-        norm = torch.linalg.vector_norm(grad)
+        grad *= min(cfg.max_grad_norm / (norm + 1e-6), 1.0)
     if optimizer is None:
-        theta.add_(grad.add(theta, alpha=cfg.weight_decay) if cfg.weight_decay else grad, alpha=-cfg.lr)
+        table -= cfg.lr * (grad + cfg.weight_decay * table.ravel() if cfg.weight_decay else grad).reshape(table.shape)
     else:
+        policy.logits.grad = torch.from_numpy(grad.reshape(policy.logits.shape))
         optimizer.step()
-    return float(norm)
+    return norm

@@ -33,11 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
 
 from .checks import require_int_at_least, require_number_in
 from .loop import Rollout
-from .policy import LMPolicy, token_logprobs
+from .policy import LMPolicy, positions_from_mask
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,18 +119,19 @@ class HFSampler:
                               generation config, else the tokenizer's EOS
     ========================= =====================================================
 
-    Sampling is plain ancestral sampling at temperature T: ``top_k=0``,
-    ``top_p=1``, no ``min_p``, no repetition penalty, whatever the model's own
-    generation config says — any truncation would make log α the log-prob of
-    another distribution than the one :meth:`LMPolicy.logprobs` scores.
+    Sampling is plain ancestral sampling at temperature T — no top-k, top-p,
+    min-p or repetition penalty, whatever the model's own generation config
+    says: any truncation would make log α the log-prob of another distribution
+    than the one :meth:`LMPolicy.logprobs` scores.
 
-    log α comes from the generation itself: ``output_scores`` returns, per step,
-    the scores ``generate`` sampled from (logits / T, in float32), and log α is
-    their log-softmax at the sampled token — no extra forward pass. It agrees
-    with :meth:`LMPolicy.logprobs` of the same tokens right after a sync up to
-    float rounding between the KV-cached and the full forward (tested: ~1e-5 in
+    Each prompt is prefilled once; its keys and values are repeated for its G
+    completions, which then decode one token per forward on a KV cache, with
+    the attention mask and position ids ``generate`` would use. log α is the
+    log-softmax of logits / T (float32) at the drawn token, taken from the
+    distribution it was drawn from — no extra forward pass. It agrees with
+    :meth:`LMPolicy.logprobs` of the same tokens right after a sync up to float
+    rounding between the cached and the whole forward (tested: ~1e-5 in
     float32; in bfloat16 the gap is bf16 rounding, up to ~0.1 on a tiny model).
-    ``generate`` keeps those scores, B·T·V floats (32 × 128 × 49152 ≈ 0.8 GB).
     """
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
@@ -139,12 +139,12 @@ class HFSampler:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
+        if policy.cache_kwarg is None:
+            raise ValueError(f"HFSampler decodes on a KV cache: {type(policy.model).__name__}.forward() takes neither "
+                             "cache nor past_key_values")
+        self.cache_kwarg = policy.cache_kwarg
         self.tokenizer = tokenizer
         self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
-        self.model.generation_config = GenerationConfig(
-            do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0, min_p=None, typical_p=1.0,
-            repetition_penalty=1.0, max_new_tokens=self.max_completion_length, eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id, use_cache=True, output_scores=True, return_dict_in_generate=True)
         self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
@@ -157,26 +157,50 @@ class HFSampler:
     def sample(self, prompts: Sequence[str], group_size: int, generator: torch.Generator) -> Rollout:
         """G completions of each prompt from α with their log α (layout in the module docstring).
 
-        ``generate`` draws from the global RNG; it runs under a seed drawn from
-        ``generator`` inside ``torch.random.fork_rng``, so the same generator
-        state gives the same rollout and the caller's global RNG is untouched.
+        Tokens are drawn from the global RNG under a seed drawn from ``generator``,
+        inside ``torch.random.fork_rng``: the same generator state gives the same
+        rollout, and the caller's global RNG is untouched.
         """
         require_int_at_least("group_size", group_size, 1)
         prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts)
-        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         device = self.device
         cuda_devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
         seed = draw_seed(generator)
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
-            out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                                      generation_config=self.model.generation_config)
-        completions = out.sequences[:, prompt_ids.shape[1]:]
-        logp_alpha = torch.cat([token_logprobs(scores[:, None], completions[:, t:t + 1])
-                                for t, scores in enumerate(out.scores)], dim=1)
-        return build_rollout(prompts, prompt_ids, prompt_mask, completions.cpu(), logp_alpha.cpu(),
+            completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+        return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
+                             prompt_mask.repeat_interleave(group_size, dim=0), completions.cpu(), logp_alpha.cpu(),
                              self.tokenizer, self.eos_token_ids, self.pad_token_id)
+
+    def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens ``[P·G, T]`` and their log α: each prompt prefilled once, its cache repeated G
+        times, then one token per forward until every row has ended (EOS) or T_max is reached.
+        A row that has ended is fed the pad id, as ``generate`` does."""
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                         position_ids=positions_from_mask(prompt_mask), use_cache=True, logits_to_keep=1)
+        cache = getattr(out, self.cache_kwarg)
+        cache.batch_repeat_interleave(group_size)
+        logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
+        attention_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+        position = attention_mask.long().sum(1, keepdim=True)         # the next token's position id
+        eos = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
+        ended = torch.zeros(logits.shape[0], dtype=torch.bool, device=prompt_ids.device)
+        tokens, logps = [], []
+        for t in range(self.max_completion_length):
+            logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+            token = torch.multinomial(logp.exp(), 1).squeeze(1)
+            token = token.masked_fill(ended, self.pad_token_id)
+            tokens.append(token)
+            logps.append(logp.gather(1, token[:, None]).squeeze(1))
+            ended = ended | torch.isin(token, eos)
+            if t + 1 == self.max_completion_length or bool(ended.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
+            logits = self.model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position + t,
+                                use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache}).logits[:, -1]
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
     @torch.no_grad()
     def sync(self, policy: LMPolicy) -> int:

@@ -23,6 +23,7 @@ KNOBS = {
     "mask, batch normalisation, beta k2, v = 2, i = 2": dict(mask_normalize="batch", beta=0.3, kl_kind="k2", v=2, i=2),
     "v = 10": dict(v=10),
     "sample reuse i = 4": dict(i=4),
+    "the panel's slider extremes: i = 10, G = 32, v = 20": dict(i=10, G=32, v=20),
     "multiplicative band, v = 7, i = 3": dict(band="multiplicative", v=7, i=3),
     "eps = 0, v = 3": dict(eps_low=0.0, v=3),
     "asymmetric eps, v = 4, i = 2": dict(eps_low=0.1, eps_high=0.28, v=4, i=2),

@@ -41,9 +41,10 @@ def test_tokenize_prompts_left_pads(tokenizer):
 
 # ----------------------------------------------------------------------------- log α = log π at sync
 
+@pytest.mark.parametrize("share_prompt", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_alpha_from_generate_matches_logprobs_after_sync(tokenizer, temperature):
-    policy = LMPolicy(tiny_model(), temperature)
+def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temperature, share_prompt):
+    policy = LMPolicy(tiny_model(), temperature, share_prompt=share_prompt)
     # A generation config that truncates must not leak into sampling (log α would be another distribution).
     policy.model.generation_config.update(top_k=5, top_p=0.5, min_p=0.2, repetition_penalty=1.5)
     sampler = HFSampler(policy, tokenizer, max_completion_length=12)
@@ -54,10 +55,39 @@ def test_log_alpha_from_generate_matches_logprobs_after_sync(tokenizer, temperat
         logp = policy.logprobs(rollout, slice(None))
     mask = rollout.mask
     diff = float((logp - rollout.logp_alpha)[mask].abs().max())
-    print(f"T={temperature}: max |log α (generate) − log π (LMPolicy)| = {diff:.2e}")
+    print(f"T={temperature}, share_prompt={share_prompt}: max |log α (sampler) − log π (LMPolicy)| = {diff:.2e}")
     assert diff < 1e-4
     assert float(logp[mask].std()) > 0.5  # sharp distributions: the test could see a shift or a truncation
     assert torch.isfinite(logp).all() and torch.isfinite(rollout.logp_alpha).all()
+
+
+def test_each_prompt_is_prefilled_once_then_decoded_one_token_per_row(tokenizer):
+    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=5, eos_token_ids=[127])
+    shapes = []
+    sampler.model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                            with_kwargs=True)
+    G, Lp = 6, max(len(p.split()) for p in PROMPTS)
+    rollout = sample(sampler, G=G)
+    assert shapes[0] == (len(PROMPTS), Lp)  # the prefill: one row per prompt, not per completion
+    assert shapes[1:] == [(len(PROMPTS) * G, 1)] * (rollout.completions.shape[1] - 1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_tokens_are_drawn_from_alpha(tokenizer, temperature):
+    """The first token's empirical frequencies over 4000 draws match softmax(logits / T) of α
+    (log α agreeing with LMPolicy cannot show this: it holds for tokens drawn from anywhere)."""
+    policy = LMPolicy(tiny_model(seed=4), temperature)
+    sampler = HFSampler(policy, tokenizer, max_completion_length=1)
+    G = 4000
+    rollout = sample(sampler, prompts=PROMPTS[:1], G=G, seed=3)
+    ids, mask = tokenize_prompts(tokenizer, PROMPTS[:1])
+    with torch.no_grad():
+        probs = torch.softmax(policy.model(input_ids=ids, attention_mask=mask).logits[0, -1] / temperature, -1)
+    freq = torch.bincount(rollout.completions[:, 0], minlength=probs.numel()).double() / G
+    # Every token's frequency within 4.5 binomial standard errors (and 0.01) of its probability.
+    bound = 4.5 * (probs.double() * (1 - probs.double()) / G).sqrt() + 0.01
+    assert ((freq - probs.double()).abs() <= bound).all()
+    assert float(probs.max()) > 0.1  # a distribution sharp enough that drawing from another one would show
 
 
 def test_completions_are_masked_and_padded_after_eos(tokenizer):
@@ -205,7 +235,7 @@ def test_loop_end_to_end_with_lagged_sampler(tokenizer):
         assert not r.skipped
         for key, value in r.to_dict().items():
             assert not isinstance(value, float) or math.isfinite(value), key
-    # Right after a sync α = π_k (log α from generate = log π); one step later they differ.
+    # Right after a sync α = π_k (log α = log π); one step later they differ.
     assert [r.log_ratio_k_abs < 1e-4 for r in records] == [True, False, True, False]
 
 
