@@ -24,7 +24,10 @@ from .train_config import TrainConfig
 
 def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = True,
           resume: bool = True) -> GRPOLoop:
-    """Run (or continue) a training run: progress bar, ``metrics.jsonl``, checkpoints.
+    """Run (or continue) a training run up to step ``config.steps``: progress bar, ``metrics.jsonl``, checkpoints.
+
+    A given ``loop`` stops at ``config.steps`` even if it was built for more (the study scores
+    held-out Pass@1 part-way by training to each scoring step in turn).
 
     With ``resume`` and a checkpoint in ``output_dir``, continues from it exactly.
     Interrupting (Ctrl-C, a notebook's stop button) finishes the current step,
@@ -47,7 +50,7 @@ def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resum
     loggers = _open_loggers(config, out)
     bar = _progress(total=config.steps, initial=loop.k, enabled=progress)
     try:
-        for record in loop.run():
+        for record in loop.run(max(config.steps - loop.k, 0)):  # up to config.steps, whatever the loop's own
             _log(record, out, loggers, bar)
             if config.checkpoint_every and loop.k % config.checkpoint_every == 0:
                 save_checkpoint(loop, ckpt)

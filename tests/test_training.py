@@ -136,3 +136,14 @@ def test_wandb_offline_run_holds_the_logged_metrics(tmp_path, monkeypatch):
     assert [h["_step"] for h in history] == [row["step"] for row in rows]
     for key in ("reward_mean", "masked_frac", "lag", "grad_norm", "synced"):
         assert [h[key] for h in history] == [row[key] for row in rows]
+
+
+def test_train_stops_at_config_steps_of_a_loop_built_for_more(tmp_path):
+    """The study trains one loop to each scoring step in turn: train() must stop at the given steps,
+    not run on to the steps the loop was built with."""
+    config = train_config("bandit", tmp_path / "run", steps=10)
+    loop = make_loop("bandit", config)
+    for stop in (3, 7, 10):
+        loop = train(config.replace(steps=stop), loop, progress=False)
+        assert loop.k == stop and len(loop.history) == stop
+        assert len(load_metrics(tmp_path / "run")) == stop
