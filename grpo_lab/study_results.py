@@ -32,15 +32,21 @@ def t_975(df: int) -> float:
 
 
 def mean_ci(values: Any, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and 95 % CI half-width along ``axis`` (NaN half-width with a single value)."""
+    """Mean and 95 % CI half-width along ``axis``, over the values that are not NaN (a point some
+    seeds did not measure); NaN half-width where fewer than two values remain."""
     x = np.asarray(values, dtype=float)
-    n = x.shape[axis]
-    if n == 0:
+    if x.shape[axis] == 0:
         raise ValueError("mean_ci needs at least one value")
-    mean = x.mean(axis=axis)
-    if n == 1:
-        return mean, np.full_like(mean, math.nan)
-    return mean, t_975(n - 1) * x.std(axis=axis, ddof=1) / math.sqrt(n)
+    n = (~np.isnan(x)).sum(axis=axis)
+    if np.any(n == 0):
+        raise ValueError("mean_ci needs at least one value that is not NaN at every point")
+    mean = np.nanmean(x, axis=axis)
+    deviation = np.where(np.isnan(x), 0.0, x - np.expand_dims(mean, axis)) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        std = np.sqrt(deviation.sum(axis=axis) / (n - 1))
+        t = np.vectorize(lambda df: t_975(int(df)) if df >= 1 else math.nan, otypes=[float])(n - 1)
+        half = np.where(n >= 2, t * std / np.sqrt(n), math.nan)
+    return mean, half
 
 
 @dataclass
@@ -72,11 +78,12 @@ class Study:
         return np.cumsum(parts, axis=0)
 
     def pass_curve(self, arm: str) -> tuple[np.ndarray, np.ndarray]:
-        """Steps (0 = untrained) and ``[points, seeds]`` held-out Pass@1 along training."""
+        """Steps (0 = untrained) and ``[points, seeds]`` held-out Pass@1 along training; NaN where a
+        run was not scored at that step (every run is scored at the last step)."""
         runs = self.runs(arm)
-        steps = sorted(int(s) for s in runs[0]["pass_at_1_curve"])
+        steps = sorted({int(s) for r in runs for s in r["pass_at_1_curve"]})
         values = [[self.summary["before"]["pass_at_1"]] * len(runs)]
-        values += [[r["pass_at_1_curve"][str(s)] for r in runs] for s in steps]
+        values += [[r["pass_at_1_curve"].get(str(s), math.nan) for r in runs] for s in steps]
         return np.array([0, *steps]), np.array(values)
 
     def after(self, arm: str) -> dict[int, float]:

@@ -20,6 +20,12 @@ def test_mean_ci_is_students_t():
     mean, half = mean_ci(np.array([[0.0, 2.0], [1.0, 1.0]]), axis=1)
     assert mean.tolist() == [1.0, 1.0] and half[1] == 0.0 and half[0] == pytest.approx(12.706 * 1.0)
     assert math.isnan(float(mean_ci([0.5])[1]))
+    # NaN = a seed without that point: the statistics of the others
+    mean, half = mean_ci(np.array([[1.0, 2.0, 3.0], [1.0, math.nan, 3.0], [math.nan, 4.0, math.nan]]), axis=1)
+    assert mean.tolist() == [2.0, 2.0, 4.0] and math.isnan(half[2])
+    assert half[0] == pytest.approx(4.303 / math.sqrt(3)) and half[1] == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2))
+    with pytest.raises(ValueError, match="not NaN"):
+        mean_ci([math.nan, math.nan])
     assert t_975(100) == 1.96
     with pytest.raises(ValueError, match="df must be >= 1"):
         t_975(0)
@@ -57,6 +63,11 @@ def test_paired_differences_and_table(tmp_path):
     assert "onpolicy" in format_table(table(study))
     steps, passes = study.pass_curve("onpolicy")
     assert steps.tolist() == [0, 2, 4] and passes[0].tolist() == [0.2] * 3 and passes[2].tolist() == [0.3, 0.5, 0.4]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    del summary["runs"][0]["pass_at_1_curve"]["2"]                             # a run scored at the end only
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    steps, passes = load_study(tmp_path).pass_curve(summary["runs"][0]["name"])
+    assert steps.tolist() == [0, 2, 4] and math.isnan(passes[1][0]) and not np.isnan(passes[1][1:]).any()
     assert study.seconds_matrix("masked")[:, 0].tolist() == [2.5, 5.0, 7.5, 10.0]
     with pytest.raises(ValueError, match="arm must be one of"):
         study.runs("lagged_v8")

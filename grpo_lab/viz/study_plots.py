@@ -26,8 +26,10 @@ def arm_color(study: Study, arm: str) -> str:
 
 def ci_traces(x: np.ndarray, Y: np.ndarray, name: str, color: str, showlegend: bool = True,
               dash: str | None = None) -> list[go.Scatter]:
-    """Mean over seeds as a line, its 95 % CI as a band; ``Y [len(x), seeds]`` (no band with one seed)."""
+    """Mean over seeds as a line, its 95 % CI as a band; ``Y [len(x), seeds]``, NaN where a seed has no
+    value (no band with one seed; the band narrows to the line at a point only one seed measured)."""
     mean, half = mean_ci(Y, axis=1)
+    half = np.nan_to_num(half)
     line = go.Scatter(x=x, y=mean, name=name, legendgroup=name, showlegend=showlegend,
                       line=dict(color=color, dash=dash), mode="lines+markers" if len(x) < 8 else "lines")
     if Y.shape[1] < 2:
