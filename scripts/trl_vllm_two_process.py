@@ -39,7 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--v", type=int, default=2)
-    parser.add_argument("--stall", type=float, default=300.0, help="seconds without progress before the stacks are dumped")
+    parser.add_argument("--stall", type=float, default=300.0,
+                        help="seconds without progress before the stacks are dumped")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.stall, exit=True)  # covers the engines' construction too
 
