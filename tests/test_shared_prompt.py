@@ -94,13 +94,18 @@ def test_one_token_and_all_masked_rows(tokenizer):
 def test_loop_gradients_equal_with_passes_and_kl(tokenizer, changes):
     """i > 1 (π_θ ≠ π_k after the first pass) and β > 0 (π_ref scored the same way): every optimiser
     pass's gradient through GRPOLoop, shared against whole. After each of its steps the whole run
-    takes the shared run's θ (SGD keeps no other state), so both gradients are taken at one θ."""
+    takes the shared run's θ (SGD keeps no other state), so both gradients are taken at one θ.
+
+    In float64, to 1e-6 (measured: ~2e-8; the sampler's log α and the rotary tables stay float32): the
+    two computations, not float32 rounding, are compared. In float32 the later passes inherit each run's
+    own rounding of log π_k (r′ and the clip bounds): on this sharp tiny model one rollout gave 1.5e-5
+    relative at pass 1, against the single-pass tests' 1e-5."""
     config = GRPOConfig(**{**dict(G=4, prompts_per_step=3, max_completion_length=10, optimizer="sgd", lr=0.05,
                                   steps=3, seed=0), **changes})
     grads, thetas = [], []
 
     def run(share: bool, on_step) -> None:
-        policy = LMPolicy(tiny_model(), share_prompt=share)
+        policy = LMPolicy(tiny_model().double(), share_prompt=share)
         loop = GRPOLoop(policy, HFSampler(policy, tokenizer, 10), EvenTokenTask(), config)
         assert loop.reference is not None and loop.reference.share_prompt == share
         step = loop._optimizer_step
@@ -121,7 +126,7 @@ def test_loop_gradients_equal_with_passes_and_kl(tokenizer, changes):
 
     def compare(grad, params) -> None:
         k = next(passes)
-        assert relative(grads[k], grad) <= GRAD_RTOL, f"pass {k}: {relative(grads[k], grad):.2e}"
+        assert relative(grads[k], grad) <= 1e-6, f"pass {k}: {relative(grads[k], grad):.2e}"
         with torch.no_grad():
             vector_to_parameters(thetas[k], params)
 
