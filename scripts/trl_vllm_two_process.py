@@ -7,7 +7,7 @@ trains ``--steps`` steps with ``vllm_sync_interval=--v``. A run that stops makin
 becomes a stack trace that says where::
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 \\
-        .venv-vllm/bin/torchrun --nproc_per_node 2 scripts/trl_vllm_two_process.py [--steps 2] [--v 2]
+        .venv-vllm/bin/torchrun --nproc_per_node 2 scripts/trl_vllm_two_process.py [--steps 2] [--sync-interval 2]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Watchdog(TrainerCallback):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--v", type=int, default=2)
+    parser.add_argument("--sync-interval", type=int, default=2, help="v")
     parser.add_argument("--stall", type=float, default=300.0,
                         help="seconds without progress before the stacks are dumped")
     args = parser.parse_args()
@@ -51,7 +51,7 @@ def main() -> None:
 
     prompts = [f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n" for a, b in ((2, 3), (4, 1))]
     config = OffPolicyGRPOConfig(
-        output_dir=tempfile.mkdtemp(), use_vllm=True, vllm_mode="colocate", vllm_sync_interval=args.v,
+        output_dir=tempfile.mkdtemp(), use_vllm=True, vllm_mode="colocate", vllm_sync_interval=args.sync_interval,
         vllm_enforce_eager=True, vllm_max_model_length=96, vllm_gpu_memory_utilization=0.3,
         per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=1, num_generations=4,
         max_completion_length=6, temperature=0.7, learning_rate=1e-4, max_steps=args.steps, logging_steps=1,
@@ -65,7 +65,8 @@ def main() -> None:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     print(f"rank {os.environ.get('RANK')}: {args.steps} steps, syncs at {trainer.sync_steps}, losses {losses}",
           flush=True)
-    sys.exit(0 if trainer.sync_steps == list(range(0, args.steps, args.v)) and all(map(math.isfinite, losses)) else 1)
+    expected = list(range(0, args.steps, args.sync_interval))
+    sys.exit(0 if trainer.sync_steps == expected and all(map(math.isfinite, losses)) else 1)
 
 
 if __name__ == "__main__":
