@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
+from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, check_state_dict_round_trip, perturb, tiny_model, word_tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
@@ -171,15 +171,7 @@ def test_sampler_lags_until_sync(tokenizer):
 def test_sampler_state_dict_round_trip(tokenizer):
     policy = LMPolicy(tiny_model())
     sampler = HFSampler(policy, tokenizer, max_completion_length=6)
-    saved = {k: v.clone() for k, v in sampler.state_dict().items()}
-    before = sample(sampler, seed=2)
-    perturb(policy)
-    sampler.sync(policy)
-    assert not torch.equal(sample(sampler, seed=2).logp_alpha, before.logp_alpha)
-    sampler.load_state_dict(saved)
-    restored = sample(sampler, seed=2)
-    assert torch.equal(restored.completions, before.completions)
-    assert torch.equal(restored.logp_alpha, before.logp_alpha)
+    check_state_dict_round_trip(sampler, policy, lambda: sample(sampler, seed=2), lambda: perturb(policy))
 
 
 def test_same_generator_seed_same_rollout(tokenizer):

@@ -1,6 +1,9 @@
 """A tiny word-level tokenizer, random causal LMs and a task with reward variance in every group:
 the shared fixtures of the sampler tests (HFSampler and VLLMSampler run the same checks on them)."""
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -54,3 +57,18 @@ class EvenTokenTask:
     def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
         even = ((rollout.completions % 2 == 0) & rollout.mask).sum(1) / rollout.mask.sum(1)
         return even.reshape(len(rollout.prompts), -1).double()
+
+
+def check_state_dict_round_trip(sampler: Any, policy: LMPolicy, draw: Callable[[], Rollout],
+                                move: Callable[[], None]) -> None:
+    """α's ``state_dict`` saved, π_θ moved by ``move`` and synced into α (its rollout changes), the state
+    loaded back: ``draw`` gives exactly the rollout it gave before (completions and log α)."""
+    saved = {k: v.clone() for k, v in sampler.state_dict().items()}
+    before = draw()
+    move()
+    sampler.sync(policy)
+    assert not torch.equal(draw().logp_alpha, before.logp_alpha)
+    sampler.load_state_dict(saved)
+    restored = draw()
+    assert torch.equal(restored.completions, before.completions)
+    assert torch.equal(restored.logp_alpha, before.logp_alpha)
