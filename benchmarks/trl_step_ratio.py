@@ -87,7 +87,7 @@ def timed_once(function: Callable[[], Any]) -> float:
 
 def lab_side(args: argparse.Namespace) -> Side:
     from grpo_lab.build import build_loop
-    from grpo_lab.policy import PACKED_INPUTS, packed_layout
+    from grpo_lab.policy import PACKED_INPUTS, inputs_used, packed_layout
     from grpo_lab.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
@@ -110,7 +110,7 @@ def lab_side(args: argparse.Namespace) -> Side:
         # (up to each row's last scored column), padded to the longest; logits at the scored tokens.
         ids, mask = rollout.extra["prompt_ids"], rollout.extra["prompt_mask"]
         start = int(mask.any(0).long().argmax())
-        used = ((rollout.mask * torch.arange(1, rollout.mask.shape[1] + 1)).amax(1) - 1).clamp(min=0)
+        used = inputs_used(rollout.mask.bool())
         first, _, _, width = packed_layout(ids[:, start:], mask[:, start:], used, PACKED_INPUTS)
         positions = len(first) * width if trained_rows else 0
         logits = int(rollout.mask.sum()) if trained_rows else 0

@@ -89,6 +89,13 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     return new.nonzero().squeeze(1), new.long().cumsum(0) - 1
 
 
+def inputs_used(needed: torch.Tensor) -> torch.Tensor:
+    """``[b]``: the completion tokens each row feeds the model to score ``needed [b, L]`` — up to the one
+    before its last scored column (the first is scored from the prompt; a row scoring nothing feeds 0)."""
+    columns = torch.arange(1, needed.shape[1] + 1, device=needed.device)
+    return ((needed * columns).amax(1) - 1).clamp(min=0)
+
+
 def packed_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, used: torch.Tensor,
                   max_inputs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Where each row's inputs go when a prompt's rows are packed after it (``share_prompt``).
@@ -96,8 +103,7 @@ def packed_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, used: tor
     ========== ======== ==========================================================
     symbol     shape    meaning
     ========== ======== ==========================================================
-    used       ``[b]``  completion tokens row r feeds the model (its last scored
-                        column; 0 if it scores at most its first token)
+    used       ``[b]``  completion tokens row r feeds the model (:func:`inputs_used`)
     first      ``[n]``  for each packed sequence, a row whose prompt it carries
     sequence   ``[b]``  the sequence row r is packed into
     offset     ``[b]``  the column of row r's first input (≥ Lp)
@@ -108,9 +114,9 @@ def packed_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, used: tor
     inputs ahead of a row reach a multiple of ``max_inputs`` (:data:`PACKED_INPUTS`); then the prompt is repeated
     in a new one. That bounds W by Lp + ``max_inputs`` + T and the [W, W] mask with it.
     """
-    first, owner = prompt_groups(prompt_ids, prompt_mask)
+    group_first, owner = prompt_groups(prompt_ids, prompt_mask)
     before = used.cumsum(0) - used
-    within = before - before[first][owner]               # inputs ahead of row r in its prompt's rows
+    within = before - before[group_first][owner]         # inputs ahead of row r in its prompt's rows
     new = torch.ones_like(owner, dtype=torch.bool)
     new[1:] = (owner[1:] != owner[:-1]) | (within[1:] // max_inputs != within[:-1] // max_inputs)
     first = new.nonzero().squeeze(1)
@@ -227,11 +233,11 @@ class LMPolicy(torch.nn.Module):
         """
         device = inputs.device
         Lp = prompt_ids.shape[1]
-        columns = torch.arange(needed.shape[1], device=device)
-        used = ((needed * (columns + 1)).amax(1) - 1).clamp(min=0)            # inputs row r needs
+        used = inputs_used(needed)
         first, sequence, offset, width = packed_layout(prompt_ids, prompt_mask, used, PACKED_INPUTS)
         prompt_ids, prompt_mask, n = prompt_ids[first], prompt_mask[first], len(first)
-        r, c = (columns[:inputs.shape[1]] < used[:, None]).nonzero(as_tuple=True)  # the inputs to place
+        columns = torch.arange(inputs.shape[1], device=device)
+        r, c = (columns < used[:, None]).nonzero(as_tuple=True)                    # the inputs to place
         j, w = sequence[r], offset[r] + c                                               # and where they go
         ids = prompt_ids.new_zeros(n, width)
         segment = torch.full((n, width), -2, device=device)

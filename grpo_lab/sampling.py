@@ -130,8 +130,8 @@ class HFSampler:
     than the one :meth:`LMPolicy.logprobs` scores.
 
     α's weights live in one buffer on 2 MiB pages (:func:`move_to_huge_pages`):
-    decoding reads every weight once per token, and on 4 KiB pages that read
-    ran ~1.5x slower here.
+    decoding reads every weight once per token, and on 4 KiB pages sampling
+    took ~1.4x as long here (``benchmarks/huge_pages.py``).
 
     Each prompt is prefilled once; its keys and values are repeated for its G
     completions, which then decode one token per forward on a KV cache, with
