@@ -57,8 +57,10 @@ test: setup test-lib test-notebooks
 test-lib: setup
 	$(PY) -m pytest -q tests --ignore=tests/browser
 
+# The notebooks' runs (checkpoints of ~2 GB each) go to a temporary folder, removed whatever the result.
 test-notebooks: setup
-	GRPO_LAB_SMOKE=1 $(PY) -m pytest -q --nbval-lax notebooks/
+	runs=$$(mktemp -d); trap 'rm -rf "$$runs"' EXIT; \
+	GRPO_LAB_SMOKE=1 GRPO_LAB_RUNS_DIR="$$runs" $(PY) -m pytest -q --nbval-lax notebooks/
 
 browser-deps: setup
 	scripts/browser_deps.sh $(VENV)

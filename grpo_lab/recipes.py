@@ -10,6 +10,7 @@ grpo_lab.launch`` and the notebooks (:func:`recipe`) all read recipes here.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +104,16 @@ def run_mode() -> str:
     return "full" if torch.cuda.is_available() else "reduced"
 
 
+RUNS_DIR_ENV = "GRPO_LAB_RUNS_DIR"
+
+
+def run_dir(name: str) -> str:
+    """Where a notebook's run ``name`` writes: ``$GRPO_LAB_RUNS_DIR/<name>``, by default ``runs/<name>``.
+    ``make test-notebooks`` points it at a temporary folder that it removes afterwards: a SmolLM2
+    checkpoint (π_θ, α, π_ref, AdamW's moments) takes ~2 GB, and CI's smoke runs write three."""
+    return str(Path(os.environ.get(RUNS_DIR_ENV) or "runs") / name)
+
+
 def recipe(name: str, **changes: Any) -> TrainConfig:
     """``configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
     return load_config(CONFIG_DIR / f"{name}.yaml").replace(**changes)
@@ -119,5 +130,5 @@ def gsm8k_lab_configs(mode: str) -> dict[str, TrainConfig]:
                 for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10")}
     shrink = dict(G=3, prompts_per_step=2, max_completion_length=4, steps=5, micro_batch_size=6,
                   checkpoint_every=0, eval_problems=2, eval_samples=2)
-    return {f"v={v}": recipe("cpu_arith_smollm2", v=v, output_dir=f"runs/nb02_smoke_v{v}", **shrink)
+    return {f"v={v}": recipe("cpu_arith_smollm2", v=v, output_dir=run_dir(f"nb02_smoke_v{v}"), **shrink)
             for v in (1, 4)}

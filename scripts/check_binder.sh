@@ -5,14 +5,16 @@
 #   scripts/check_binder.sh [VENV_DIR]      (default: a temporary folder, removed afterwards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${1:-$(mktemp -d)/binder-venv}
+scratch=$(mktemp -d)                      # removed on exit, whatever the result
+trap 'rm -rf "$scratch"' EXIT
+venv=${1:-$scratch/binder-venv}
 python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 requirements=binder/requirements.txt
 if ! python3 -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then
   # Offline CI: no PyTorch index (pip would retry it for every package); torch==2.13.0+cpu must then
   # come from pip's own configuration (find-links), everything else from PyPI as on mybinder.
-  requirements=$(mktemp)
+  requirements=$scratch/requirements.txt
   grep -v '^--extra-index-url' binder/requirements.txt > "$requirements"
   echo "download.pytorch.org unreachable: installing binder/requirements.txt without its extra index"
 fi
@@ -35,4 +37,3 @@ print(f"binder: notebook 01 ran {sum(c.cell_type == 'code' for c in nb.cells)} c
       f"{time.perf_counter() - start:.0f} s (torch {torch.__version__}; no transformers, TRL or vLLM)")
 PY
 du -sh "$venv" | sed 's/^/binder environment size: /'
-[ $# -ge 1 ] || rm -rf "$(dirname "$venv")"

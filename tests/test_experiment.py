@@ -4,6 +4,8 @@ A tiny random Llama with the bundled SmolLM2 tokenizer (real chat template) keep
 """
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,6 +144,18 @@ def test_share_prompt_knob_reaches_the_policy(tokenizer, tmp_path):
     assert load_config(None, ["share_prompt=false"]).share_prompt is False
     with pytest.raises(ValueError, match="share_prompt must be true or false, got 'sometimes'"):
         load_config(None, ["share_prompt=sometimes"])
+
+
+def test_notebook_runs_go_where_the_environment_says(tmp_path, monkeypatch):
+    """Notebook runs write to runs/<name>, or under $GRPO_LAB_RUNS_DIR (make test-notebooks: a
+    temporary folder it removes, so CI's ~2 GB smoke checkpoints don't stay in the clone)."""
+    from grpo_lab.recipes import RUNS_DIR_ENV, gsm8k_lab_configs, run_dir
+
+    monkeypatch.delenv(RUNS_DIR_ENV, raising=False)
+    assert run_dir("x") == os.path.join("runs", "x")
+    monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path))
+    assert run_dir("x") == str(tmp_path / "x")
+    assert {Path(c.output_dir).parent for c in gsm8k_lab_configs("smoke").values()} == {tmp_path}
 
 
 def test_pass_at_k():

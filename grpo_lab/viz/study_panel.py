@@ -22,6 +22,7 @@ import numpy as np
 from ..build import build_loop
 from ..checkpoint import save_checkpoint
 from ..loop import GRPOLoop
+from ..recipes import run_dir
 from ..study_results import Study
 from ..train_config import TrainConfig
 from .display import display_mode, new_figure, show_panel
@@ -47,13 +48,15 @@ class LivePanel:
     """A short GRPO run with the knobs' values, drawn over the study's reward curves.
 
     ``base``: the study's config (task, P, G, T_max, lr); ``model``/``tokenizer``: the
-    untrained model (each new run trains a copy); ``problems``: the training problems.
+    untrained model (each new run trains a copy); ``problems``: the training problems;
+    ``out_dir``: where the run's checkpoint goes (default :func:`~grpo_lab.recipes.run_dir`).
     """
 
     def __init__(self, study: Study, base: TrainConfig, model: Any, tokenizer: Any, problems: list[Any],
-                 steps: int = 20, out_dir: str | Path = "runs/nb02_live", mode: str | None = None) -> None:
+                 steps: int = 20, out_dir: str | Path | None = None, mode: str | None = None) -> None:
         self.study, self.base, self.model, self.tokenizer, self.problems = study, base, model, tokenizer, problems
-        self.steps, self.out_dir, self.mode = steps, Path(out_dir), display_mode(mode)
+        self.steps, self.mode = steps, display_mode(mode)
+        self.out_dir = Path(out_dir if out_dir is not None else run_dir("nb02_live"))
         self.knobs = make_knobs(base)
         self.run_button = W.Button(description="Run", button_style="success", icon="play")
         self.stop_button = W.Button(description="Stop", button_style="warning", icon="stop")
