@@ -98,6 +98,7 @@ binder-check:
 bench: setup
 	$(PY) benchmarks/bandit_rerun.py
 	$(PY) benchmarks/sync_copy.py
+	$(PY) benchmarks/decode_gemm.py
 	$(PY) benchmarks/trl_step_ratio.py
 
 clean:

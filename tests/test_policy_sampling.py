@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
 from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler, completion_mask, move_to_huge_pages, tokenize_prompts
+from grpo_lab.sampling import HFSampler, completion_mask, draw_tokens, move_to_huge_pages, tokenize_prompts
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,22 @@ def test_tokens_are_drawn_from_alpha(tokenizer, temperature):
     bound = 4.5 * (probs.double() * (1 - probs.double()) / G).sqrt() + 0.01
     assert ((freq - probs.double()).abs() <= bound).all()
     assert float(probs.max()) > 0.1  # a distribution sharp enough that drawing from another one would show
+
+
+def test_draw_tokens_follows_the_probabilities():
+    """Inverse-CDF draws: frequencies within 4.5 binomial standard errors of exp(logp) over 200k draws
+    per row, and never a token of probability 0 (first, middle or last in the vocabulary)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7) * 2
+    logits[0, 0] = logits[1, 3] = logits[2, 6] = -math.inf
+    logp = torch.log_softmax(logits, -1)
+    n = 200_000
+    drawn = draw_tokens(logp.repeat_interleave(n, dim=0)).view(3, n)
+    assert drawn.dtype == torch.long and drawn.shape == (3, n)
+    freq = torch.stack([torch.bincount(row, minlength=7) for row in drawn]).double() / n
+    probs = logp.exp().double()
+    assert ((freq - probs).abs() <= 4.5 * (probs * (1 - probs) / n).sqrt() + 1e-12).all(), (freq, probs)
+    assert freq[0, 0] == freq[1, 3] == freq[2, 6] == 0
 
 
 def test_completions_are_masked_and_padded_after_eos(tokenizer):

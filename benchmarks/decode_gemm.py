@@ -1,0 +1,113 @@
+"""The decoding kernel (grpo_lab.decode_gemm) against MKL's GEMM (F.linear), side by side in one run.
+
+1. The products of one SmolLM2-135M decoding step (the 7 linear layers of each of its 30 blocks
+   and the tied LM head, float32, on 2 MiB pages as α's are) for M rows, interleaved, each
+   timed ``--repeats`` times: ms per step, weights read per second.
+2. HFSampler.sample of one batch (bundled SmolLM2, CPU) with ``fast_decode`` True and False,
+   same prompts and seeds, medians after a warm-up each, per decoding step (the sums' other order
+   can flip a draw that falls at a boundary of the CDF, and a flipped completion may end sooner;
+   the share of identical tokens is printed)::
+
+    python benchmarks/decode_gemm.py [--rows 1 8 16 32] [--G 8] [--prompts 2] [--tokens 32] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from grpo_lab import decode_gemm
+from grpo_lab.build import build_loop
+from grpo_lab.sampling import HFSampler, move_to_huge_pages
+from grpo_lab.train_config import TrainConfig
+
+HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M
+
+
+def step_weights() -> list[torch.Tensor]:
+    """One decoding step's weight matrices, [N, K], in the order the model reads them."""
+    block = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
+             (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+    weights = [torch.randn(n, k) for n, k in block * LAYERS + [(VOCAB, HIDDEN)]]
+    move_to_huge_pages(weights)
+    return weights
+
+
+def seconds(function: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def products(rows: list[int], repeats: int) -> None:
+    weights = step_weights()
+    gigabytes = sum(w.numel() * w.element_size() for w in weights) / 1e9
+    print(f"1. one SmolLM2 decoding step's products ({gigabytes:.2f} GB of weights), median of {repeats}")
+    with torch.no_grad():
+        for m in rows:
+            pairs = [(torch.randn(m, w.shape[1]), w) for w in weights]
+            ways = {"MKL": lambda pairs=pairs: [F.linear(x, w) for x, w in pairs],
+                    "kernel": lambda pairs=pairs: [decode_gemm.linear(x, w) for x, w in pairs]}
+            times: dict[str, list[float]] = {name: [] for name in ways}
+            for repeat in range(repeats + 1):
+                for name, way in ways.items():
+                    elapsed = seconds(way)
+                    if repeat:
+                        times[name].append(elapsed)
+            mkl, kernel = (statistics.median(times[name]) for name in ways)
+            used = "kernel" if m <= decode_gemm.DECODE_ROWS else "F.linear (M > DECODE_ROWS)"
+            print(f"  M = {m:3d}: MKL {mkl * 1e3:6.1f} ms ({gigabytes / mkl:4.1f} GB/s), decode_gemm.linear "
+                  f"{kernel * 1e3:6.1f} ms ({gigabytes / kernel:4.1f} GB/s; {used}): ratio {kernel / mkl:.2f}")
+
+
+def sampling(G: int, prompts: int, tokens: int, repeats: int) -> None:
+    config = TrainConfig(G=G, prompts_per_step=prompts, max_completion_length=tokens, train_problems=50,
+                         temperature=1.0)
+    loop = build_loop(config)
+    batch = loop.task.prompts(prompts, torch.Generator().manual_seed(0))
+    samplers = {"kernel": loop.sampler,
+                "MKL": HFSampler(loop.policy, loop.sampler.tokenizer, tokens, fast_decode=False)}
+    if not loop.sampler.fast_decode:
+        raise SystemExit("the decoding kernel did not build on this machine (see the warning above)")
+    times: dict[str, list[float]] = {name: [] for name in samplers}
+    same, total = 0, 0
+    for repeat in range(repeats + 1):
+        drawn = []
+        for name, sampler in samplers.items():
+            start = time.perf_counter()
+            rollout = sampler.sample(batch, G, torch.Generator().manual_seed(repeat))
+            if repeat:
+                times[name].append((time.perf_counter() - start) / rollout.completions.shape[1])
+            drawn.append(rollout.completions)
+        if drawn[0].shape == drawn[1].shape:
+            same, total = same + int((drawn[0] == drawn[1]).sum()), total + drawn[0].numel()
+    median = {name: statistics.median(t) for name, t in times.items()}
+    print(f"2. HFSampler.sample, G={G}, P={prompts}, T_max={tokens}: ms per decoding step, median of {repeats}; "
+          f"identical tokens {same}/{total}")
+    for name, values in times.items():
+        print(f"  {name:6s}: {median[name] * 1e3:.0f} ms  ({', '.join(f'{v * 1e3:.0f}' for v in values)})")
+    print(f"  ratio kernel / MKL: {median['kernel'] / median['MKL']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32])
+    parser.add_argument("--G", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    if decode_gemm.kernel() is None:
+        raise SystemExit("the decoding kernel did not build on this machine (see the warning above)")
+    print(f"{torch.get_num_threads()} torch threads")
+    products(args.rows, args.repeats)
+    sampling(args.G, args.prompts, args.tokens, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
