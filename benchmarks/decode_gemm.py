@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from side_by_side import sample_in_turn, timed_once, two_samplers
 
 from grpo_lab import decode_gemm
-from grpo_lab.build import build_loop
-from grpo_lab.sampling import HFSampler, move_to_huge_pages
-from grpo_lab.train_config import TrainConfig
+from grpo_lab.sampling import move_to_huge_pages
 
 HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M
 
@@ -36,12 +33,6 @@ def step_weights() -> list[torch.Tensor]:
     weights = [torch.randn(n, k) for n, k in block * LAYERS + [(VOCAB, HIDDEN)]]
     move_to_huge_pages(weights)
     return weights
-
-
-def seconds(function: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
 
 
 def products(rows: list[int], repeats: int) -> None:
@@ -56,7 +47,7 @@ def products(rows: list[int], repeats: int) -> None:
             times: dict[str, list[float]] = {name: [] for name in ways}
             for repeat in range(repeats + 1):
                 for name, way in ways.items():
-                    elapsed = seconds(way)
+                    elapsed = timed_once(way)
                     if repeat:
                         times[name].append(elapsed)
             mkl, kernel = (statistics.median(times[name]) for name in ways)
@@ -66,30 +57,19 @@ def products(rows: list[int], repeats: int) -> None:
 
 
 def sampling(G: int, prompts: int, tokens: int, repeats: int) -> None:
-    config = TrainConfig(G=G, prompts_per_step=prompts, max_completion_length=tokens, train_problems=50,
-                         temperature=1.0)
-    loop = build_loop(config)
-    batch = loop.task.prompts(prompts, torch.Generator().manual_seed(0))
-    samplers = {"kernel": loop.sampler,
-                "MKL": HFSampler(loop.policy, loop.sampler.tokenizer, tokens, fast_decode=False)}
-    if not loop.sampler.fast_decode:
+    fast, plain, batch = two_samplers(G, prompts, tokens, fast_decode=False)
+    if not fast.fast_decode:
         raise SystemExit("the decoding kernel did not build on this machine (see the warning above)")
-    times: dict[str, list[float]] = {name: [] for name in samplers}
-    same, total = 0, 0
-    for repeat in range(repeats + 1):
-        drawn = []
-        for name, sampler in samplers.items():
-            start = time.perf_counter()
-            rollout = sampler.sample(batch, G, torch.Generator().manual_seed(repeat))
-            if repeat:
-                times[name].append((time.perf_counter() - start) / rollout.completions.shape[1])
-            drawn.append(rollout.completions)
-        if drawn[0].shape == drawn[1].shape:
-            same, total = same + int((drawn[0] == drawn[1]).sum()), total + drawn[0].numel()
-    median = {name: statistics.median(t) for name, t in times.items()}
+    rounds = sample_in_turn({"kernel": fast, "MKL": plain}, batch, G, repeats)
+    same = total = 0
+    for (_, a), (_, b) in zip(rounds["kernel"], rounds["MKL"], strict=True):
+        if a.shape == b.shape:
+            same, total = same + int((a == b).sum()), total + a.numel()
+    per_step = {name: [s / drawn.shape[1] for s, drawn in values] for name, values in rounds.items()}
+    median = {name: statistics.median(t) for name, t in per_step.items()}
     print(f"2. HFSampler.sample, G={G}, P={prompts}, T_max={tokens}: ms per decoding step, median of {repeats}; "
           f"identical tokens {same}/{total}")
-    for name, values in times.items():
+    for name, values in per_step.items():
         print(f"  {name:6s}: {median[name] * 1e3:.0f} ms  ({', '.join(f'{v * 1e3:.0f}' for v in values)})")
     print(f"  ratio kernel / MKL: {median['kernel'] / median['MKL']:.2f}")
 

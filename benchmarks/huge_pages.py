@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-
-from grpo_lab.build import build_loop
-from grpo_lab.sampling import HFSampler
-from grpo_lab.train_config import TrainConfig
+from side_by_side import sample_in_turn, two_samplers
 
 
 def main() -> None:
@@ -29,24 +25,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    config = TrainConfig(G=args.G, prompts_per_step=args.prompts, max_completion_length=args.tokens,
-                         train_problems=50, temperature=1.0)
-    loop = build_loop(config)
-    prompts = loop.task.prompts(args.prompts, torch.Generator().manual_seed(0))
-    samplers = {"2 MiB": loop.sampler, "4 KiB": HFSampler(loop.policy, loop.sampler.tokenizer, args.tokens,
-                                                          huge_pages=False)}
-    if not loop.sampler.huge_pages:
+    huge, small, batch = two_samplers(args.G, args.prompts, args.tokens, huge_pages=False)
+    if not huge.huge_pages:
         raise SystemExit("this machine gave no huge pages (not Linux, or transparent huge pages set to never)")
-    seconds: dict[str, list[float]] = {name: [] for name in samplers}
-    for repeat in range(args.repeats + 1):
-        tokens = []
-        for name, sampler in samplers.items():
-            start = time.perf_counter()
-            rollout = sampler.sample(prompts, args.G, torch.Generator().manual_seed(repeat))
-            if repeat:  # the first round is a warm-up
-                seconds[name].append(time.perf_counter() - start)
-            tokens.append(rollout.completions)
-        assert torch.equal(*tokens), "the two samplers drew different tokens"
+    rounds = sample_in_turn({"2 MiB": huge, "4 KiB": small}, batch, args.G, args.repeats)
+    for (_, a), (_, b) in zip(rounds["2 MiB"], rounds["4 KiB"], strict=True):
+        assert torch.equal(a, b), "the two samplers drew different tokens"
+    seconds = {name: [s for s, _ in values] for name, values in rounds.items()}
     median = {name: statistics.median(s) for name, s in seconds.items()}
     print(f"G={args.G}, P={args.prompts}, {args.tokens} tokens, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} (after a warm-up each)")

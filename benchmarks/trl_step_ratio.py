@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from side_by_side import timed_once
 
 PARTS = ("sample", "reward", "sync", "train")
 
@@ -77,12 +78,6 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
     torch.mm(a, b)
     best = min(timed_once(lambda: torch.mm(a, b)) for _ in range(repeats))
     return 2.0 * size**3 / best
-
-
-def timed_once(function: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
 
 
 def lab_side(args: argparse.Namespace) -> Side:

@@ -160,11 +160,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)``, through the kernel when x has at most :data:`DECODE_ROWS` rows,
     everything is float32 on the CPU, no gradient is wanted and the kernel is built."""
     rows = x.numel() // max(x.shape[-1], 1)
-    if (rows > DECODE_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu"
-            or not weight.is_contiguous() or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-            or kernel() is None):
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    decoding = (rows <= DECODE_ROWS and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
+                and weight.is_contiguous() and not wants_grad)
+    built = kernel() if decoding else None
+    if built is None:
         return F.linear(x, weight, bias)
-    y = kernel().skinny_linear(x.reshape(rows, x.shape[-1]), weight)
+    y = built.skinny_linear(x.reshape(rows, x.shape[-1]), weight)
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], weight.shape[0])

@@ -152,8 +152,8 @@ class HFSampler:
     took ~1.4x as long here (``benchmarks/huge_pages.py``). Its linear layers
     multiply the P·G decoding rows by their weights with
     :func:`grpo_lab.decode_gemm.linear`, 0.65–0.82x MKL's time for such
-    skinny products (8–16 rows); the attributes ``huge_pages`` and ``fast_decode`` say whether
-    each took effect.
+    skinny products (8–16 rows). The attributes ``huge_pages`` and
+    ``fast_decode`` say whether each took effect.
 
     Each prompt is prefilled once; its keys and values are repeated for its G
     completions, which then decode one token per forward on a KV cache, with
