@@ -99,6 +99,7 @@ bench: setup
 	$(PY) benchmarks/bandit_rerun.py
 	$(PY) benchmarks/sync_copy.py
 	$(PY) benchmarks/decode_gemm.py
+	$(PY) benchmarks/lean_decoder.py
 	$(PY) benchmarks/trl_step_ratio.py
 
 clean:

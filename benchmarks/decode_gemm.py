@@ -1,4 +1,4 @@
-"""The decoding kernel (grpo_lab.decode_gemm) against MKL's GEMM (F.linear), side by side in one run.
+"""The decoding kernel (grpo_lab.decode_kernels) against MKL's GEMM (F.linear), side by side in one run.
 
 1. The products of one SmolLM2-135M decoding step (the 7 linear layers of each of its 30 blocks
    and the tied LM head, float32, on 2 MiB pages as α's are) for M rows, interleaved, each
@@ -18,10 +18,10 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from side_by_side import sample_in_turn, timed_once, two_samplers
+from side_by_side import per_decoding_step, sample_in_turn, timed_once, two_samplers
 
-from grpo_lab import decode_gemm
-from grpo_lab.sampling import move_to_huge_pages
+from grpo_lab import decode_kernels
+from grpo_lab.decoder import pack_weights
 
 HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M
 
@@ -31,7 +31,7 @@ def step_weights() -> list[torch.Tensor]:
     block = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
              (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
     weights = [torch.randn(n, k) for n, k in block * LAYERS + [(VOCAB, HIDDEN)]]
-    move_to_huge_pages(weights)
+    pack_weights([[w] for w in weights])
     return weights
 
 
@@ -43,7 +43,7 @@ def products(rows: list[int], repeats: int) -> None:
         for m in rows:
             pairs = [(torch.randn(m, w.shape[1]), w) for w in weights]
             ways = {"MKL": lambda pairs=pairs: [F.linear(x, w) for x, w in pairs],
-                    "kernel": lambda pairs=pairs: [decode_gemm.linear(x, w) for x, w in pairs]}
+                    "kernel": lambda pairs=pairs: [decode_kernels.linear(x, w) for x, w in pairs]}
             times: dict[str, list[float]] = {name: [] for name in ways}
             for repeat in range(repeats + 1):
                 for name, way in ways.items():
@@ -51,8 +51,8 @@ def products(rows: list[int], repeats: int) -> None:
                     if repeat:
                         times[name].append(elapsed)
             mkl, kernel = (statistics.median(times[name]) for name in ways)
-            used = "kernel" if m <= decode_gemm.DECODE_ROWS else "F.linear (M > DECODE_ROWS)"
-            print(f"  M = {m:3d}: MKL {mkl * 1e3:6.1f} ms ({gigabytes / mkl:4.1f} GB/s), decode_gemm.linear "
+            used = "kernel" if m <= decode_kernels.DECODE_ROWS else "F.linear (M > DECODE_ROWS)"
+            print(f"  M = {m:3d}: MKL {mkl * 1e3:6.1f} ms ({gigabytes / mkl:4.1f} GB/s), decode_kernels.linear "
                   f"{kernel * 1e3:6.1f} ms ({gigabytes / kernel:4.1f} GB/s; {used}): ratio {kernel / mkl:.2f}")
 
 
@@ -61,17 +61,7 @@ def sampling(G: int, prompts: int, tokens: int, repeats: int) -> None:
     if not fast.fast_decode:
         raise SystemExit("the decoding kernel did not build on this machine (see the warning above)")
     rounds = sample_in_turn({"kernel": fast, "MKL": plain}, batch, G, repeats)
-    same = total = 0
-    for (_, a), (_, b) in zip(rounds["kernel"], rounds["MKL"], strict=True):
-        if a.shape == b.shape:
-            same, total = same + int((a == b).sum()), total + a.numel()
-    per_step = {name: [s / drawn.shape[1] for s, drawn in values] for name, values in rounds.items()}
-    median = {name: statistics.median(t) for name, t in per_step.items()}
-    print(f"2. HFSampler.sample, G={G}, P={prompts}, T_max={tokens}: ms per decoding step, median of {repeats}; "
-          f"identical tokens {same}/{total}")
-    for name, values in per_step.items():
-        print(f"  {name:6s}: {median[name] * 1e3:.0f} ms  ({', '.join(f'{v * 1e3:.0f}' for v in values)})")
-    print(f"  ratio kernel / MKL: {median['kernel'] / median['MKL']:.2f}")
+    per_decoding_step(rounds, f"2. HFSampler.sample, G={G}, P={prompts}, T_max={tokens}")
 
 
 def main() -> None:
@@ -82,7 +72,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    if decode_gemm.kernel() is None:
+    if decode_kernels.kernel() is None:
         raise SystemExit("the decoding kernel did not build on this machine (see the warning above)")
     print(f"{torch.get_num_threads()} torch threads")
     products(args.rows, args.repeats)

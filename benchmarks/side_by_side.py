@@ -1,6 +1,6 @@
 """What the side-by-side benchmarks share: timing a call, and two samplers of one model taking turns.
 
-``huge_pages.py`` and ``decode_gemm.py`` compare the default :class:`HFSampler` of the bundled
+``huge_pages.py``, ``decode_gemm.py`` and ``lean_decoder.py`` compare the default :class:`HFSampler` of the bundled
 SmolLM2 (float32, CPU, as ``build_loop`` makes it) with one of the same weights built with other
 arguments: the same prompts, the same seed per round, one sampler after the other, so machine
 noise hits both alike. Imported by the scripts of this folder (Python puts a script's folder on
@@ -9,6 +9,7 @@ its path).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,3 +50,21 @@ def sample_in_turn(samplers: dict[str, HFSampler], batch: list[str], G: int,
             if repeat:
                 rounds[name].append((time.perf_counter() - start, rollout.completions))
     return rounds
+
+
+def per_decoding_step(rounds: dict[str, list[tuple[float, torch.Tensor]]], title: str) -> dict[str, float]:
+    """Print and return each sampler's median seconds per decoding step over :func:`sample_in_turn`'s
+    rounds, with the share of tokens the first two drew alike (float sums in another order can flip a
+    draw at a boundary of the CDF, and a flipped completion may end sooner)."""
+    first, second = list(rounds)[:2]
+    same = total = 0
+    for (_, a), (_, b) in zip(rounds[first], rounds[second], strict=True):
+        if a.shape == b.shape:
+            same, total = same + int((a == b).sum()), total + a.numel()
+    per_step = {name: [s / drawn.shape[1] for s, drawn in values] for name, values in rounds.items()}
+    median = {name: statistics.median(t) for name, t in per_step.items()}
+    print(f"{title}: ms per decoding step, median of {len(rounds[first])}; identical tokens {same}/{total}")
+    for name, values in per_step.items():
+        print(f"  {name:14s}: {median[name] * 1e3:.0f} ms  ({', '.join(f'{v * 1e3:.0f}' for v in values)})")
+    print(f"  ratio {first} / {second}: {median[first] / median[second]:.2f}")
+    return median

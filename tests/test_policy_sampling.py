@@ -2,9 +2,6 @@
 
 import copy
 import math
-import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +9,9 @@ from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, check_state_dict_round_tri
 from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
+from grpo_lab.decoder import LeanDecoder, ModelDecoder
 from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler, completion_mask, draw_tokens, move_to_huge_pages, tokenize_prompts
+from grpo_lab.sampling import HFSampler, completion_mask, draw_tokens, tokenize_prompts
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +42,15 @@ def test_tokenize_prompts_left_pads(tokenizer):
 
 # ----------------------------------------------------------------------------- log α = log π at sync
 
+@pytest.mark.parametrize("lean_decoder", [True, False])
 @pytest.mark.parametrize("share_prompt", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temperature, share_prompt):
+def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temperature, share_prompt, lean_decoder):
     policy = LMPolicy(tiny_model(), temperature, share_prompt=share_prompt)
     # A generation config that truncates must not leak into sampling (log α would be another distribution).
     policy.model.generation_config.update(top_k=5, top_p=0.5, min_p=0.2, repetition_penalty=1.5)
-    sampler = HFSampler(policy, tokenizer, max_completion_length=12)
+    sampler = HFSampler(policy, tokenizer, max_completion_length=12, lean_decoder=lean_decoder)
+    assert isinstance(sampler.decoder, LeanDecoder if lean_decoder else ModelDecoder)
     perturb(policy)
     sampler.sync(policy)
     rollout = sample(sampler)
@@ -58,17 +58,19 @@ def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temper
         logp = policy.logprobs(rollout, slice(None))
     mask = rollout.mask
     diff = float((logp - rollout.logp_alpha)[mask].abs().max())
-    print(f"T={temperature}, share_prompt={share_prompt}: max |log α (sampler) − log π (LMPolicy)| = {diff:.2e}")
+    print(f"T={temperature}, share_prompt={share_prompt}, lean_decoder={lean_decoder}: "
+          f"max |log α (sampler) − log π (LMPolicy)| = {diff:.2e}")
     assert diff < 1e-4
     assert float(logp[mask].std()) > 0.5  # sharp distributions: the test could see a shift or a truncation
     assert torch.isfinite(logp).all() and torch.isfinite(rollout.logp_alpha).all()
 
 
-def test_each_prompt_is_prefilled_once_then_decoded_one_token_per_row(tokenizer):
-    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=5, eos_token_ids=[127])
-    shapes = []
-    sampler.model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
-                                            with_kwargs=True)
+@pytest.mark.parametrize("lean_decoder", [True, False])
+def test_each_prompt_is_prefilled_once_then_decoded_one_token_per_row(tokenizer, lean_decoder):
+    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=5, eos_token_ids=[127],
+                        lean_decoder=lean_decoder)
+    shapes = []  # the token ids each forward embeds
+    sampler.model.get_input_embeddings().register_forward_hook(lambda _, args, out: shapes.append(tuple(args[0].shape)))
     G, Lp = 6, max(len(p.split()) for p in PROMPTS)
     rollout = sample(sampler, G=G)
     assert shapes[0] == (len(PROMPTS), Lp)  # the prefill: one row per prompt, not per completion
@@ -125,10 +127,11 @@ def test_completions_are_masked_and_padded_after_eos(tokenizer):
         assert text == " ".join(f"w{t - 3}" for t in row[:n].tolist() if t >= 3)  # special tokens dropped
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "llama, model forward"])
 def test_left_padding_gives_the_logprobs_of_each_prompt_alone(tokenizer, kind):
-    policy = LMPolicy(tiny_model(kind=kind))
-    sampler = HFSampler(policy, tokenizer, max_completion_length=10)
+    policy = LMPolicy(tiny_model(kind=kind.split(",")[0]))
+    sampler = HFSampler(policy, tokenizer, max_completion_length=10, lean_decoder=kind == "llama")
+    assert isinstance(sampler.decoder, LeanDecoder if kind == "llama" else ModelDecoder)
     G = 3
     rollout = sample(sampler, G=G)
     assert (rollout.extra["prompt_mask"] == 0).any()  # left padding is present
@@ -261,22 +264,3 @@ def test_micro_batches_give_the_whole_batch_gradient(tokenizer):
     assert any(d.abs().max() > 0 for d in deltas[0])
     for whole, micro in zip(*deltas, strict=True):  # float32 sums in another order: equal to 1e-5 relative
         assert (whole - micro).norm() <= 1e-5 * whole.norm()
-
-
-def test_alpha_weights_move_to_one_buffer_on_huge_pages():
-    """Values, shapes and dtypes kept, every tensor in one storage; where Linux offers transparent huge
-    pages (not ``never``), the kernel reports that buffer backed by 2 MiB pages (/proc/self/smaps)."""
-    tensors = [torch.randn(2048, 2048), torch.randn(3, 5).double(), torch.arange(7), torch.randn(4096, 1024)]
-    before = [t.clone() for t in tensors]
-    moved = move_to_huge_pages(tensors)
-    assert all(torch.equal(t, b) and t.dtype == b.dtype for t, b in zip(tensors, before, strict=True))
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if sys.platform == "linux" and thp.exists() and "[never]" not in thp.read_text():
-        assert moved and len({t.untyped_storage().data_ptr() for t in tensors}) == 1
-        address = tensors[-1].data_ptr()
-        regions = re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text())
-        region = next(r for r in regions
-                      if int(r.split("-")[0], 16) <= address < int(r.split("-")[1].split()[0], 16))
-        huge_kb = int(re.search(r"AnonHugePages:\s+(\d+) kB", region).group(1))
-        print(f"AnonHugePages of the buffer: {huge_kb} kB")
-        assert huge_kb >= 4096
