@@ -1,8 +1,8 @@
 """The decoding kernel (grpo_lab.decode_kernels) against MKL's GEMM (F.linear), side by side in one run.
 
-1. The products of one SmolLM2-135M decoding step (the 7 linear layers of each of its 30 blocks
-   and the tied LM head, float32, on 2 MiB pages as α's are) for M rows, interleaved, each
-   timed ``--repeats`` times: ms per step, weights read per second.
+1. The products of one SmolLM2-135M decoding step as LeanDecoder runs them (4 per block: q/k/v,
+   o, gate/up, down; 30 blocks, and the tied LM head; float32, on 2 MiB pages as α's are) for M
+   rows, interleaved, each timed ``--repeats`` times: ms per step, weights read per second.
 2. HFSampler.sample of one batch (bundled SmolLM2, CPU) with ``fast_decode`` True and False,
    same prompts and seeds, medians after a warm-up each, per decoding step (the sums' other order
    can flip a draw that falls at a boundary of the CDF, and a flipped completion may end sooner;
@@ -27,9 +27,9 @@ HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-1
 
 
 def step_weights() -> list[torch.Tensor]:
-    """One decoding step's weight matrices, [N, K], in the order the model reads them."""
-    block = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
-             (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+    """One decoding step's weight matrices, [N, K], in the order LeanDecoder reads them (q/k/v and
+    gate/up fused)."""
+    block = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
     weights = [torch.randn(n, k) for n, k in block * LAYERS + [(VOCAB, HIDDEN)]]
     pack_weights([[w] for w in weights])
     return weights

@@ -2,10 +2,11 @@
 
 **Products.** Decoding feeds the model one token per row, so each linear layer multiplies P·G rows (16 in the
 P1 benchmark) by a weight matrix it reads whole. MKL's float32 GEMM runs those skinny products at
-~8 GB/s of weights here (~65 ms per SmolLM2 step) where a plain read streams 26 GB/s. The kernel
-below keeps 8 rows × 2 weight rows of partial sums in registers, reads each weight row from memory
-once (the second block of 8 rows finds it in cache), prefetches the next weight rows, and splits
-the weight rows across torch's threads: ~49 ms for the same step (``benchmarks/decode_gemm.py``).
+~11 GB/s of weights here (51 ms per SmolLM2 step at 16 rows) where a plain read streams 26 GB/s.
+The kernel below keeps 8 rows × 2 weight rows of partial sums in registers, reads each weight row
+from memory once (the second block of 8 rows finds it in cache), prefetches the next weight rows,
+and splits the weight rows across torch's threads: 39 ms for the same step, 28 ms at 8 rows
+against MKL's 50 (``benchmarks/decode_gemm.py``).
 
 **Attention.** A decoding step attends one query per row and head to the few hundred cached keys at
 most: ~2.8 MFLOP for SmolLM2's 30 blocks at 16 rows, on which ``scaled_dot_product_attention`` spent
@@ -28,6 +29,8 @@ returned     ``[..., N]`` x·Wᵀ + b, summed in float32 in another order
 
 Attention (GQA: query head h reads key/value head h // (H / H_kv), as ``repeat_kv`` does):
 
+============ ======================== ============================================
+symbol       shape                    meaning
 ============ ======================== ============================================
 q            ``[B, H, 1, D]``         one query per row and head
 K, V         ``[B, H_kv, S_max, D]``  the cache; the first S positions are read
