@@ -13,12 +13,11 @@
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
 import torch.nn.functional as F
-from side_by_side import per_decoding_step, sample_in_turn, timed_once, two_samplers
+from side_by_side import per_decoding_step, sample_in_turn, sampling_parser, timed_once, two_samplers
 
 from grpo_lab import decode_kernels
 from grpo_lab.decoder import pack_weights
@@ -65,12 +64,8 @@ def sampling(G: int, prompts: int, tokens: int, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = sampling_parser(__doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32])
-    parser.add_argument("--G", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     if decode_kernels.kernel() is None:
         raise SystemExit("the decoding kernel did not build on this machine (see the warning above)")

@@ -11,20 +11,14 @@ by the TLB misses of 4 KiB pages::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
-from side_by_side import sample_in_turn, two_samplers
+from side_by_side import sample_in_turn, sampling_parser, two_samplers
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--G", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = sampling_parser(__doc__).parse_args()
     huge, small, batch = two_samplers(args.G, args.prompts, args.tokens, huge_pages=False)
     if not huge.huge_pages:
         raise SystemExit("this machine gave no huge pages (not Linux, or transparent huge pages set to never)")

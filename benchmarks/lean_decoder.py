@@ -10,20 +10,13 @@ turn with the same seeds, ``--repeats`` times each after one warm-up each::
 
 from __future__ import annotations
 
-import argparse
-
-from side_by_side import per_decoding_step, sample_in_turn, two_samplers
+from side_by_side import per_decoding_step, sample_in_turn, sampling_parser, two_samplers
 
 from grpo_lab.decoder import LeanDecoder
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--G", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = sampling_parser(__doc__).parse_args()
     lean, model, batch = two_samplers(args.G, args.prompts, args.tokens, lean_decoder=False)
     if not isinstance(lean.decoder, LeanDecoder):
         raise SystemExit("the default sampler did not take LeanDecoder for this model")

@@ -9,6 +9,7 @@ its path).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +20,17 @@ import torch
 from grpo_lab.build import build_loop
 from grpo_lab.sampling import HFSampler
 from grpo_lab.train_config import TrainConfig
+
+
+def sampling_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the sampling benchmarks (the P1 batch by default), described by the first
+    paragraph of the script's docstring ``doc``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--G", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    return parser
 
 
 def timed_once(function: Callable[[], Any]) -> float:
