@@ -66,15 +66,19 @@ def pack_weights(groups: Sequence[Sequence[torch.Tensor]], huge_pages: bool = Tr
             raise ValueError(f"a group's tensors must share their dtype and trailing shape, got {shapes}")
     sizes = [-(-sum(t.numel() for t in g) * g[0].element_size() // 64) * 64 for g in groups]  # 64-byte aligned
     total = sum(sizes)
-    # private and anonymous (a shared one would be shmem, under another THP switch), not yet touched
-    region = mmap.mmap(-1, total + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    on_huge_pages = huge_pages and sys.platform == "linux"
-    if on_huge_pages:
+    region = None
+    if huge_pages and sys.platform == "linux":
+        # private and anonymous (a shared one would be shmem, under another THP switch), not yet touched
+        region = mmap.mmap(-1, total + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
             region.madvise(mmap.MADV_HUGEPAGE)
         except (AttributeError, OSError):  # no MADV_HUGEPAGE in this kernel or Python
-            on_huge_pages = False
-    raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
+            region.close()
+            region = None
+    on_huge_pages = region is not None
+    # the tensor keeps the mapping alive; otherwise plain memory, not advised for huge pages (any OS)
+    raw = torch.frombuffer(region, dtype=torch.uint8) if on_huge_pages else torch.empty(total + HUGE_PAGE_BYTES,
+                                                                                          dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE_BYTES
     buffer, offset, views = raw[start:start + total], 0, []
     with torch.no_grad():

@@ -133,8 +133,9 @@ class HFSampler:
     ``temperature``           T; must equal ``policy.temperature`` (None: take it)
     ``eos_token_ids``         ids that end a completion; None: the model's
                               generation config, else the tokenizer's EOS
-    ``huge_pages``            put α's weights on 2 MiB pages (Linux, CPU); False
-                              keeps 4 KiB pages
+    ``huge_pages``            put α's weights on 2 MiB pages (Linux, CPU); False:
+                              the same buffer in plain memory (4 KiB pages
+                              unless transparent huge pages are ``always``)
     ``fast_decode``           decoding's linear layers through
                               :mod:`grpo_lab.decode_kernels` (float32 on a CPU);
                               False keeps ``torch.nn.functional.linear``

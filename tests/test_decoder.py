@@ -158,7 +158,10 @@ def test_pack_weights_fuses_groups_and_keeps_values_on_huge_pages():
         huge_kb = int(re.search(r"AnonHugePages:\s+(\d+) kB", region).group(1))
         print(f"AnonHugePages of the buffer: {huge_kb} kB")
         assert huge_kb >= 4096
-    assert not pack_weights([[torch.randn(4, 4)]], huge_pages=False)[1]
+    a, b = torch.randn(4, 4), torch.randn(2, 4)
+    before = torch.cat([a, b])
+    views, huge = pack_weights([[a, b]], huge_pages=False)  # plain memory: the same layout, no madvise
+    assert not huge and torch.equal(views[0], before) and views[0].data_ptr() == a.data_ptr()
 
 
 def test_pack_weights_refuses_a_group_it_cannot_fuse():
