@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from .checks import require_int_at_least, require_number_in
-from .decode_kernels import use_for_decoding
+from .decode_kernels import kernel, use_for_decoding
 from .decoder import LeanDecoder, ModelDecoder, pack_weights
 from .loop import Rollout
 from .policy import LMPolicy, positions_from_mask
@@ -136,9 +136,9 @@ class HFSampler:
     ``huge_pages``            put α's weights on 2 MiB pages (Linux, CPU); False:
                               the same buffer in plain memory (4 KiB pages
                               unless transparent huge pages are ``always``)
-    ``fast_decode``           decoding's linear layers through
-                              :mod:`grpo_lab.decode_kernels` (float32 on a CPU);
-                              False keeps ``torch.nn.functional.linear``
+    ``fast_decode``           decoding's products (and LeanDecoder's attention)
+                              through :mod:`grpo_lab.decode_kernels` (float32 on
+                              a CPU); False keeps torch's
     ``lean_decoder``          decode with :class:`~grpo_lab.decoder.LeanDecoder`
                               where it supports the model (Llama, Qwen2 in
                               float32 on a CPU); False: the model's own forward
@@ -179,12 +179,14 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
         self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
-        self.fast_decode = fast_decode and use_for_decoding(self.model)
+        self.fast_decode = fast_decode and kernel() is not None
         self.decoder: LeanDecoder | ModelDecoder
         if lean_decoder and LeanDecoder.supports(self.model):
             self.decoder, self.huge_pages = LeanDecoder.from_model(self.model, huge_pages, self.fast_decode)
         else:
             self.decoder = ModelDecoder(self.model)
+            if self.fast_decode:
+                use_for_decoding(self.model)
             on_cpu = all(t.device.type == "cpu" for t in self._targets)
             self.huge_pages = on_cpu and pack_weights([[t] for t in self._targets], huge_pages)[1]
         self._shapes = tuple(t.shape for t in self._targets)
