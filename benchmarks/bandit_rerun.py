@@ -1,10 +1,10 @@
 """How long one re-run of the live bandit panel takes (notebook 01), engine against loop.
 
 The panel re-trains ``steps`` × ``runs`` on every slider change with
-:func:`~grpo_lab.bandit_closed_form.run_bandit_closed_form` (gradient in closed form); the
+:func:`~grpo_lab.exact.closed_form.run_bandit_closed_form` (gradient in closed form); the
 budget is 0.5 s for 300 steps × 8 runs on a 2-core CPU, at every slider's extreme too
 (i = 10, G = 32, v = 20, 16 runs). The same runs through
-:class:`~grpo_lab.loop.GRPOLoop` (:func:`~grpo_lab.bandit.run_bandit`, autograd)
+:class:`~grpo_lab.loop.GRPOLoop` (:func:`~grpo_lab.exact.bandit.run_bandit`, autograd)
 are timed alongside, interleaved repeat by repeat so that both see the same
 machine load; it prints the medians, their ratio and the engine's share of the
 budget::
@@ -26,9 +26,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from grpo_lab.bandit import BanditRun, run_bandit
-from grpo_lab.bandit_closed_form import run_bandit_closed_form
-from grpo_lab.bandit_studies import lab_config, lab_problem
+from grpo_lab.exact.bandit import BanditRun, run_bandit
+from grpo_lab.exact.closed_form import run_bandit_closed_form
+from grpo_lab.exact.studies import lab_config, lab_problem
 
 BUDGET_S = 0.5
 ENGINES: dict[str, Callable[..., BanditRun]] = {"closed form (panel)": run_bandit_closed_form, "GRPOLoop": run_bandit}

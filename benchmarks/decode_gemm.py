@@ -1,4 +1,4 @@
-"""The decoding kernel (grpo_lab.decode_kernels) against MKL's GEMM (F.linear), side by side in one run.
+"""The decoding kernel (grpo_lab.lm.decoding.kernels) against MKL's GEMM (F.linear), side by side in one run.
 
 1. The products of one SmolLM2-135M decoding step as LeanDecoder runs them (4 per block: q/k/v,
    o, gate/up, down; 30 blocks, and the tied LM head; float32, on 2 MiB pages as α's are) for M
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from side_by_side import per_decoding_step, sample_in_turn, sampling_parser, timed_once, two_samplers
 
-from grpo_lab import decode_kernels
-from grpo_lab.decoder import pack_weights
+from grpo_lab.lm.decoding import kernels as decode_kernels
+from grpo_lab.lm.decoding.decoder import pack_weights
 
 HIDDEN, INTERMEDIATE, KV, LAYERS, VOCAB = 576, 1536, 192, 30, 49152  # SmolLM2-135M
 

@@ -1,7 +1,7 @@
 """α's LeanDecoder against the model's own forward: HFSampler.sample of one batch, side by side in one run.
 
 Two samplers of the same weights (bundled SmolLM2 fp32, CPU, both on 2 MiB pages with the decoding
-kernel), one decoding with :class:`grpo_lab.decoder.LeanDecoder` (the default), one with
+kernel), one decoding with :class:`grpo_lab.lm.decoding.decoder.LeanDecoder` (the default), one with
 ``lean_decoder=False`` (the model's forward over its ``DynamicCache``), sample the same prompts in
 turn with the same seeds, ``--repeats`` times each after one warm-up each::
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from side_by_side import per_decoding_step, sample_in_turn, sampling_parser, two_samplers
 
-from grpo_lab.decoder import LeanDecoder
+from grpo_lab.lm.decoding.decoder import LeanDecoder
 
 
 def main() -> None:

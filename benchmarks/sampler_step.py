@@ -21,8 +21,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="max_completion_length")
     args = parser.parse_args()
 
-    from grpo_lab.build import build_loop
-    from grpo_lab.recipes import recipe
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.recipes import recipe
 
     loops = {name: build_loop(recipe("cpu_arith_smollm2", v=1, sampler=name, max_completion_length=args.tokens,
                                      steps=10**6)) for name in ("hf", "vllm")}

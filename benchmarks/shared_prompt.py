@@ -19,8 +19,8 @@ import time
 import torch
 
 from grpo_lab.advantages import whiten
-from grpo_lab.build import build_loop
-from grpo_lab.recipes import load_config
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.recipes import load_config
 
 
 def main() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from grpo_lab.build import build_loop
-from grpo_lab.sampling import HFSampler
-from grpo_lab.train_config import TrainConfig
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.sampling import HFSampler
+from grpo_lab.lm.train_config import TrainConfig
 
 
 def sampling_parser(doc: str) -> argparse.ArgumentParser:

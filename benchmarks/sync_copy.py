@@ -9,7 +9,7 @@ see the same machine load:
 * ``foreach`` — ``torch._foreach_copy_`` over per-parameter clones (the same tensor layout).
 
 It prints the medians and ``sync / flat`` (target ≤ 1.3×). The model is the
-bundled SmolLM2-135M (``grpo_lab.models.load_policy``) when it loads offline,
+bundled SmolLM2-135M (``grpo_lab.lm.models.load_policy``) when it loads offline,
 else a random Llama of the same shape (~135M parameters); the output says which.
 
     python benchmarks/sync_copy.py [--repeats 20] [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler
 
 TARGET_RATIO = 1.3
 
@@ -37,7 +37,7 @@ TARGET_RATIO = 1.3
 def load_model(dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, object, str]:
     """SmolLM2-135M if it loads offline, else a random Llama of its shape; returns (model, tokenizer, label)."""
     try:
-        from grpo_lab.models import load_policy
+        from grpo_lab.lm.models import load_policy
         model, tokenizer = load_policy("smollm2-135m", dtype=dtype, device=device)
         return model, tokenizer, "bundled SmolLM2-135M-Instruct (dequantised GGUF)"
     except (ImportError, FileNotFoundError, OSError, ValueError) as exc:

@@ -81,9 +81,9 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
 
 
 def lab_side(args: argparse.Namespace) -> Side:
-    from grpo_lab.build import build_loop
-    from grpo_lab.policy import PACKED_INPUTS, inputs_used, packed_layout
-    from grpo_lab.train_config import TrainConfig
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
+    from grpo_lab.lm.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
                          temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6,
@@ -126,9 +126,9 @@ def trl_side(args: argparse.Namespace) -> Side:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_lab.models import bundled_model_dir
-    from grpo_lab.rewards import correctness_reward
-    from grpo_lab.tasks import build_prompt, load_problems
+    from grpo_lab.lm.models import bundled_model_dir
+    from grpo_lab.lm.rewards import correctness_reward
+    from grpo_lab.lm.tasks import build_prompt, load_problems
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     problems = load_problems("add1", 200, seed=0)

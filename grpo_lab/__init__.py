@@ -1,39 +1,29 @@
 """grpo_lab — off-policy GRPO, step by step (the symbols of docs/theory.md throughout).
 
-Where things live:
+Where things live: the algorithm at the top, one subpackage per kind of use.
 
-====================== =========================================================
-``advantages``         whitening A_α and the zero-variance mask m(x)         (§2)
-``objective``          ratios r, r′, clipped surrogate f_ε, KL, aggregation  (§3)
-``schedules``          when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
-``loop``               Algorithm 1, the one (v, i) loop                      (§5)
-``config``             GRPOConfig, one field per knob
-``bandit``             exact bandit: J, L_α, TV, Theorem 1's bound           (§4)
-``bandit_closed_form`` the bandit's loop with the gradient in closed form (live panel)
-``bandit_studies``     notebook 01's experiments and exact studies (numbers, no plots)
-``checkpoint``         atomic save, exact resume
-``costmodel``          step(v) = gen + train + sync / v                      (§7)
-``models``             load_policy: bundled SmolLM2 (offline), local dir, hub id
-``tasks``              problems: reasoning-gym, GSM8K, MATH500, AIME24, DeepScaleR
-``rewards``            verifiable rewards with a real timeout
-``policy``             LMPolicy: log π_θ of completions at temperature T
-``sampling``           HFSampler: the lagged in-process α (log α of the tokens it draws)
-``sampling_vllm``      VLLMSampler: α served by an in-process vLLM engine (GPU, or vLLM's CPU build)
-``memory``             will an LLM run fit? estimate, measure, shrink micro-batches
-``train_config``       TrainConfig: GRPOConfig plus model, task, evaluation, output
-``text_task``          TextTask (prompts, verifiable rewards), train/eval problems
-``build``              build_loop: π_θ, α and the text task wired into GRPOLoop
-``training``           train: run or resume, metrics.jsonl, checkpoints, loggers
-``recipes``            configs/*.yaml (+ key=value overrides) → TrainConfig
-``evaluate``           Pass@k with n samples per question
-``throughput``         measured step costs, cost-model fit, speed-up predictions
-``trl``                OffPolicyGRPOTrainer: the same knobs on TRL (optional extra)
-``launch``             a recipe on GPUs: ``accelerate launch -m grpo_lab.launch``
-``viz``                drawing only: display switch, figures, widgets, exercises
-``cli``                ``grpo-lab train | eval``
-====================== =========================================================
+=========================== ==========================================================
+``advantages``              whitening A_α and the zero-variance mask m(x)         (§2)
+``objective``               ratios r, r′, clipped surrogate f_ε, KL, token weights (§3)
+``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
+``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
+``config``                  GRPOConfig, one field per knob
+``checks``                  the validators that name a bad value
+``exact/``                  exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4),
+                            ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
+                            numbers), ``digits_lm`` (the same terms exactly on SmolLM2), ``demo``
+``lm/``                     language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged
+                            α in-process), ``sampling_vllm`` (α on vLLM), ``decoding/`` (α's decoding
+                            forward), ``tasks``, ``rewards``, ``text_task``, ``train_config``, ``build``,
+                            ``training``, ``evaluate``, ``checkpoint``, ``memory``, ``recipes``,
+                            ``group_view``, ``cli``
+``scale/``                  GPUs and wall clock: ``trl`` (the TRL adapter), ``launch``, ``costmodel``
+                            (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
+``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``results`` (statistics)
+``viz/``                    drawing only: display switch, figures, widgets, exercises
+=========================== ==========================================================
 
-The top level imports only torch-level primitives; the LLM modules import
+The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study`` import
 ``transformers`` (the ``llm`` extra) when you import them.
 """
 

@@ -40,7 +40,7 @@ def require_choice(name: str, value: Any, choices: Iterable[str]) -> str:
 def require_reward_groups(rewards: torch.Tensor, name: str = "rewards") -> torch.Tensor:
     """Check the rewards of a step as groups: a ``[P, G]`` tensor (one group of G per prompt),
     2-D, G >= 2, finite, inside [0, 1]. (One value per completion, straight from a reward
-    function, is checked by :func:`grpo_lab.rewards.require_reward_values`.)
+    function, is checked by :func:`grpo_lab.lm.rewards.require_reward_values`.)
 
     The error names the first bad prompt index and its value, so a broken reward
     function is found at once.

@@ -94,7 +94,7 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)``) gives
     back the on-policy expectations of both value and gradient — the gradient of
     *the same* KL as on-policy, nothing more: k3 still follows the forward KL.
-    ``grpo_lab.bandit.kl_expected_gradient`` computes these expectations exactly.
+    ``grpo_lab.exact.bandit.kl_expected_gradient`` computes these expectations exactly.
     """
     require_choice("kind", kind, KL_KINDS)
     require_same_shape(logp=logp, logp_ref=logp_ref)

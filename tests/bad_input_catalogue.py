@@ -2,7 +2,7 @@
 the parameter and the value (TrainConfig knobs, model names, datasets, prompts, checkpoint paths,
 reward functions, the memory guard), and GRPOConfig's own cases (CONFIG_CASES).
 
-``tests/test_bad_input.py`` runs each entry; ``benchmarks/reliability_report.py`` times them.
+``tests/test_bad_input.py`` runs each entry; ``tests/reliability_report.py`` times them.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from reliability_runs import (
     train_config,
 )
 
-from grpo_lab.bandit import BanditProblem, build_bandit_loop
-from grpo_lab.build import build_loop
-from grpo_lab.checkpoint import load_checkpoint, save_checkpoint
-from grpo_lab.memory import guard_memory
-from grpo_lab.models import bundled_gguf_path, load_policy
-from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler, tokenize_prompts
-from grpo_lab.tasks import Problem, build_prompt, load_problems, sample_problems
-from grpo_lab.text_task import TextTask
-from grpo_lab.train_config import TrainConfig
-from grpo_lab.training import train
+from grpo_lab.exact.bandit import BanditProblem, build_bandit_loop
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
+from grpo_lab.lm.memory import guard_memory
+from grpo_lab.lm.models import bundled_gguf_path, load_policy
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler, tokenize_prompts
+from grpo_lab.lm.tasks import Problem, build_prompt, load_problems, sample_problems
+from grpo_lab.lm.text_task import TextTask
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import train
 
 CONFIG_CASES = [
     (dict(v=0), "v must be an integer >= 1, got 0"),

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from grpo_lab.bandit import single_thread
+from grpo_lab.exact.bandit import single_thread
 
 
 @pytest.fixture

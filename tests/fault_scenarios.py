@@ -2,7 +2,7 @@
 loss, a poisoned step inside ``train``, KeyboardInterrupt/SIGINT while sampling, training, syncing)
 and returns an :class:`Outcome`: the checks that must hold and the steps lost (must be 0).
 
-``tests/test_faults.py`` runs the fast ones; ``benchmarks/reliability_report.py`` runs all on both kinds.
+``tests/test_faults.py`` runs the fast ones; ``tests/reliability_report.py`` runs all on both kinds.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from reliability_runs import (
     train_config,
 )
 
-from grpo_lab.sampling import HFSampler
-from grpo_lab.train_config import TrainConfig
-from grpo_lab.training import load_metrics, train
+from grpo_lab.lm.sampling import HFSampler
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import load_metrics, train
 
 
 @dataclass
@@ -77,7 +77,7 @@ spec = json.loads(sys.argv[1])
 torch.set_num_threads(1)
 sys.path.insert(0, spec["tests"])
 import reliability_runs as runs
-from grpo_lab.training import train
+from grpo_lab.lm.training import train
 real_save = torch.save
 
 def save(obj, f, *args, **kwargs):

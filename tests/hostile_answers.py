@@ -1,7 +1,7 @@
 """Hostile completions for the answer reward: hypothesis strategies (random unicode, huge numbers,
 nested LaTeX, empty and 100k-character strings) and :func:`score_answer`, which times one reward.
 
-``tests/test_hostile_answers.py`` fuzzes with them; ``benchmarks/reliability_report.py`` fuzzes more.
+``tests/test_hostile_answers.py`` fuzzes with them; ``tests/reliability_report.py`` fuzzes more.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from grpo_lab import rewards
-from grpo_lab.rewards import answer_reward, extract_answer, format_reward
+from grpo_lab.lm import rewards
+from grpo_lab.lm.rewards import answer_reward, extract_answer, format_reward
 
 PARENT_SLACK_S = 1.0
 """Parent-side work a reward may add to the math-verify timeout: extraction, exact arithmetic on a

@@ -2,7 +2,7 @@
 
 ``bandit``: the exact bandit through ``train`` (milliseconds per step). ``lm``: a tiny random Llama
 with the bundled SmolLM2 tokenizer through ``build_loop``/``train``. Shared by the fault, determinism
-and memory-guard tests, the bad-input catalogue and ``benchmarks/reliability_report.py``.
+and memory-guard tests, the bad-input catalogue and ``tests/reliability_report.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpo_lab.bandit import BanditProblem, build_bandit_loop
-from grpo_lab.build import build_loop
-from grpo_lab.models import bundled_model_dir
-from grpo_lab.tasks import Problem, load_problems
-from grpo_lab.train_config import TrainConfig
-from grpo_lab.training import load_metrics, train
+from grpo_lab.exact.bandit import BanditProblem, build_bandit_loop
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.models import bundled_model_dir
+from grpo_lab.lm.tasks import Problem, load_problems
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import load_metrics, train
 
 REPO = Path(__file__).resolve().parent.parent
 TIMING = ("sample_seconds", "train_seconds", "sync_seconds")

@@ -6,8 +6,8 @@ import torch
 from bad_input_catalogue import CATALOGUE, CONFIG_CASES
 
 from grpo_lab import GRPOConfig, SyncSchedule, aggregate_loss, clipped_surrogate, grpo_objective, kl_estimate, whiten
-from grpo_lab.bandit import BanditProblem, improvement_lower_bound
 from grpo_lab.checks import require_reward_groups
+from grpo_lab.exact.bandit import BanditProblem, improvement_lower_bound
 
 
 @pytest.mark.parametrize("changes, message", CONFIG_CASES, ids=[str(c) for c, _ in CONFIG_CASES])

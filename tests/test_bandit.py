@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_lab import grpo_objective, kl_estimate, whiten, zero_variance_mask
-from grpo_lab.bandit import (
+from grpo_lab.exact.bandit import (
     BanditProblem,
     LaggedTabularSampler,
     TabularPolicy,

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from grpo_lab import kl_estimate, loss_weights
-from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
-from grpo_lab.bandit_closed_form import kl_gradient, run_bandit_closed_form, sequence_weights
-from grpo_lab.bandit_studies import lab_cost_model, mean_grad_norm, wall_clock
+from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
+from grpo_lab.exact.closed_form import kl_gradient, run_bandit_closed_form, sequence_weights
+from grpo_lab.exact.studies import lab_cost_model, mean_grad_norm, wall_clock
 from grpo_lab.objective import KL_KINDS, LOSS_TYPES
 
 PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)

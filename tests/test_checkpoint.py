@@ -5,8 +5,8 @@ import pickle
 import pytest
 import torch
 
-from grpo_lab.bandit import BanditProblem, bandit_config, build_bandit_loop
-from grpo_lab.checkpoint import load_checkpoint, save_checkpoint
+from grpo_lab.exact.bandit import BanditProblem, bandit_config, build_bandit_loop
+from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
 
 
 def make_loop():

@@ -1,6 +1,7 @@
 import pytest
 
-from grpo_lab.costmodel import (
+from grpo_lab.loop import StepRecord
+from grpo_lab.scale.costmodel import (
     StepCostModel,
     fit_from_records,
     fit_from_step_times,
@@ -9,7 +10,6 @@ from grpo_lab.costmodel import (
     paper_intervals,
     sync_seconds_for,
 )
-from grpo_lab.loop import StepRecord
 
 
 def test_paper_numbers():

@@ -1,4 +1,4 @@
-"""grpo_lab.decode_kernels: the decoding kernels against torch's linear and attention, and the sampler using them."""
+"""grpo_lab.lm.decoding.kernels: the decoding kernels against torch's linear and attention, and the sampler on them."""
 
 import platform
 import sys
@@ -7,9 +7,9 @@ import pytest
 import torch
 from tiny_lm import PROMPTS, perturb, tiny_model, word_tokenizer
 
-from grpo_lab import decode_kernels
-from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler
+from grpo_lab.lm.decoding import kernels as decode_kernels
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler
 
 F = torch.nn.functional
 

@@ -1,4 +1,4 @@
-"""grpo_lab.decoder: the packed weight buffer, LeanDecoder against the model's own forward, and the sampler on it."""
+"""grpo_lab.lm.decoding.decoder: the packed weight buffer, LeanDecoder against the model's forward, its sampler."""
 
 import re
 import sys
@@ -9,10 +9,10 @@ import torch
 from tiny_lm import PAD, PROMPTS, VOCAB, perturb, word_tokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_lab import decode_kernels
-from grpo_lab.decoder import LeanDecoder, pack_weights
-from grpo_lab.policy import LMPolicy, positions_from_mask
-from grpo_lab.sampling import HFSampler
+from grpo_lab.lm.decoding import kernels as decode_kernels
+from grpo_lab.lm.decoding.decoder import LeanDecoder, pack_weights
+from grpo_lab.lm.policy import LMPolicy, positions_from_mask
+from grpo_lab.lm.sampling import HFSampler
 
 
 def model_of(kind: str, seed: int = 0) -> torch.nn.Module:

@@ -15,7 +15,7 @@ from reliability_runs import (
     train_config,
 )
 
-from grpo_lab.bandit import BanditProblem, run_bandit
+from grpo_lab.exact.bandit import BanditProblem, run_bandit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

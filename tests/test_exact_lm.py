@@ -1,4 +1,4 @@
-"""Theorem 1 exactly on SmolLM2-135M restricted to digits + EOS (grpo_lab.exact_lm).
+"""Theorem 1 exactly on SmolLM2-135M restricted to digits + EOS (grpo_lab.exact.digits_lm).
 
 Every test here loads the real model (float64), hence ``slow``, as in tests/test_models.py.
 """
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_lab.config import GRPOConfig
-from grpo_lab.exact_lm import (
+from grpo_lab.exact.digits_lm import (
     ExactLM,
     RestrictedPolicy,
     RestrictedSampler,
@@ -19,10 +19,10 @@ from grpo_lab.exact_lm import (
     conditionals,
     sequence_logprobs,
 )
-from grpo_lab.models import load_policy
-from grpo_lab.rewards import answer_reward
-from grpo_lab.sampling import tokenize_prompts
-from grpo_lab.tasks import build_prompt, load_problems
+from grpo_lab.lm.models import load_policy
+from grpo_lab.lm.rewards import answer_reward
+from grpo_lab.lm.sampling import tokenize_prompts
+from grpo_lab.lm.tasks import build_prompt, load_problems
 
 pytestmark = pytest.mark.slow
 PROBLEMS = [load_problems("add1", 7, seed=0)[i] for i in (6, 0)]  # "4 + 0", "0 + 4": J ≈ 0.12, 0.07 restricted

@@ -11,15 +11,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpo_lab.build import build_loop
-from grpo_lab.cli import main
-from grpo_lab.evaluate import EvalResult, pass_at_k
-from grpo_lab.models import bundled_model_dir
-from grpo_lab.recipes import load_config
-from grpo_lab.tasks import Problem, load_problems
-from grpo_lab.text_task import TextTask
-from grpo_lab.train_config import TrainConfig
-from grpo_lab.training import train
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.cli import main
+from grpo_lab.lm.evaluate import EvalResult, pass_at_k
+from grpo_lab.lm.models import bundled_model_dir
+from grpo_lab.lm.recipes import load_config
+from grpo_lab.lm.tasks import Problem, load_problems
+from grpo_lab.lm.text_task import TextTask
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import train
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_train_writes_metrics_and_resumes_exactly(tokenizer, tmp_path):
     cfg = tiny_config(tmp_path / "part")
     part = tiny_loop(cfg, tokenizer)
     list(part.run(2))
-    from grpo_lab.checkpoint import save_checkpoint
+    from grpo_lab.lm.checkpoint import save_checkpoint
     save_checkpoint(part, tmp_path / "part/run/checkpoint.pt")
     resumed = train(cfg, tiny_loop(cfg, tokenizer), progress=False)
     assert resumed.k == 4
@@ -149,7 +149,7 @@ def test_share_prompt_knob_reaches_the_policy(tokenizer, tmp_path):
 def test_notebook_runs_go_where_the_environment_says(tmp_path, monkeypatch):
     """Notebook runs write to runs/<name>, or under $GRPO_LAB_RUNS_DIR (make test-notebooks: a
     temporary folder it removes, so CI's ~2 GB smoke checkpoints don't stay in the clone)."""
-    from grpo_lab.recipes import RUNS_DIR_ENV, gsm8k_lab_configs, run_dir
+    from grpo_lab.lm.recipes import RUNS_DIR_ENV, gsm8k_lab_configs, run_dir
 
     monkeypatch.delenv(RUNS_DIR_ENV, raising=False)
     assert run_dir("x") == os.path.join("runs", "x")
@@ -168,7 +168,7 @@ def test_pass_at_k():
 
 
 def test_gsm8k_recipe_reads_local_files(tmp_path):
-    from grpo_lab.text_task import eval_problems
+    from grpo_lab.lm.text_task import eval_problems
 
     rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} plus {i}.\n#### {2 * i:,}"} for i in range(600, 606)]
     path = tmp_path / "gsm8k.jsonl"

@@ -6,8 +6,8 @@ import pytest
 from hostile_answers import GOLDS, LONG_PIECES, PARENT_SLACK_S, completions, score_answer, within
 from hypothesis import HealthCheck, given, settings
 
-from grpo_lab import rewards
-from grpo_lab.rewards import extract_answer, format_reward
+from grpo_lab.lm import rewards
+from grpo_lab.lm.rewards import extract_answer, format_reward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_lab import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
-from grpo_lab.bandit import BanditProblem, bandit_config, build_bandit_loop
+from grpo_lab.exact.bandit import BanditProblem, bandit_config, build_bandit_loop
 
 
 def counting_loop(**changes):

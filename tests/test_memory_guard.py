@@ -15,10 +15,10 @@ from reliability_runs import (
     train_config,
 )
 
-from grpo_lab.build import build_loop
-from grpo_lab.memory import BUDGET_FRACTION, ModelShape, available_memory, estimate_memory, guard_memory
-from grpo_lab.sampling import HFSampler
-from grpo_lab.train_config import TrainConfig
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.memory import BUDGET_FRACTION, ModelShape, available_memory, estimate_memory, guard_memory
+from grpo_lab.lm.sampling import HFSampler
+from grpo_lab.lm.train_config import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,19 +57,19 @@ def test_guard_shrinks_the_micro_batch_and_says_so(capsys):
 
 
 def test_build_loop_is_guarded(monkeypatch, tmp_path):
-    import grpo_lab.memory
+    import grpo_lab.lm.memory
 
     copies = []
     real_init = HFSampler.__init__
     monkeypatch.setattr(HFSampler, "__init__", lambda self, *a, **k: copies.append(1) or real_init(self, *a, **k))
-    monkeypatch.setattr(grpo_lab.memory, "available_memory", lambda device: 0)
+    monkeypatch.setattr(grpo_lab.lm.memory, "available_memory", lambda device: 0)
     with pytest.raises(ValueError, match="memory guard: the run needs about"):
         make_loop("lm", train_config("lm", tmp_path))
     assert not copies                                            # refused before α was copied
     config = train_config("lm", tmp_path)
     model = tiny_model()
     need = estimate_memory(ModelShape.of(model), config, 60, micro_batch_size=2).new
-    monkeypatch.setattr(grpo_lab.memory, "available_memory", lambda device: math.ceil(need / BUDGET_FRACTION))
+    monkeypatch.setattr(grpo_lab.lm.memory, "available_memory", lambda device: math.ceil(need / BUDGET_FRACTION))
     loop = build_loop(config, model, tokenizer(), list(problems()))
     assert 1 <= loop.config.micro_batch_size < config.G * config.prompts_per_step
     loop.task.reward_fn = even_length

@@ -12,8 +12,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from grpo_lab import models as gm
-from grpo_lab.models import MARKER, bundled_gguf_path, bundled_model_dir, cache_root, load_policy
+from grpo_lab.lm import models as gm
+from grpo_lab.lm.models import MARKER, bundled_gguf_path, bundled_model_dir, cache_root, load_policy
 
 WORDS = ["<unk>", "<eos>", "what", "is", "2", "+", "3", "?", "5"]
 

@@ -9,9 +9,9 @@ from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, check_state_dict_round_tri
 from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
-from grpo_lab.decoder import LeanDecoder, ModelDecoder
-from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler, completion_mask, draw_tokens, tokenize_prompts
+from grpo_lab.lm.decoding.decoder import LeanDecoder, ModelDecoder
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler, completion_mask, draw_tokens, tokenize_prompts
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab import rewards
-from grpo_lab.rewards import (
+from grpo_lab.lm import rewards
+from grpo_lab.lm.rewards import (
     answer_reward,
     answers_match,
     as_number,

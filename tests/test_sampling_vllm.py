@@ -16,12 +16,12 @@ import torch
 from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-import grpo_lab.sampling_vllm as sampling_vllm
+import grpo_lab.lm.sampling_vllm as sampling_vllm
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
-from grpo_lab.checkpoint import load_checkpoint, save_checkpoint
-from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling import HFSampler
-from grpo_lab.sampling_vllm import VLLMSampler, load_weights_into_vllm
+from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler
+from grpo_lab.lm.sampling_vllm import VLLMSampler, load_weights_into_vllm
 
 # ----------------------------------------------------------------------------- the fake vllm
 

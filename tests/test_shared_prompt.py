@@ -9,8 +9,8 @@ from tiny_lm import PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
-from grpo_lab.policy import LMPolicy, packed_layout, prompt_groups
-from grpo_lab.sampling import HFSampler
+from grpo_lab.lm.policy import LMPolicy, packed_layout, prompt_groups
+from grpo_lab.lm.sampling import HFSampler
 
 LOGP_ATOL, GRAD_RTOL = 1e-4, 1e-5
 
@@ -93,7 +93,7 @@ def test_packed_layout_repeats_the_prompt_past_max_inputs():
 
 def test_packing_split_into_several_sequences_per_prompt(tokenizer, monkeypatch):
     """With at most 5 packed inputs per prompt copy, each prompt is repeated: the same scores."""
-    import grpo_lab.policy as policy_module
+    import grpo_lab.lm.policy as policy_module
 
     monkeypatch.setattr(policy_module, "PACKED_INPUTS", 5)
     shared, whole = policies(temperature=0.7)
@@ -181,7 +181,7 @@ def test_packed_sequences_under_both_attentions(tokenizer, attention):
 def test_older_transformers_count_logits_to_keep_gives_the_same_scores(tokenizer, monkeypatch, share_prompt):
     """Without a bool-mask ``logits_to_keep`` (transformers < 5.2x) the last L positions are computed and
     masked in the policy: the same log-probs and gradients."""
-    import grpo_lab.policy as policy_module
+    import grpo_lab.lm.policy as policy_module
 
     policy = LMPolicy(tiny_model(), temperature=0.7, share_prompt=share_prompt)
     rollout = HFSampler(policy, tokenizer, max_completion_length=12).sample(PROMPTS, 4,
@@ -222,8 +222,8 @@ def test_sampler_with_the_older_past_key_values_name(tokenizer):
 @pytest.mark.slow
 def test_shared_prompt_on_the_bundled_smollm2():
     """The real model and chat prompts (44 tokens, left-padded) with a micro-batch that splits a group."""
-    from grpo_lab.models import load_policy
-    from grpo_lab.tasks import build_prompt, load_problems
+    from grpo_lab.lm.models import load_policy
+    from grpo_lab.lm.tasks import build_prompt, load_problems
 
     model, tokenizer = load_policy()
     shared = LMPolicy(model, temperature=0.7)

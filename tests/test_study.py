@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpo_lab.models import bundled_model_dir
-from grpo_lab.study import ARMS, METRIC_FIELDS, run_study
-from grpo_lab.study_results import format_table, load_study, mean_ci, paired, t_975, table
-from grpo_lab.train_config import TrainConfig
+from grpo_lab.lm.models import bundled_model_dir
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.study.cpu_study import ARMS, METRIC_FIELDS, run_study
+from grpo_lab.study.results import format_table, load_study, mean_ci, paired, t_975, table
 
 
 def test_mean_ci_is_students_t():
@@ -135,8 +135,8 @@ def test_tiny_study_runs_pairs_and_resumes(tmp_path, tokenizer):
 
 
 def test_live_panel_continues_stops_and_restarts_and_group_view(tmp_path, tokenizer):
-    from grpo_lab.group_view import group_view, token_ratios
-    from grpo_lab.tasks import load_problems
+    from grpo_lab.lm.group_view import group_view, token_ratios
+    from grpo_lab.lm.tasks import load_problems
     from grpo_lab.viz.study_panel import LivePanel
 
     (tmp_path / "study").mkdir()

@@ -13,8 +13,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from grpo_lab.rewards import ANSWER_FORMATS, correctness_reward
-from grpo_lab.tasks import (
+from grpo_lab.lm.rewards import ANSWER_FORMATS, correctness_reward
+from grpo_lab.lm.tasks import (
     ANSWER_INSTRUCTIONS,
     TASK_NAMES,
     Problem,

@@ -1,5 +1,5 @@
-"""Notebook 03's logic (grpo_lab.throughput) on fake step records, the paper-anchored predictions,
-the launch recipes (grpo_lab.recipes, grpo_lab.launch: DeepScaleR, 7B colocate) and their loaders on
+"""Notebook 03's logic (grpo_lab.scale.throughput) on fake step records, the paper-anchored predictions,
+the launch recipes (grpo_lab.lm.recipes, grpo_lab.scale.launch: DeepScaleR, 7B colocate) and their loaders on
 small local files."""
 
 import json
@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from grpo_lab import launch as gl
-from grpo_lab import throughput as tp
-from grpo_lab.costmodel import StepCostModel, fit_from_records, paper_cost_model
+from grpo_lab.lm.recipes import CONFIG_DIR, load_config, load_launch_recipe
+from grpo_lab.lm.tasks import load_orz
+from grpo_lab.lm.text_task import eval_problems
 from grpo_lab.loop import StepRecord
-from grpo_lab.recipes import CONFIG_DIR, load_config, load_launch_recipe
-from grpo_lab.tasks import load_orz
-from grpo_lab.text_task import eval_problems
+from grpo_lab.scale import launch as gl
+from grpo_lab.scale import throughput as tp
+from grpo_lab.scale.costmodel import StepCostModel, fit_from_records, paper_cost_model
 from grpo_lab.viz import throughput as figures
 
 TRUTH = StepCostModel(gen=2.0, train=1.0, sync=0.8)
@@ -248,7 +248,7 @@ def test_launch_trains_with_the_trl_adapter_and_writes_results(tmp_path, monkeyp
     """A real (tiny) run through launch(): random 2-layer Llama with SmolLM2's tokenizer, CPU, v = 2."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from grpo_lab.models import bundled_model_dir
+    from grpo_lab.lm.models import bundled_model_dir
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from reliability_runs import REPO, make_loop, train_config
 
-from grpo_lab.training import LOCK_FILE, RunDirInUse, load_metrics, train
+from grpo_lab.lm.training import LOCK_FILE, RunDirInUse, load_metrics, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from grpo_lab.training import hold_run_dir
+from grpo_lab.lm.training import hold_run_dir
 with hold_run_dir(Path(sys.argv[1])):
     print("held", flush=True)
     time.sleep(600)
@@ -45,7 +45,7 @@ def test_a_second_run_into_a_held_directory_is_refused_at_once(tmp_path):
         with pytest.raises(RunDirInUse, match=rf"in use by another training run \(pid {holder.pid}\)"):
             train(config, make_loop("bandit", config), progress=False)
         start = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "train", "--config",
+        cli = subprocess.run([sys.executable, "-m", "grpo_lab.lm.cli", "train", "--config",
                               "configs/cpu_arith_smollm2.yaml", "--set", f"output_dir={out}"],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         seconds = time.perf_counter() - start
@@ -75,7 +75,8 @@ def test_a_killed_runs_stale_lock_is_taken_over(tmp_path, capsys):
 
 
 def test_missing_model_is_one_line_not_a_traceback(tmp_path):
-    cli = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "train", "--config", "configs/cpu_arith_smollm2.yaml",
+    cli = subprocess.run([sys.executable, "-m", "grpo_lab.lm.cli", "train",
+                          "--config", "configs/cpu_arith_smollm2.yaml",
                           "--set", "model=/does/not/exist", "--set", f"output_dir={tmp_path / 'run'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 2

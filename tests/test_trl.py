@@ -1,4 +1,4 @@
-"""The TRL adapter (grpo_lab.trl): same maths as grpo_objective, sync every v steps, lagged
+"""The TRL adapter (grpo_lab.scale.trl): same maths as grpo_objective, sync every v steps, lagged
 sampler α, zero-variance mask across processes. A tiny random Llama keeps each test fast."""
 
 import importlib.util
@@ -14,10 +14,10 @@ import pytest
 import torch
 from datasets import Dataset
 
-from grpo_lab.trl import OffPolicyGRPOTrainer
+from grpo_lab.scale.trl import OffPolicyGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("trl_two_process", ROOT / "scripts" / "trl_two_process.py")
+_spec = importlib.util.spec_from_file_location("trl_two_process", ROOT / "tests" / "trl_two_process.py")
 two = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(two)
 
@@ -217,7 +217,7 @@ def test_two_processes_match_one_process(model_dir, tmp_path):
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
-               str(ROOT / "scripts" / "trl_two_process.py"), "--model-dir", model_dir, "--out", str(out),
+               str(ROOT / "tests" / "trl_two_process.py"), "--model-dir", model_dir, "--out", str(out),
                "--steps", "4", "--v", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

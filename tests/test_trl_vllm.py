@@ -1,4 +1,4 @@
-"""grpo_lab.trl's colocate route on the real engine (``make test-vllm``): OffPolicyGRPOTrainer with
+"""grpo_lab.scale.trl's colocate route on the real engine (``make test-vllm``): OffPolicyGRPOTrainer with
 ``use_vllm=True, vllm_mode="colocate"`` trains the bundled SmolLM2 on the CPU, pushing π_θ into vLLM every
 v steps, and r′ = π_k/α uses the log-probs the engine returned for the lagged α."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from grpo_lab.models import bundled_model_dir
-from grpo_lab.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
+from grpo_lab.lm.models import bundled_model_dir
+from grpo_lab.scale.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
 
 pytestmark = pytest.mark.vllm
 

@@ -5,10 +5,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from grpo_lab import bandit_studies as studies
-from grpo_lab.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.config import smoke_mode
-from grpo_lab.costmodel import StepCostModel
+from grpo_lab.exact import studies
+from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
+from grpo_lab.scale.costmodel import StepCostModel
 from grpo_lab.viz import BanditPanel, check, display_mode, new_figure, plots, show_solution
 from grpo_lab.viz.exercises import SOLUTIONS
 

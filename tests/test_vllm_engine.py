@@ -15,9 +15,9 @@ import pytest
 import torch
 from tiny_lm import check_state_dict_round_trip
 
-from grpo_lab.models import bundled_model_dir, load_policy
-from grpo_lab.policy import LMPolicy
-from grpo_lab.sampling_vllm import VLLMSampler
+from grpo_lab.lm.models import bundled_model_dir, load_policy
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling_vllm import VLLMSampler
 
 pytestmark = pytest.mark.vllm
 
@@ -62,8 +62,8 @@ def fp32():
 def test_a_model_vllm_cannot_build_fails_before_training(tmp_path):
     """A checkpoint whose architecture vLLM has no class for: build_loop (π_θ loads fine) stops with one
     clear error naming the model, before any step."""
-    from grpo_lab.build import build_loop
-    from grpo_lab.train_config import TrainConfig
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.train_config import TrainConfig
 
     source = bundled_model_dir()
     for path in source.iterdir():

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_lab import Rollout
-from grpo_lab.policy import LMPolicy
+from grpo_lab.lm.policy import LMPolicy
 
 VOCAB = 128  # > 50, so HF's default top_k=50 would truncate and be caught
 PAD, EOS = 0, 1

@@ -1,7 +1,7 @@
 """Drawing only: figures, live panels and exercises for the notebooks.
 
-The numbers they draw are computed elsewhere (:mod:`grpo_lab.bandit_studies`,
-:mod:`grpo_lab.throughput`, a run's ``metrics.jsonl``).
+The numbers they draw are computed elsewhere (:mod:`grpo_lab.exact.studies`,
+:mod:`grpo_lab.scale.throughput`, a run's ``metrics.jsonl``).
 
 =================== ============================================================
 ``display``         the display switch (``GRPO_LAB_DISPLAY``: widget/static/none)

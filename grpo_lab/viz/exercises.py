@@ -6,7 +6,7 @@ exercise            signature                                     checked agains
 ``whiten``          ``f(rewards [P, G], eps_std) -> A [P, G]``     :func:`grpo_lab.whiten`
 ``f_eps``           ``f(r, r_prime, A, eps) -> f_ε`` (elementwise) :func:`grpo_lab.clipped_surrogate`
 ``bound``           ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
-``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.group_view.token_ratios`
+``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.lm.group_view.token_ratios`
 ``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
 ``sync_schedule``   ``f(steps, v) -> lag [steps]``                 ``schedules.make_sync_schedule``
 =================== ============================================= =========================
@@ -28,9 +28,9 @@ from collections.abc import Callable
 import torch
 
 from ..advantages import whiten
-from ..bandit import improvement_lower_bound
 from ..checks import require_choice
-from ..group_view import token_ratios
+from ..exact.bandit import improvement_lower_bound
+from ..lm.group_view import token_ratios
 from ..objective import clipped_surrogate, tv_terms
 from ..schedules import make_sync_schedule
 

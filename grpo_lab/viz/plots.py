@@ -1,5 +1,5 @@
 """Plotly figures for notebook 01. Each function takes results from
-:mod:`grpo_lab.bandit_studies` (or the bandit) and returns a ``go.Figure``;
+:mod:`grpo_lab.exact.studies` (or the bandit) and returns a ``go.Figure``;
 nothing here computes what it draws beyond means and bands."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from ..bandit import BanditRun, bound_weight
-from ..bandit_studies import (
+from ..exact.bandit import BanditRun, bound_weight
+from ..exact.studies import (
     LONG_ON_POLICY,
     MATCHED_LR,
     GroupBatch,
@@ -24,7 +24,7 @@ from ..bandit_studies import (
     trl_surrogate_curves,
     wall_clock,
 )
-from ..costmodel import StepCostModel
+from ..scale.costmodel import StepCostModel
 
 COLORS = qualitative.Plotly
 HEIGHT = 420

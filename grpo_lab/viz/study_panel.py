@@ -19,12 +19,12 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
-from ..build import build_loop
-from ..checkpoint import save_checkpoint
+from ..lm.build import build_loop
+from ..lm.checkpoint import save_checkpoint
+from ..lm.recipes import run_dir
+from ..lm.train_config import TrainConfig
 from ..loop import GRPOLoop
-from ..recipes import run_dir
-from ..study_results import Study
-from ..train_config import TrainConfig
+from ..study.results import Study
 from .display import display_mode, new_figure, show_panel
 from .plots import HEIGHT
 from .study_plots import ARM_LABELS, arm_color, ci_traces
@@ -49,7 +49,7 @@ class LivePanel:
 
     ``base``: the study's config (task, P, G, T_max, lr); ``model``/``tokenizer``: the
     untrained model (each new run trains a copy); ``problems``: the training problems;
-    ``out_dir``: where the run's checkpoint goes (default :func:`~grpo_lab.recipes.run_dir`).
+    ``out_dir``: where the run's checkpoint goes (default :func:`~grpo_lab.lm.recipes.run_dir`).
     """
 
     def __init__(self, study: Study, base: TrainConfig, model: Any, tokenizer: Any, problems: list[Any],

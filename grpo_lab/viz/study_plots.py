@@ -1,7 +1,7 @@
 """Figures of notebook 02's CPU study: curves per configuration (mean ± 95 % CI over seeds),
 paired differences, Pass@1 per step and per second, and one group's tokens.
 
-Everything drawn comes from :mod:`grpo_lab.study_results` (or a live loop); nothing here
+Everything drawn comes from :mod:`grpo_lab.study.results` (or a live loop); nothing here
 computes more than a mean and an interval.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..study_results import Paired, Study, mean_ci
+from ..study.results import Paired, Study, mean_ci
 from .plots import COLORS, HEIGHT
 
 ARM_LABELS = {"onpolicy": "on-policy, no mask", "masked": "on-policy + mask", "lr_matched": "no mask, lr-matched",

@@ -1,6 +1,6 @@
 """Notebook 03's figures: measured step times and predicted speed-ups of a lag v.
 
-The numbers come from :mod:`grpo_lab.throughput` (measure, fit, predict); each function here
+The numbers come from :mod:`grpo_lab.scale.throughput` (measure, fit, predict); each function here
 only draws them.
 """
 
@@ -11,9 +11,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ..costmodel import PAPER_ITERS_PER_SECOND, StepCostModel, paper_cost_model, paper_effective_bandwidth_gb_s
 from ..loop import StepRecord
-from ..throughput import MEASURED, MODEL_SIZES, PAPER, WARMUP_STEPS, effective_v, size_speedups, step_seconds, timed
+from ..scale.costmodel import PAPER_ITERS_PER_SECOND, StepCostModel, paper_cost_model, paper_effective_bandwidth_gb_s
+from ..scale.throughput import (
+    MEASURED,
+    MODEL_SIZES,
+    PAPER,
+    WARMUP_STEPS,
+    effective_v,
+    size_speedups,
+    step_seconds,
+    timed,
+)
 from .display import new_figure
 
 

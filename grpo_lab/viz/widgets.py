@@ -1,8 +1,8 @@
 """A live panel: sliders for the loop's knobs re-run the bandit and redraw one figure in place.
 
-Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.bandit_closed_form.run_bandit_closed_form`
+Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.exact.closed_form.run_bandit_closed_form`
 (the loop's steps with the gradient in closed form: the same curves as
-:func:`~grpo_lab.bandit.run_bandit` without autograd's per-step overhead; ``benchmarks/bandit_rerun.py``
+:func:`~grpo_lab.exact.bandit.run_bandit` without autograd's per-step overhead; ``benchmarks/bandit_rerun.py``
 times both) and replaces the traces of the figure inside ``batch_update``. Without a front
 end the same code runs: the figure is a plain ``go.Figure`` and
 :meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
@@ -17,10 +17,10 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
-from ..bandit import MAX_EPS_STD, BanditProblem, BanditRun
-from ..bandit_closed_form import run_bandit_closed_form
-from ..bandit_studies import lab_config, lab_problem, lab_size
 from ..config import GRPOConfig
+from ..exact.bandit import MAX_EPS_STD, BanditProblem, BanditRun
+from ..exact.closed_form import run_bandit_closed_form
+from ..exact.studies import lab_config, lab_problem, lab_size
 from ..objective import BANDS, MASK_NORMALIZATIONS
 from .display import display_mode, new_figure, show_panel
 from .plots import COLORS, HEIGHT, band_traces

@@ -12,7 +12,7 @@ from pathlib import Path
 import ipywidgets as W
 import pytest
 
-from grpo_lab.bandit_studies import lab_config
+from grpo_lab.exact.studies import lab_config
 from grpo_lab.viz.widgets import make_controls
 
 pytestmark = pytest.mark.browser

@@ -1,0 +1,205 @@
+"""The bandit's loop with the gradient in closed form: the live panel's engine.
+
+:func:`~grpo_lab.exact.bandit.run_bandit` trains the tabular policy through
+:class:`~grpo_lab.loop.GRPOLoop`, the code path of the language models: autograd
+through :func:`~grpo_lab.objective.grpo_objective`, a :class:`StepRecord` of
+every metric and checks at every step, hundreds of small torch calls a step:
+too slow for a slider that re-trains on every change (``benchmarks/bandit_rerun.py``
+times both engines; docs/benchmarks.md has the figures).
+
+:func:`run_bandit_closed_form` takes the same steps (the same sampler, task, random
+draws, schedules, whitening, mask, clip band and optimiser rule) but writes
+∂loss/∂logits by hand and records only the curves (no per-step :class:`StepRecord`). For a softmax table,
+∂ log π(y|x) / ∂ logits[x] = onehot(y) − π(·|x), so with
+
+    g_j = ∂loss/∂ log π(y_j|x_j) = w_j · ( −r_j A_j · u_j + β · ∂KL̂_j/∂ log π )
+    u_j = 0 if (A_j > 0 and r_j > hi(r′_j)) or (A_j < 0 and r_j < lo(r′_j)), else 1
+
+the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
+autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
+inside [lo, hi], bounds included, and the min keeps the smaller branch. At the
+first pass r = r′ lies inside the band, so the clip only acts when i > 1.
+``tests/test_bandit_closed_form.py`` checks the curves against
+:func:`~grpo_lab.exact.bandit.run_bandit` for every knob of the panel and more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..advantages import whiten, zero_variance_mask
+from ..checks import require_int_at_least
+from ..config import GRPOConfig
+from ..loop import make_optimizer
+from ..objective import clip_bounds
+from ..schedules import RefResetSchedule, make_sync_schedule
+from .bandit import (
+    BanditProblem,
+    BanditRun,
+    BanditTask,
+    J,
+    LaggedTabularSampler,
+    TabularPolicy,
+    single_thread,
+)
+
+
+def kl_gradient(d: torch.Tensor, kind: str) -> torch.Tensor:
+    """∂KL̂/∂ log π_θ for d = log π_ref − log π_θ (see :func:`~grpo_lab.objective.kl_estimate`):
+    k1 = −d → 1;  k2 = d²/2 → −d;  k3 = e^d − d − 1 → −(e^d − 1)."""
+    if kind == "k1":
+        return torch.ones_like(d)
+    if kind == "k2":
+        return -d
+    return -torch.expm1(d)
+
+
+def run_bandit_closed_form(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -> BanditRun:
+    """:func:`~grpo_lab.exact.bandit.run_bandit` without autograd: the same J curve, masked
+    fraction, lag, optimiser passes and gradient norms (``records`` stays empty: everything
+    :mod:`grpo_lab.exact.studies` reads from a run is in these arrays)."""
+    require_int_at_least("runs", runs, 1)
+    with single_thread(), torch.inference_mode():
+        return _run(problem, config, runs)
+
+
+def sequence_weights(keep: torch.Tensor, runs: int, config: GRPOConfig) -> torch.Tensor:
+    """:func:`~grpo_lab.objective.loss_weights` for one-token completions, per group ``[R·P, 1]``:
+    0 on masked groups, else 1 / (sequences in the run's denominator: all P·G under
+    ``mask_normalize="batch"``, the kept ones under ``"unmasked"``), times 1 / ``max_completion_length``
+    for ``dr_grpo`` (every ``loss_type`` divides by the counted sequences when T = 1)."""
+    per_run = keep.view(runs, -1)
+    counted = torch.ones_like(per_run) if config.mask_normalize == "batch" else per_run
+    kept = counted.sum(1, keepdim=True).to(torch.float64) * config.G     # [R, 1]
+    if config.loss_type == "dr_grpo" and config.max_completion_length is not None:
+        kept = kept * config.max_completion_length
+    return (per_run / kept.clamp(min=1.0)).view(-1, 1)
+
+
+def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
+    cfg, P, G, K = config, config.prompts_per_step, config.G, problem.arms
+    policy = TabularPolicy(runs, problem.contexts, problem.arms)
+    sampler = LaggedTabularSampler(runs, problem.contexts, problem.arms)
+    task = BanditTask(problem, runs)
+    theta = policy.logits.detach()                    # [R, C, K], the optimiser's tensor: updated in place
+    optimizer = make_optimizer(policy.parameters(), cfg) if cfg.optimizer != "sgd" else None
+    reference = theta.clone() if cfg.beta > 0 else None
+    schedule = make_sync_schedule(cfg.sync, cfg.v, cfg.sync_threshold)
+    ref_schedule = RefResetSchedule(cfg.ref_period)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    group_run = torch.arange(runs).repeat_interleave(P)                # [N]: the run of each of N = R·P groups
+
+    thetas, informative_per_step, lags, passes, grad_norms = [theta.clone()], [], [], [], []
+    for k in range(cfg.steps):
+        synced = schedule.should_sync(k)
+        if synced:
+            sampler.sync(policy)
+        lags.append(0 if synced else k - schedule.last_sync)
+        prompts = task.prompts(P, generator)                           # [N] contexts
+        arms, logp_alpha = sampler.draw(prompts, G, generator)         # [N, G]
+        rewards = task.bernoulli(prompts, arms, generator)             # [N, G]
+        if synced:
+            schedule.mark_synced(k)
+
+        informative = zero_variance_mask(rewards)                      # [N]
+        informative_per_step.append(informative)
+        keep = informative if cfg.mask_zero_variance else torch.ones_like(informative)
+        trained = bool(keep.any())
+        passes.append(cfg.i if trained else 0)
+        grad_norm = 0.0
+        if trained:
+            weights = sequence_weights(keep, runs, cfg)                # [N, 1], 0 on masked groups
+            weighted_advantages = whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement) * weights
+            rows = group_run * problem.contexts + prompts             # [N] rows of the [R·C, K] table
+            logp_ref = (torch.log_softmax(reference.view(-1, K).index_select(0, rows), -1).gather(1, arms)
+                        if reference is not None else None)
+            grad_norm, drift = _train_passes(policy, theta, optimizer, cfg, rows, arms, logp_alpha,
+                                             weighted_advantages, weights, logp_ref)
+            if cfg.sync == "adaptive":
+                schedule.observe(drift)
+        grad_norms.append(grad_norm)
+        if reference is not None and ref_schedule.should_reset(k):
+            reference.copy_(theta)
+        thetas.append(theta.clone())
+
+    J_curve = J(torch.softmax(torch.stack(thetas), -1), problem.p).mean(-1)              # [steps + 1, R]
+    masked_frac = (1.0 - torch.stack(informative_per_step).to(torch.float64).mean(-1) if informative_per_step
+                   else torch.zeros(0, dtype=torch.float64))
+    return BanditRun(config=cfg, J=J_curve.numpy(), masked_frac=masked_frac.numpy(),
+                     lag=np.array(lags, dtype=np.int64), optimizer_passes=np.cumsum(passes, dtype=np.int64),
+                     grad_norm=np.array(grad_norms))
+
+
+def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.optim.Optimizer | None,
+                  cfg: GRPOConfig, rows: torch.Tensor, arms: torch.Tensor, logp_alpha: torch.Tensor,
+                  weighted_advantages: torch.Tensor, weights: torch.Tensor,
+                  logp_ref: torch.Tensor | None) -> tuple[float, float]:
+    """The ``cfg.i`` optimiser passes on one batch; returns the last gradient norm and the drift
+    mean |log r′| over the trained draws (what the adaptive sync schedule observes).
+
+    ============================ ============ =============================================
+    argument                     shape        meaning
+    ============================ ============ =============================================
+    ``theta``                    ``[R, C, K]`` the logits table, updated in place
+    ``rows``                     ``[N]``      the table row of each group (run · C + context)
+    ``arms``, ``logp_alpha``     ``[N, G]``   the sampled arms and their log α
+    ``weighted_advantages``      ``[N, G]``   w·A (0 on masked groups)
+    ``weights``                  ``[N, 1]``   the loss weight w of each group
+    ``logp_ref``                 ``[N, G]``   log π_ref of the arms (None when β = 0)
+    ============================ ============ =============================================
+
+    Written in numpy on views of the same memory: on these [32, K] arrays an operation costs
+    a microsecond or two where torch's dispatch costs several, and i = 10 runs ten passes a step.
+    """
+    K = theta.shape[-1]
+    table = theta.numpy().reshape(-1, K)                              # θ's storage
+    rows, arms, logp_alpha = rows.numpy(), arms.numpy(), logp_alpha.numpy()
+    minus_wa, positive = -weighted_advantages.numpy(), weighted_advantages.numpy() > 0
+    counted = np.broadcast_to(weights.numpy() > 0, arms.shape)
+    sampled = (rows[:, None] * K + arms).ravel()                      # flat table index of each drawn arm
+    row_entries = (rows[:, None] * K + np.arange(K)).ravel()          # flat table index of each row's K logits
+    grad_norm, drift = 0.0, 0.0
+    for pass_index in range(cfg.i):
+        logits = table[rows]                                          # [N, K]
+        shifted = logits - logits.max(1, keepdims=True)
+        logp_table = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+        logp = np.take_along_axis(logp_table, arms, 1)                # [N, G]
+        log_ratio = logp - logp_alpha
+        ratio = np.exp(log_ratio)                                     # r = π_θ/α
+        if pass_index == 0:                                           # π_θ = π_k: r′ = r
+            low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(ratio), cfg.eps_low,
+                                                        cfg.eps_low if cfg.eps_high is None else cfg.eps_high,
+                                                        cfg.band))
+            # u = 0 where the band clipped r on the side A pushes towards: above hi if A > 0, below lo if not
+            upper, lower = np.where(positive, high, np.inf), np.where(positive, -np.inf, low)
+            drift = float(np.abs(log_ratio)[counted].mean())
+        # w·∂(−f_ε)/∂ log π = −r·w·A·u
+        g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_wa)
+        if logp_ref is not None:
+            dkl = kl_gradient(torch.from_numpy(logp_ref.numpy() - logp), cfg.kl_kind).numpy()
+            g = g + (cfg.beta * weights.numpy()) * (dkl * ratio if cfg.kl_importance_weighted else dkl)
+        g = np.where(counted, g, 0.0)                                 # [N, G]
+        # Σ_g g_g (onehot(y_g) − π): g added at the drawn arms, (Σ_g g_g)·π taken from the row's K logits
+        grad = (np.bincount(sampled, g.ravel(), minlength=table.size)
+                - np.bincount(row_entries, (g.sum(1, keepdims=True) * np.exp(logp_table)).ravel(),
+                              minlength=table.size))
+        grad_norm = _optimizer_step(policy, table, grad, optimizer, cfg)
+    return grad_norm, drift
+
+
+def _optimizer_step(policy: TabularPolicy, table: np.ndarray, grad: np.ndarray,
+                    optimizer: torch.optim.Optimizer | None, cfg: GRPOConfig) -> float:
+    """Clip like the loop (``clip_grad_norm_``'s rule: × min(max_norm / (‖∇‖ + 1e-6), 1)), then SGD
+    written out (θ ← θ − lr·(∇ + wd·θ), ``torch.optim.SGD``'s rule without its per-call overhead) or
+    the loop's optimiser (AdamW). ``grad`` is flat, ``table`` θ's ``[R·C, K]`` view. Returns the norm
+    before clipping, as the loop records it."""
+    norm = float(np.sqrt(grad @ grad))
+    if cfg.max_grad_norm is not None:
+        grad *= min(cfg.max_grad_norm / (norm + 1e-6), 1.0)
+    if optimizer is None:
+        table -= cfg.lr * (grad + cfg.weight_decay * table.ravel() if cfg.weight_decay else grad).reshape(table.shape)
+    else:
+        policy.logits.grad = torch.from_numpy(grad.reshape(policy.logits.shape))
+        optimizer.step()
+    return norm

@@ -1,0 +1,339 @@
+"""The numbers behind notebook 01: bandit experiments and exact studies, no plotting.
+
+Everything here runs on :mod:`grpo_lab.exact.bandit` (exact J, L_α, TV, Theorem 1)
+and the library primitives; :mod:`grpo_lab.viz.plots` turns the results into
+figures. ``GRPO_LAB_SMOKE=1`` shrinks every run (:func:`lab_size`) so CI can
+execute the notebook in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..advantages import whiten, zero_variance_mask
+from ..checks import require_int_at_least, require_number_in
+from ..config import GRPOConfig, smoke_mode
+from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
+from ..scale.costmodel import StepCostModel, paper_cost_model
+from .bandit import (
+    BanditProblem,
+    BanditRun,
+    BanditTask,
+    LaggedTabularSampler,
+    bandit_config,
+    build_bandit_loop,
+    kl_expected_gradient,
+    run_bandit,
+    single_thread,
+)
+
+LAB_PROBLEM = dict(contexts=16, arms=8, seed=0, hardness=3.0)
+"""Hard enough that about a third of the groups are all-wrong or all-right (masked)."""
+LAB_LR = 1.0
+"""SGD step on the logits: slow enough to stay stable, fast enough to converge in ~1000 steps."""
+TRL_IS_CAP = 3.0
+"""TRL 1.16's ``vllm_importance_sampling_clip_max``: with its default ``vllm_importance_sampling_mode="sequence_mask"``
+a sequence whose π_k/α exceeds it is zeroed (``trl/trainer/grpo_trainer.py``, ``_generate_and_score_completions``)."""
+TRAIN_SHARE = 0.4
+"""Assumed share of training in the paper's non-sync step time (the paper reports only the total)."""
+
+
+@dataclass(frozen=True)
+class LabSize:
+    """How long the notebook's runs are: ``steps`` per run, ``runs`` stacked runs (seeds)."""
+
+    steps: int
+    runs: int
+
+
+FULL, SMOKE = LabSize(steps=300, runs=8), LabSize(steps=60, runs=4)
+
+
+def lab_size() -> LabSize:
+    return SMOKE if smoke_mode() else FULL
+
+
+def lab_problem(**changes: object) -> BanditProblem:
+    """The notebook's bandit: :data:`LAB_PROBLEM` with ``changes``."""
+    return BanditProblem.random(**{**LAB_PROBLEM, **changes})
+
+
+def lab_config(**changes: object) -> GRPOConfig:
+    """The notebook's config: SGD at :data:`LAB_LR`, :func:`lab_size` steps, then ``changes``."""
+    return bandit_config(**{"lr": LAB_LR, "steps": lab_size().steps, **changes})
+
+
+# ----------------------------------------------------------------------------- §2 whitening on real samples
+
+@dataclass
+class GroupBatch:
+    """One sampled batch: P contexts × G arms drawn from α, their rewards and what whitening makes of them."""
+
+    contexts: torch.Tensor    # [P]
+    arms: torch.Tensor        # [P, G]
+    rewards: torch.Tensor     # [P, G]
+    advantages: torch.Tensor  # [P, G]  A_α = (r − μ)/sqrt(σ² + ε_std)
+    keep: torch.Tensor        # [P]     zero-variance mask m(x)
+    eps_std: float
+
+
+def example_batch(problem: BanditProblem, config: GRPOConfig, seed: int = 0, max_tries: int = 100) -> GroupBatch:
+    """The first batch, sampled from the initial (uniform) α, that contains a masked group."""
+    task, sampler = BanditTask(problem, runs=1), LaggedTabularSampler(1, problem.contexts, problem.arms)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(max_tries):
+        prompts = task.prompts(config.prompts_per_step, generator)
+        rollout = sampler.sample(prompts, config.G, generator)
+        rewards = task.rewards(rollout, generator)
+        keep = zero_variance_mask(rewards)
+        if not keep.all():
+            return GroupBatch(prompts, rollout.completions.reshape(len(prompts), -1), rewards,
+                              whiten(rewards, config.eps_std, config.unbiased_std, config.eps_placement),
+                              keep, config.eps_std)
+    raise ValueError(f"no masked group in {max_tries} batches: use a harder problem or a smaller G")
+
+
+# ----------------------------------------------------------------------------- §3 clipped surrogate
+
+def surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: float, eps: float,
+                     band: str) -> torch.Tensor:
+    """f_ε(r, r′, A) for each r′ in ``ratio_ks`` over the grid ``ratio`` (α ≡ 1), ``[len(ratio_ks), N]``."""
+    logp = ratio.log()
+    rows = [clipped_surrogate(logp, torch.full_like(logp, float(np.log(rk))), torch.zeros_like(logp),
+                              torch.full_like(logp, advantage), eps, band=band) for rk in ratio_ks]
+    return torch.stack(rows)
+
+
+def trl_surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: float, eps: float,
+                         cap: float = TRL_IS_CAP) -> torch.Tensor:
+    """The surrogate as TRL 1.16 applies it with its defaults, written as TRL writes it (one-token responses, α ≡ 1):
+    ρ = π_θ/π_k, w = r′ if r′ ≤ ``cap`` else 0, f = w · min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A). For r′ ≤ cap this is
+    the multiplicative band (w·ρ = r), beyond it the response is masked. ``[len(ratio_ks), N]``."""
+    rows = []
+    for rk in ratio_ks:
+        rho, weight = ratio / rk, rk if rk <= cap else 0.0
+        rows.append(weight * torch.minimum(rho * advantage, rho.clamp(1 - eps, 1 + eps) * advantage))
+    return torch.stack(rows)
+
+
+def clip_fraction(run: BanditRun) -> float:
+    """Mean over the steps that trained of clip_low_frac + clip_high_frac (each averaged over the i passes)."""
+    return float(np.mean([r.clip_low_frac + r.clip_high_frac for r in run.records if not r.skipped]))
+
+
+def band_gaps(ratio_ks: list[float], eps: float, ratio: torch.Tensor) -> list[dict[str, float]]:
+    """Per r′: both clip intervals and the largest |f_add − f_mult| over ``ratio`` for A = +1 and A = −1."""
+    rows = []
+    for rk in ratio_ks:
+        row: dict[str, float] = {"r_prime": rk}
+        for band in ("additive", "multiplicative"):
+            lo, hi = clip_bounds(torch.tensor(rk, dtype=ratio.dtype), eps, eps, band)
+            row[f"{band}_low"], row[f"{band}_high"] = float(lo), float(hi)
+        for a in (1.0, -1.0):
+            gap = (surrogate_curves(ratio, [rk], a, eps, "additive")
+                   - surrogate_curves(ratio, [rk], a, eps, "multiplicative")).abs().max()
+            row[f"max_gap_A{'+' if a > 0 else '-'}"] = float(gap)
+            trl = (trl_surrogate_curves(ratio, [rk], a, eps) - surrogate_curves(ratio, [rk], a, eps, "multiplicative"))
+            row[f"trl_gap_A{'+' if a > 0 else '-'}"] = float(trl.abs().max())
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- §3 KL estimators
+
+def policy_trajectory(problem: BanditProblem, config: GRPOConfig) -> torch.Tensor:
+    """π_θ after every step of one run, ``[steps + 1, C, K]`` (index 0 is the initial policy)."""
+    with single_thread():
+        loop = build_bandit_loop(problem, config, runs=1)
+        tables = [loop.policy.probs()[0]]
+        for _ in range(config.steps):
+            loop.step()
+            tables.append(loop.policy.probs()[0])
+    return torch.stack(tables)
+
+
+@dataclass
+class KLStudy:
+    """Each estimator's exact mean and per-sample std when y ~ α = π_{k−lag}, against KL(π_k ‖ π_ref)."""
+
+    lags: np.ndarray                # [L]
+    exact: float                    # KL(π_k ‖ π_ref), mean over contexts
+    mean: dict[str, np.ndarray]     # kind → [L]  E_{x, y~α}[k̂]
+    std: dict[str, np.ndarray]      # kind → [L]  per-sample standard deviation
+    iw_mean: dict[str, float]       # kind → E_{y~α}[(π/α)·k̂] (the same for every lag)
+
+
+def lagged_tables(trajectory: torch.Tensor, lags: list[int],
+                  ref_lag: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """π (the last table), π_ref (``ref_lag`` steps earlier) and α for each lag (``lag`` steps earlier)."""
+    last = trajectory.shape[0] - 1
+    for name, value in [("ref_lag", ref_lag), *(("lags", lag) for lag in lags)]:
+        require_int_at_least(name, value, 0)
+        if value > last:
+            raise ValueError(f"{name} must be <= {last} (the trajectory's steps), got {value}")
+    return trajectory[last], trajectory[last - ref_lag], [trajectory[last - lag] for lag in lags]
+
+
+def kl_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLStudy:
+    """π = last table, π_ref = ``ref_lag`` steps earlier, α = ``lag`` steps earlier.
+
+    Expectations are exact sums over the K arms (contexts weighted uniformly),
+    the estimators are :func:`grpo_lab.kl_estimate` on every arm.
+    """
+    pi, pi_ref, alphas = lagged_tables(trajectory, lags, ref_lag)
+    exact = float((pi * (pi.log() - pi_ref.log())).sum(-1).mean())
+    mean, std, iw = {}, {}, {}
+    for kind in KL_KINDS:
+        values = kl_estimate(pi.log(), pi_ref.log(), kind)                       # [C, K]
+        iw[kind] = float((pi * values).sum(-1).mean())
+        m, s = [], []
+        for alpha in alphas:
+            first = float((alpha * values).sum(-1).mean())
+            second = float((alpha * values ** 2).sum(-1).mean())
+            m.append(first)
+            s.append(max(second - first ** 2, 0.0) ** 0.5)
+        mean[kind], std[kind] = np.array(m), np.array(s)
+    return KLStudy(np.array(lags), exact, mean, std, iw)
+
+
+@dataclass
+class KLGradientStudy:
+    """Each estimator's exact expected gradient (w.r.t. the logits) as a loss term, y ~ α = π_{k−lag},
+    unweighted and weighted by the detached π/α, against the gradients of the exact KLs."""
+
+    lags: np.ndarray                    # [L]
+    reverse_norm: float                 # ‖∇KL(π ‖ π_ref)‖, the KL the paper writes
+    forward_cosine: float               # cos(∇KL(π_ref ‖ π), ∇KL(π ‖ π_ref))
+    cosine: dict[str, np.ndarray]       # "k3" / "k3 × π/α" → [L]  cos to ∇KL(π ‖ π_ref) (NaN at norm 0)
+    norm: dict[str, np.ndarray]         # same keys → [L]
+    gap: dict[str, float]               # the largest distance of each claimed equality (see kl_gradient_study)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    na, nb = float(a.norm()), float(b.norm())
+    return float((a * b).sum()) / (na * nb) if na > 1e-12 and nb > 1e-12 else float("nan")
+
+
+def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLGradientStudy:
+    """π, π_ref and α as in :func:`kl_study`; gradients by :func:`grpo_lab.exact.bandit.kl_expected_gradient`
+    (flattened over contexts), the exact KLs' by autograd. ``gap`` holds the largest entry-wise distance of
+    each claim: ``k1 = 0``, ``k2 = ∇reverse``, ``k3 = ∇forward`` on-policy, and ``weighted = on-policy`` at
+    every lag."""
+    pi, pi_ref, alphas = lagged_tables(trajectory, lags, ref_lag)
+    logits = pi.log().clone().requires_grad_(True)
+    logp = torch.log_softmax(logits, -1)
+    (reverse,) = torch.autograd.grad((logp.exp() * (logp - pi_ref.log())).sum(), logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((pi_ref * (pi_ref.log() - logp)).sum(), logits)
+    on_policy = {kind: kl_expected_gradient(pi, pi_ref, pi, kind) for kind in KL_KINDS}
+    cosine: dict[str, list[float]] = {}
+    norm: dict[str, list[float]] = {}
+    weighted_gap = 0.0
+    for alpha in alphas:
+        for kind in KL_KINDS:
+            for weighted in (False, True):
+                grad = kl_expected_gradient(pi, pi_ref, alpha, kind, weighted)
+                key = f"{kind} × π/α" if weighted else kind
+                cosine.setdefault(key, []).append(_cosine(grad, reverse))
+                norm.setdefault(key, []).append(float(grad.norm()))
+                if weighted:
+                    weighted_gap = max(weighted_gap, float((grad - on_policy[kind]).abs().max()))
+    gap = {"k1 = 0": float(on_policy["k1"].abs().max()),
+           "k2 = ∇KL(π‖π_ref)": float((on_policy["k2"] - reverse).abs().max()),
+           "k3 = ∇KL(π_ref‖π)": float((on_policy["k3"] - forward).abs().max()),
+           "weighted = on-policy": weighted_gap}
+    return KLGradientStudy(np.array(lags), float(reverse.norm()), _cosine(forward, reverse),
+                           {k: np.array(v) for k, v in cosine.items()}, {k: np.array(v) for k, v in norm.items()}, gap)
+
+
+# ----------------------------------------------------------------------------- §4 Theorem 1 against v
+
+@dataclass
+class LagStudy:
+    """Means over steps, runs and contexts of Theorem 1's pieces for each sync period v."""
+
+    v: np.ndarray             # [n]
+    tv_pi_alpha: np.ndarray   # [n]  TV(π_{k+1}, α)
+    tv_pik_alpha: np.ndarray  # [n]  TV(π_k, α)
+    bound: np.ndarray         # [n]  Theorem 1's right-hand side
+    improvement: np.ndarray   # [n]  J(π_{k+1}) − J(π_k)
+    violations: int           # entries (step, run, context) where improvement < bound
+
+
+def lag_study(problem: BanditProblem, config: GRPOConfig, vs: list[int], runs: int) -> LagStudy:
+    """Train with each v (``track_bound=True``) and average the bound's terms."""
+    rows = []
+    for v in vs:
+        r = run_bandit(problem, config.replace(v=v), runs=runs, track_bound=True)
+        rows.append((r.tv_pi_alpha.mean(), r.tv_pik_alpha.mean(), r.bound.mean(), r.improvement.mean(),
+                     int((r.improvement < r.bound).sum())))
+    a, b, c, d, e = zip(*rows, strict=True)
+    return LagStudy(np.array(vs), np.array(a), np.array(b), np.array(c), np.array(d), sum(e))
+
+
+# ----------------------------------------------------------------------------- §5 the paper's findings
+
+FINDINGS: dict[str, dict[str, object]] = {
+    "on-policy, no mask": dict(mask_zero_variance=False),
+    "on-policy + mask": {},
+    "mask, unmasked normalisation": dict(mask_normalize="unmasked"),
+    "v = 10": dict(v=10),
+    "sample reuse i = 10": dict(i=10),
+    "β = 1, fixed π_ref": dict(beta=1.0),
+    "β = 1, π_ref reset every 20": dict(beta=1.0, ref_period=20),
+}
+"""The configurations compared, as changes to :func:`lab_config` (all with v = 1, i = 1, the mask under
+``mask_normalize="batch"`` unless said)."""
+LONG_ON_POLICY = "on-policy, 10× the steps"
+"""On-policy run with as many optimiser passes as the sample-reuse run."""
+MATCHED_LR = "no mask, matched lr"
+"""No mask at lr / (1 − mean masked fraction of the ``unmasked`` run): the step size that normalisation gives."""
+
+
+def run_findings(problem: BanditProblem, config: GRPOConfig, runs: int) -> dict[str, BanditRun]:
+    """Run every :data:`FINDINGS` configuration, plus :data:`LONG_ON_POLICY` and :data:`MATCHED_LR`, R runs each."""
+    results = {name: run_bandit(problem, config.replace(**changes), runs=runs) for name, changes in FINDINGS.items()}
+    results[LONG_ON_POLICY] = run_bandit(problem, config.replace(steps=10 * config.steps), runs=runs)
+    kept = 1.0 - float(results["mask, unmasked normalisation"].masked_frac.mean())
+    results[MATCHED_LR] = run_bandit(problem, config.replace(mask_zero_variance=False, lr=config.lr / kept), runs=runs)
+    return results
+
+
+def final_reward(run: BanditRun) -> tuple[float, float]:
+    """Mean and std over runs of J(π_θ) after the last step."""
+    return float(run.J[-1].mean()), float(run.J[-1].std())
+
+
+def reward_at_passes(run: BanditRun, passes: int) -> np.ndarray:
+    """J of each run after the first step whose cumulative optimiser passes reach ``passes``, ``[R]``."""
+    reached = np.nonzero(run.optimizer_passes >= passes)[0]
+    if len(reached) == 0:
+        raise ValueError(f"passes = {passes} is more than the run made ({int(run.optimizer_passes[-1])})")
+    return run.J[reached[0] + 1]
+
+
+def mean_grad_norm(run: BanditRun) -> float:
+    """Mean gradient norm over the steps that trained: the step size the mask changes."""
+    trained = np.diff(run.optimizer_passes, prepend=0) > 0
+    return float(np.mean(run.grad_norm[trained]))
+
+
+# ----------------------------------------------------------------------------- wall clock from a sync-cost model
+
+def lab_cost_model(train_share: float = TRAIN_SHARE) -> StepCostModel:
+    """The paper's 7B cost model (≈35.4 s/step at v = 1, ≈26.1 s at v = 10 ⇒ sync ≈ 10.3 s)
+    with its non-sync time split into sampling and one optimiser pass by ``train_share``."""
+    require_number_in("train_share", train_share, 0.0, 1.0)
+    paper = paper_cost_model()
+    base = paper.gen + paper.train
+    return StepCostModel(gen=base * (1 - train_share), train=base * train_share, sync=paper.sync)
+
+
+def wall_clock(run: BanditRun, model: StepCostModel) -> np.ndarray:
+    """Modelled seconds after each step, ``[steps + 1]``: each step costs
+    ``gen + passes · train + sync`` (the sync only on steps that synced, i.e. sync/v on average)."""
+    passes = np.diff(run.optimizer_passes, prepend=0)
+    synced = (run.lag == 0).astype(float)  # a step syncs exactly when its lag is 0
+    return np.concatenate([[0.0], np.cumsum(model.gen + passes * model.train + synced * model.sync)])

@@ -1,0 +1,71 @@
+"""``build_loop``: a language model's run wired into the one (v, i) loop::
+
+    load_policy(model) ─► LMPolicy (π_θ) ─► HFSampler or VLLMSampler (α, ``sampler``) ─┐
+    train_problems(config) ─► TextTask (prompts, verifiable rewards) ──────────────────┴─► GRPOLoop
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..loop import GRPOLoop
+from .tasks import Problem
+from .text_task import TextTask, train_problems
+from .train_config import DTYPES, TrainConfig
+
+
+def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
+               problems: Sequence[Problem] | None = None, sampler: Any = None) -> GRPOLoop:
+    """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
+
+    The memory guard checks the run fits before α is copied (it may shrink ``micro_batch_size``).
+    A given ``sampler`` (e.g. another run's engine, built once) is synced to this run's π_θ first.
+    """
+    from .memory import guard_memory, longest_prompt
+    from .models import load_policy
+    from .policy import LMPolicy
+    from .sampling import HFSampler
+
+    if config.sampler == "vllm" and sampler is None:
+        from .sampling_vllm import import_vllm
+
+        import_vllm()  # not installed: say so before loading anything
+    if model is None:
+        model, tokenizer = load_policy(config.model, dtype=DTYPES[config.dtype], device=config.torch_device(),
+                                       trust_remote_code=config.trust_remote_code)
+    if problems is None:
+        problems = train_problems(config)
+    if config.prompts_per_step > len(problems):
+        raise ValueError(f"prompts_per_step = {config.prompts_per_step} exceeds the {len(problems)} problems")
+    model.requires_grad_(True)
+    task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight)
+    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
+    policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
+    if sampler is not None:
+        if (sampler.max_completion_length, sampler.temperature) != (config.max_completion_length, config.temperature):
+            raise ValueError(f"the given sampler draws {sampler.max_completion_length} tokens at T = "
+                             f"{sampler.temperature}; this run needs {config.max_completion_length} at T = "
+                             f"{config.temperature}")
+        sampler.sync(policy)
+    elif config.sampler == "vllm":
+        sampler = vllm_sampler(config, policy, tokenizer, longest_prompt(tokenizer, task.prompt_of.values()))
+    else:
+        sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature)
+    loop = GRPOLoop(policy, sampler, task, config)
+    loop.tokenizer = tokenizer
+    return loop
+
+
+def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens: int) -> Any:
+    """α in a ``vllm.LLM`` built from the checkpoint ``config.model`` names (the bundled model's converted
+    directory for ``smollm2-135m``), sized to the run: ``max_model_len`` = longest prompt + T_max. On a CPU
+    the engine runs eagerly (no inductor warm-up, minutes on two cores)."""
+    from .models import BUNDLED, bundled_model_dir
+    from .sampling_vllm import VLLMSampler
+
+    path = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
+    engine_kwargs = {"max_model_len": prompt_tokens + config.max_completion_length,
+                     "enforce_eager": policy.device.type == "cpu", "trust_remote_code": config.trust_remote_code}
+    return VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
+                       seed=config.seed, engine_kwargs=engine_kwargs)

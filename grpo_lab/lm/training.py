@@ -1,0 +1,179 @@
+"""``train``: run (or resume) an LLM run, writing ``metrics.jsonl``, checkpoints and the chosen loggers.
+
+The loop itself is :class:`~grpo_lab.loop.GRPOLoop` (built by :func:`~grpo_lab.lm.build.build_loop`); this
+module drives it: progress bar, one line of ``metrics.jsonl`` per step, periodic checkpoints, and a
+clean stop on Ctrl-C (or a notebook's stop button) that leaves a checkpoint to continue from.
+A run directory has one owner at a time (:func:`hold_run_dir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..loop import GRPOLoop, StepRecord
+from .build import build_loop
+from .checkpoint import load_checkpoint, save_checkpoint
+from .train_config import TrainConfig
+
+
+def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = True,
+          resume: bool = True) -> GRPOLoop:
+    """Run (or continue) a training run up to step ``config.steps``: progress bar, ``metrics.jsonl``, checkpoints.
+
+    A given ``loop`` stops at ``config.steps`` even if it was built for more (the study scores
+    held-out Pass@1 part-way by training to each scoring step in turn).
+
+    With ``resume`` and a checkpoint in ``output_dir``, continues from it exactly.
+    Interrupting (Ctrl-C, a notebook's stop button) finishes the current step,
+    saves a checkpoint and returns the loop, ready to continue. Raises :class:`RunDirInUse`
+    at once, before any model loads, if another live process is training into ``output_dir``.
+    """
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with hold_run_dir(out):
+        return _train(config, loop or build_loop(config), out, progress, resume)
+
+
+def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resume: bool) -> GRPOLoop:
+    ckpt = out / "checkpoint.pt"
+    if resume and ckpt.is_file() and loop.k == 0:
+        load_checkpoint(loop, ckpt)
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
+    # metrics.jsonl restarts from the history the checkpoint holds: steps logged after it are redone
+    _write_metrics(out, loop.history)
+    loggers = _open_loggers(config, out)
+    bar = _progress(total=config.steps, initial=loop.k, enabled=progress)
+    try:
+        for record in loop.run(max(config.steps - loop.k, 0)):  # up to config.steps, whatever the loop's own
+            _log(record, out, loggers, bar)
+            if config.checkpoint_every and loop.k % config.checkpoint_every == 0:
+                save_checkpoint(loop, ckpt)
+    except KeyboardInterrupt:
+        # a step that deferred_interrupt let finish is in the history but was never yielded
+        _write_metrics(out, loop.history)
+        print(f"interrupted: saving a checkpoint at step {loop.k} in {ckpt}")
+    finally:
+        bar.close()
+        for logger in loggers:
+            logger.close()
+    # Not after any other exception: a failed step (e.g. FloatingPointError) may have left π_θ
+    # half-updated; the last checkpoint written stays the one to resume from.
+    save_checkpoint(loop, ckpt)
+    return loop
+
+
+# ----------------------------------------------------------------------------- one owner per run directory
+
+LOCK_FILE = "run.lock"
+
+
+class RunDirInUse(RuntimeError):
+    """Another live process is training into this output directory."""
+
+
+@contextlib.contextmanager
+def hold_run_dir(out: Path) -> Iterator[None]:
+    """Own ``out`` while the block runs: an exclusive ``flock`` on ``out/run.lock``, which holds the pid.
+
+    Two runs into one directory would interleave their ``metrics.jsonl`` lines and overwrite each
+    other's checkpoints, so a second one is refused, naming the holder. The kernel drops the lock
+    when its process exits, however it dies; a pid still in the file then marks a stale lock (a
+    clean exit empties it), which the next run takes over.
+    """
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_pid(fd) or "unknown"
+            raise RunDirInUse(f"output_dir {str(out)!r} is in use by another training run (pid {holder}); "
+                              "wait for it to finish, stop it, or choose another output_dir") from None
+        stale = _lock_pid(fd)
+        if stale:
+            print(f"output_dir {str(out)!r}: taking over the lock left by pid {stale}, which is no longer running")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _lock_pid(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode(errors="replace").strip()
+
+
+# ----------------------------------------------------------------------------- logging
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="GRPO", unit="step")
+
+
+def _write_metrics(out: Path, history: list[StepRecord]) -> None:
+    """``metrics.jsonl`` = exactly ``history``, one record per line."""
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in history))
+
+
+def _log(record: StepRecord, out: Path, loggers: list[Any], bar: Any) -> None:
+    row = record.to_dict()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    for logger in loggers:
+        logger.log(row)
+    bar.set_postfix(reward=f"{record.reward_mean:.3f}", lag=record.lag, masked=f"{record.masked_frac:.2f}")
+    bar.update(1)
+
+
+class _TensorBoard:
+    def __init__(self, out: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(out / "tensorboard"))
+
+    def log(self, row: dict[str, Any]) -> None:
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and key != "step":
+                self.writer.add_scalar(key, value, row["step"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, config: TrainConfig, out: Path) -> None:
+        import wandb
+
+        self.run = wandb.init(project="grpo_lab", config=config.to_dict(), dir=str(out))
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.run.log(row, step=row["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _open_loggers(config: TrainConfig, out: Path) -> list[Any]:
+    """The ``report_to`` loggers that are installed (a missing one is named, not fatal)."""
+    loggers = []
+    for name in config.report_to:
+        try:
+            loggers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(config, out))
+        except ImportError as exc:
+            print(f"report_to {name!r} skipped: {exc}")
+    return loggers
+
+
+def load_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The records a run wrote to ``metrics.jsonl``."""
+    path = Path(output_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

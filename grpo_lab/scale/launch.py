@@ -1,0 +1,148 @@
+"""Launch a recipe at scale: ``accelerate launch ... -m grpo_lab.scale.launch --config R``.
+
+A recipe (``configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
+:class:`~grpo_lab.lm.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
+:class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor parallelism, memory share) and
+an optional ``orz_data_files:`` path. :func:`trl_args` maps the theory's
+names onto TRL's; :func:`launch` trains with :class:`~grpo_lab.scale.trl.OffPolicyGRPOTrainer` on the
+process group ``accelerate`` started and writes iter/s and the final reward to ``throughput.json``,
+which notebook 03 reads back (:func:`read_result`) beside the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..checks import require_choice
+from ..lm.recipes import CONFIG_DIR, LaunchRecipe, load_launch_recipe
+from ..lm.tasks import chat_messages, load_orz
+from ..lm.text_task import train_problems
+from ..lm.train_config import TrainConfig
+
+if TYPE_CHECKING:
+    from .trl import OffPolicyGRPOConfig
+
+ROOT = CONFIG_DIR.parent
+COLOCATE_RECIPES = {1: "qwen7b_orz_colocate_v1", 10: "qwen7b_orz_colocate_v10"}
+"""The paper's 7B colocate throughput runs (docs/theory.md §6), by lag v."""
+ACCELERATE_ZERO3 = "configs/accelerate/gpu8_zero3.yaml"
+RESULT_FILE = "throughput.json"
+
+
+def colocate_command(v: int) -> list[str]:
+    """The 8-GPU launch of the paper's throughput run at lag v (run it from the repository root):
+    ``accelerate launch`` with this interpreter, so the kernel's environment is the one launched."""
+    require_choice("v", v, COLOCATE_RECIPES)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ACCELERATE_ZERO3,
+            "-m", "grpo_lab.scale.launch", "--config", f"configs/{COLOCATE_RECIPES[v]}.yaml"]
+
+
+def read_result(v: int) -> dict[str, float] | None:
+    """``throughput.json`` of the colocate run at lag v, or None if it has not run."""
+    launch_recipe = load_launch_recipe(CONFIG_DIR / f"{COLOCATE_RECIPES[v]}.yaml")
+    path = ROOT / launch_recipe.config.output_dir / RESULT_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int) -> OffPolicyGRPOConfig:
+    """The :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` of a recipe: the theory's names mapped to TRL's
+    (G → num_generations, v → vllm_sync_interval, i → num_iterations, ε → epsilon, …), one step k =
+    P·G completions over all processes, constant learning rate, then ``extras`` on top."""
+    from .trl import OffPolicyGRPOConfig
+
+    require_choice("kl_kind", config.kl_kind, ("k3",))  # TRL's estimator
+    rows = config.prompts_per_step * config.G
+    micro = config.micro_batch_size or max(rows // num_processes, 1)
+    if rows % (micro * num_processes):
+        raise ValueError(f"prompts_per_step·G = {rows} must be a multiple of micro_batch_size·processes = "
+                         f"{micro}·{num_processes}")
+    accumulation = rows // (micro * num_processes)
+    values = dict(
+        output_dir=config.output_dir, num_generations=config.G, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation, steps_per_generation=accumulation, vllm_sync_interval=config.v,
+        sync=config.sync, sync_threshold=config.sync_threshold,
+        num_iterations=config.i, epsilon=config.eps_low, epsilon_high=config.eps_high, clip_band=config.band,
+        beta=config.beta, use_bias_correction_kl=config.kl_importance_weighted, sync_ref_model=config.ref_period > 0,
+        ref_model_sync_steps=max(config.ref_period, 1) * config.i, eps_std=config.eps_std,
+        unbiased_std=config.unbiased_std, eps_placement=config.eps_placement,
+        zero_variance_mask=config.mask_zero_variance, mask_normalize=config.mask_normalize, loss_type=config.loss_type,
+        importance_sampling_level=config.level, learning_rate=config.lr, lr_scheduler_type="constant",
+        optim="sgd" if config.optimizer == "sgd" else "adamw_torch", weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm or 0.0, max_completion_length=config.max_completion_length,
+        temperature=config.temperature, max_steps=config.steps * config.i, seed=config.seed,
+        bf16=config.dtype == "bfloat16", fp16=config.dtype == "float16", use_cpu=config.device == "cpu",
+        logging_steps=1, save_strategy="steps" if config.checkpoint_every else "no",
+        save_steps=max(config.checkpoint_every, 1) * config.i, report_to=list(config.report_to) or "none")
+    return OffPolicyGRPOConfig(**{**values, **extras})
+
+
+def training_dataset(launch_recipe: LaunchRecipe) -> Any:
+    """The training problems as TRL rows: ``prompt`` (the chat of :func:`~grpo_lab.lm.tasks.chat_messages`,
+    as :func:`~grpo_lab.lm.tasks.build_prompt` renders it), ``answer`` and ``answer_format`` for the reward."""
+    from datasets import Dataset
+
+    config = launch_recipe.config
+    problems = (train_problems(config) if launch_recipe.orz_data_files is None
+                else load_orz(launch_recipe.orz_data_files, config.train_problems))
+    return Dataset.from_list([{"prompt": chat_messages(p, config.system_prompt), "answer": p.answer,
+                               "answer_format": p.answer_format} for p in problems])
+
+
+def verifiable_reward(format_weight: float = 0.0) -> Any:
+    """TRL reward function: :func:`~grpo_lab.lm.rewards.answer_reward` of each completion, in [0, 1]."""
+    from ..lm.rewards import answer_reward
+
+    def answer_correct(completions: list, answer: list[str], answer_format: list[str], **kwargs: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [answer_reward(t, a, f, format_weight) for t, a, f in zip(texts, answer, answer_format, strict=True)]
+
+    return answer_correct
+
+
+def launch(launch_recipe: LaunchRecipe) -> dict[str, float]:
+    """Train a recipe with the TRL adapter on this process group; the main process writes
+    ``<output_dir>/throughput.json`` (iter/s = steps k per second, final reward, syncs)."""
+    from accelerate import PartialState
+
+    from ..lm.models import BUNDLED, bundled_model_dir
+    from .trl import OffPolicyGRPOTrainer
+
+    config = launch_recipe.config
+    model = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
+    trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=verifiable_reward(config.format_weight),
+                                   args=trl_args(config, launch_recipe.trl, PartialState().num_processes),
+                                   train_dataset=training_dataset(launch_recipe))
+    output = trainer.train()
+    rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
+    tail = rewards[-max(len(rewards) // 10, 1):]
+    result = {"v": config.v, "steps": trainer.state.global_step // config.i,
+              "iters_per_second": output.metrics["train_steps_per_second"] / config.i,
+              "train_seconds": output.metrics["train_runtime"], "final_reward": float(np.mean(tail)),
+              "syncs": len(trainer.sync_steps)}
+    trainer.save_model(str(Path(config.output_dir) / "final"))
+    if trainer.accelerator.is_main_process:
+        (Path(config.output_dir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.scale.launch",
+                                     description="Train a recipe with the TRL adapter (under accelerate launch).")
+    parser.add_argument("--config", required=True, help="recipe YAML: TrainConfig fields, optional trl: mapping "
+                        "and orz_data_files: path")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
+    parser.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE", help="set a TRL config field")
+    args = parser.parse_args(argv)
+    print(json.dumps(launch(load_launch_recipe(args.config, args.set, args.trl))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

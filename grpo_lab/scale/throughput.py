@@ -1,0 +1,199 @@
+"""What a lag of v buys in wall-clock time (notebook 03): measure, fit, predict.
+
+=============== ===================================================================
+measure (CPU)   the (v, i) loop on SmolLM2 at v = 1, 2, 4, 8 and with the adaptive
+                schedule, α on ``transformers`` or on vLLM's engine: sample / train /
+                sync seconds of every step (MEASURED here)
+fit, predict    step(v) = gen + train + sync / v by least squares on the mean step
+                times (:func:`fit_step_times`, with standard errors), and from the
+                v = 1 records alone (:func:`~grpo_lab.scale.costmodel.fit_from_records`)
+lag 0           :func:`log_ratio_at_lag0`: log r′ right after a sync, α ≠ π_k in
+                floating point
+paper           the same model fitted to the 7B colocate run (0.02828 vs 0.03828
+                iter/s, PAPER): predicted speed-up against v and against model size
+full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.scale.launch`
+                (8 GPUs); :func:`colocate_table` sets their iter/s beside the PAPER's
+figures         :mod:`grpo_lab.viz.throughput` draws these numbers
+=============== ===================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..checks import require_choice, require_int_at_least, require_number_in
+from ..lm.build import build_loop
+from ..lm.recipes import recipe
+from ..lm.train_config import TrainConfig
+from ..loop import StepRecord
+from .costmodel import (
+    PAPER_ITERS_PER_SECOND,
+    PAPER_PARAMS_7B,
+    StepCostModel,
+    fit_from_step_times,
+    paper_cost_model,
+    paper_effective_bandwidth_gb_s,
+    sync_seconds_for,
+)
+
+MEASURED, PAPER = "MEASURED here", "PAPER"
+WARMUP_STEPS = 1
+"""Steps left out of every timing: step 0 pays one-off costs (first generate call, allocations)."""
+ADAPTIVE_THRESHOLD = 0.3
+"""Drift (mean |log π_k − log α|) above which the adaptive run syncs at the next step: a few optimiser
+steps of SmolLM2 at lr 1e-5 (the measured drift per step is in docs/benchmarks.md), so the run syncs
+every few steps while the policy moves and waits longer (up to its v) while steps are skipped."""
+PAPER_FINAL_REWARD = 0.50
+PAPER_ITERS_PER_SECOND_STD = {1: 0.017, 10: 0.016}
+FIXED_VS = (1, 2, 4, 8)
+"""The sync periods notebook 03 times, to fit step(v) = gen + train + sync / v on."""
+MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.7e9, "32B": 32.5e9, "72B": 72.7e9}
+"""Parameter counts N of the Qwen2.5 family (model cards), for the size sweep."""
+
+
+# ----------------------------------------------------------------------------- measure (reduced / smoke)
+
+def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]:
+    """Notebook 03's CPU runs of ``configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
+    ``vllm``): fixed v = 1, 2, 4, 8 and the adaptive schedule (``v`` = its longest lag). Steps = warm-up +
+    a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size."""
+    require_choice("mode", mode, ("smoke", "reduced", "full"))
+    if mode == "smoke":
+        size, max_lag = dict(G=3, prompts_per_step=2, max_completion_length=4, micro_batch_size=6,
+                             steps=WARMUP_STEPS + 8), 3
+    else:
+        size, max_lag = dict(steps=WARMUP_STEPS + 16), 8
+    runs = {f"v={v}": recipe("cpu_arith_smollm2", v=v, sampler=sampler, **size) for v in FIXED_VS}
+    runs[f"adaptive v≤{max_lag}"] = recipe("cpu_arith_smollm2", sync="adaptive", v=max_lag, sampler=sampler,
+                                           sync_threshold=ADAPTIVE_THRESHOLD, **size)
+    return runs
+
+
+def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> tuple[dict[str, list[StepRecord]], Any]:
+    """Each config's records, from a fresh π_θ run for ``config.steps`` steps (nothing written to disk), and
+    the sampler. The first run's sampler serves every run (synced to each fresh π_θ): one vLLM engine, built
+    once (vLLM keeps one set of process groups per process; hand the sampler on rather than build another)."""
+    from tqdm.auto import tqdm
+
+    runs, sampler = {}, None
+    for name, config in configs.items():
+        loop = build_loop(config, sampler=sampler)
+        sampler = loop.sampler
+        runs[name] = list(tqdm(loop.run(), total=config.steps, desc=name, disable=not progress))
+    return runs, sampler
+
+
+def timed(records: Sequence[StepRecord]) -> list[StepRecord]:
+    """The records that timings use: every step after the first WARMUP_STEPS."""
+    kept = [r for r in records if r.step >= WARMUP_STEPS]
+    if not kept or not any(r.synced for r in kept):
+        raise ValueError(f"records must hold a synced step after the {WARMUP_STEPS} warm-up step(s)")
+    return kept
+
+
+def step_seconds(records: Sequence[StepRecord]) -> float:
+    """Measured mean wall time of a step: sample + train + sync (the sync only where one happened)."""
+    return float(np.mean([r.sample_seconds + r.train_seconds + r.sync_seconds for r in records]))
+
+
+def effective_v(records: Sequence[StepRecord]) -> float:
+    """Steps per sync: v for whole periods of a fixed schedule, the mean period of an adaptive one."""
+    return len(records) / sum(r.synced for r in records)
+
+
+def step_time_stats(runs: Mapping[str, Sequence[StepRecord]]) -> dict[int, tuple[float, float]]:
+    """Per fixed-v run ("v=N"): v → (mean step seconds, its standard error) over the timed window."""
+    stats = {}
+    for name, records in runs.items():
+        if name.startswith("v="):
+            seconds = np.array([r.sample_seconds + r.train_seconds + r.sync_seconds for r in timed(records)])
+            stats[int(name[2:])] = (float(seconds.mean()), float(seconds.std(ddof=1) / np.sqrt(len(seconds))))
+    return stats
+
+
+def fit_step_times(stats: Mapping[int, tuple[float, float]]) -> StepCostModel:
+    """step(v) = a + sync / v by least squares on the mean step times (a = gen + train, in ``gen``)."""
+    return fit_from_step_times({v: mean for v, (mean, _) in stats.items()})
+
+
+def log_ratio_at_lag0(loop: Any, prompts: int = 4, seed: int = 0) -> np.ndarray:
+    """log r′ = log π_k − log α of every sampled token right after a sync (lag 0): α ← π_θ, sample
+    G completions of ``prompts`` of the task's prompts, score them with π_θ. Zero in exact arithmetic; what
+    is left is the engine's numerics (kernels, KV cache, dtype), which r′ in the loss corrects for."""
+    require_int_at_least("prompts", prompts, 1)
+    generator = torch.Generator().manual_seed(seed)
+    loop.sampler.sync(loop.policy)
+    rollout = loop.sampler.sample(loop.task.prompts(prompts, generator), loop.config.G, generator)
+    with torch.no_grad():
+        logp = loop.policy.logprobs(rollout, slice(None))
+    return (logp - rollout.logp_alpha)[rollout.mask].double().numpy()
+
+
+def run_table(runs: Mapping[str, Sequence[StepRecord]], model: StepCostModel) -> list[dict[str, Any]]:
+    """One row per run: schedule (syncs, lag), learning (reward, drift) and the step time measured
+    vs predicted by ``model`` at the run's effective v (timings after the warm-up)."""
+    rows = []
+    for name, records in runs.items():
+        window = timed(records)
+        measured, predicted = step_seconds(window), float(model.step_seconds(effective_v(window)))
+        rows.append({"run": name, "source": MEASURED, "steps": len(records), "syncs": sum(r.synced for r in records),
+                     "mean lag": np.mean([r.lag for r in records]), "max lag": max(r.lag for r in records),
+                     "reward": np.mean([r.reward_mean for r in records]),
+                     "drift": np.mean([r.log_ratio_k_abs for r in records]),
+                     "step s": measured, "predicted s": predicted, "error": (predicted - measured) / measured})
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows of equal keys as aligned text (floats with 4 significant digits)."""
+    cells = [[f"{v:.4g}" if isinstance(v, (float, np.floating)) else str(v) for v in row.values()] for row in rows]
+    header = list(rows[0])
+    widths = [max(len(x) for x in column) for column in zip(header, *cells)]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)) for line in [header, *cells])
+
+
+# ----------------------------------------------------------------------------- predict (paper numbers)
+
+def size_model(params: float, fixed_share: float = 0.0, bandwidth_gb_s: float | None = None,
+               bytes_per_param: int = 2) -> StepCostModel:
+    """step(v) of an N-parameter model on the paper's node, anchored at its 7B run (N7 = 7.6e9).
+
+    ================= ===================================================================
+    gen (+ train)     a7 · (fixed_share + (1 − fixed_share) · N / N7), a7 = the paper's 25.1 s
+    sync              N · bytes_per_param / bandwidth (default: the paper's effective 1.48 GB/s)
+    ================= ===================================================================
+
+    With ``fixed_share = 0`` every term is ∝ N and the speed-up is the same for every size;
+    a per-step part that does not grow with N (reward scoring, scheduling, logging) makes it grow.
+    """
+    require_number_in("params", params, 0.0, low_open=True)
+    require_number_in("fixed_share", fixed_share, 0.0, 1.0)
+    paper = paper_cost_model()
+    bandwidth = paper_effective_bandwidth_gb_s(bytes_per_param) if bandwidth_gb_s is None else bandwidth_gb_s
+    base = (paper.gen + paper.train) * (fixed_share + (1 - fixed_share) * params / PAPER_PARAMS_7B)
+    return StepCostModel(gen=base, train=0.0, sync=sync_seconds_for(params, bandwidth, bytes_per_param))
+
+
+def size_speedups(v: int, fixed_shares: Sequence[float]) -> dict[float, np.ndarray]:
+    """Predicted step(1)/step(v) for each model of MODEL_SIZES, per fixed share."""
+    require_int_at_least("v", v, 1)
+    return {share: np.array([float(size_model(n, share).speedup(v)) for n in MODEL_SIZES.values()])
+            for share in fixed_shares}
+
+
+# ----------------------------------------------------------------------------- full mode: the PAPER's run beside ours
+
+def colocate_table(results: Mapping[int, Mapping[str, float] | None]) -> list[dict[str, Any]]:
+    """The PAPER's iter/s and final reward per v, and the MEASURED ones where a run wrote them."""
+    rows = []
+    for v, ips in PAPER_ITERS_PER_SECOND.items():
+        rows.append({"v": v, "source": PAPER, "iter/s": ips, "± std": PAPER_ITERS_PER_SECOND_STD[v],
+                     "final reward": PAPER_FINAL_REWARD})
+        if results.get(v):
+            rows.append({"v": v, "source": "MEASURED (8 GPUs)", "iter/s": results[v]["iters_per_second"],
+                         "± std": float("nan"), "final reward": results[v]["final_reward"]})
+    return rows

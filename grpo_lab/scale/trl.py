@@ -1,0 +1,423 @@
+"""Off-policy GRPO at scale (docs/theory.md §5): TRL's ``GRPOTrainer`` with a lagged sampler α.
+
+TRL 1.16 pushes π_θ to vLLM before *every* generation, clips π/π_old around
+the detached ratio multiplicatively, keeps zero-variance groups in the loss and,
+by default, zeroes whole sequences whose π_old/α exceeds 3. This adapter runs
+Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
+
+* α ← π_θ when the lab's sync schedule (:func:`grpo_lab.schedules.make_sync_schedule`)
+  says so: at steps k with k % v == 0 (``vllm_sync_interval`` = v), or with
+  ``sync="adaptive"`` when the drift of the last step passed ``sync_threshold``, at
+  most every v steps; in one place, :meth:`OffPolicyGRPOTrainer._sync_sampler`.
+  vLLM's prefix cache is reset only by real syncs. Without vLLM, generation comes from an in-process frozen
+  copy α of the model, refreshed by the same schedule (so v works on a CPU);
+  log α of the sampled tokens costs one extra no-grad forward of the copy.
+* ``clip_band``: ``additive`` [max(r′−ε, 0), r′+ε] (paper) or ``multiplicative``
+  r′(1±ε) (TRL), r′ = π_k/α. The ratio r = π_θ/α already corrects for the lag,
+  so TRL's ``vllm_importance_sampling_correction`` must stay off.
+* ``zero_variance_mask``: groups whose G rewards agree drop out of the loss's
+  terms (surrogate and KL) and, with ``mask_normalize="unmasked"``, of its
+  denominator too (``"batch"``, the default, keeps them there as zeros: the paper's
+  E_x[m(x)·(…)]). The mask and the advantages come from the rewards gathered
+  over all processes, so a group split between processes is handled whole; the
+  loss weights are normalised over the whole generation batch of every process,
+  so micro-batching and data parallelism give the one-process loss exactly.
+* Advantages are the paper's whitening (:func:`grpo_lab.whiten`), not TRL's
+  ``std + 1e-4``; rewards (weighted sum over reward functions) must lie in [0, 1]
+  (docs/theory.md §1). π_ref is reset by TRL's ``sync_ref_model`` with mix-up 1.
+* A step whose groups are all masked has loss exactly 0 and is skipped (no
+  optimiser update; under DeepSpeed it is only recorded, see ``_SkipMaskedStep``).
+
+Step k is one generation batch: ``global_step = k · num_iterations`` when it is
+drawn (``steps_per_generation`` must equal ``gradient_accumulation_steps``).
+Overridden TRL methods (and why):
+
+=================================== =====================================================
+``_last_loaded_step`` (a property)  always equals ``global_step``, so TRL's own per-step
+                                    vLLM push never fires; only ``_generate`` syncs
+``_generate``                       the entry of every generation (single turn, tools,
+                                    ``rollout_func``): sync when due; without vLLM,
+                                    generate with α by lending it as ``model_wrapped``
+``_calculate_rewards``              keep the gathered rewards for mask and whitening
+``_generate_and_score_completions`` after TRL's: A_α, mask, loss weights, log α (no vLLM)
+``_compute_loss``                   the loss is ``grpo_objective``; logs the off-policy metrics
+=================================== =====================================================
+
+Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
+``sync_seconds``, ``masked_frac`` (groups with zero reward variance, masked or
+not), ``skipped``, ``ratio_k_mean`` / ``ratio_k_max`` (r′ over counted tokens),
+``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
+whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
+:func:`grpo_lab.grpo_objective`); and TRL's ``kl``, ``entropy``.
+Evaluation samples from α too and never syncs (it would move α off its schedule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from ..advantages import EPS_PLACEMENTS, whiten, zero_variance_mask
+from ..checks import require_choice, require_int_at_least, require_number_in, require_reward_groups
+from ..objective import BANDS, LOSS_TYPES, MASK_NORMALIZATIONS, grpo_objective, loss_weights, tv_terms
+from ..schedules import SYNC_MODES, make_sync_schedule
+
+# TRL options the off-policy objective replaces; each must keep the value shown.
+_REQUIRED = {
+    "vllm_importance_sampling_correction": False,  # r = π_θ/α already weights by the lag; TRL's would count it twice
+    "scale_rewards": "group",  # whitening per group is done here (eps_std, unbiased_std, eps_placement)
+    "multi_objective_aggregation": "sum_then_normalize",
+    "top_entropy_quantile": 1.0, "off_policy_mask_threshold": None, "delta": None,
+    "entropy_coef": 0.0, "use_adaptive_entropy": False,
+}
+# Multimodal inputs that TRL's scoring forward takes, passed through unchanged.
+_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+_MEAN_METRICS = ("ratio_k_mean", "log_ratio_k_abs", "clip_low_frac", "clip_high_frac")
+
+
+@dataclass
+class OffPolicyGRPOConfig(GRPOConfig):
+    """TRL's ``GRPOConfig`` plus the knobs of Algorithm 1. TRL names where the concept is
+    TRL's: ``num_generations`` = G, ``num_iterations`` = i, ``beta``, ``epsilon`` /
+    ``epsilon_high`` = ε_low / ε_high, ``loss_type``, ``importance_sampling_level``,
+    ``ref_model_sync_steps`` = ref_period · i. Defaults changed from TRL's: ``loss_type``
+    ``grpo``, ``ref_model_mixup_alpha`` 1 (a hard reset π_ref ← π_θ), ``disable_dropout`` True
+    (with dropout, r′ = π_k/α ≠ 1 even at lag 0), ``vllm_importance_sampling_correction`` False,
+    ``use_bias_correction_kl`` False."""
+
+    vllm_sync_interval: int = field(default=1, metadata={
+        "help": "v: α ← π_θ at steps k with k % v == 0 (vLLM push, or the in-process copy without vLLM); "
+                "with sync='adaptive', the longest lag allowed."})
+    sync: str = field(default="fixed", metadata={
+        "help": "'fixed' (every v steps) or 'adaptive' (when a step's drift passes sync_threshold, at most every v)."})
+    sync_threshold: float = field(default=0.05, metadata={
+        "help": "Adaptive sync: mean |log π_k − log α| of a step above which the next step syncs."})
+    zero_variance_mask: bool = field(default=True, metadata={
+        "help": "Drop groups whose G rewards all agree from the loss (numerator, denominator and KL)."})
+    mask_normalize: str = field(default="batch", metadata={
+        "help": "'batch' (paper): masked groups stay in the loss's denominator as zeros; 'unmasked': they leave it."})
+    clip_band: str = field(default="additive", metadata={
+        "help": "Clip interval around r' = π_k/α: 'additive' [max(r'-ε,0), r'+ε] (paper) or 'multiplicative'."})
+    eps_std: float = field(default=1e-4, metadata={"help": "ε_std of the whitening sqrt(σ² + ε_std)."})
+    unbiased_std: bool = field(default=False, metadata={"help": "Sample (/(G-1)) instead of population variance."})
+    eps_placement: str = field(default="under_sqrt", metadata={
+        "help": "'under_sqrt' (paper) or 'added_to_std' (TRL's std + ε)."})
+    loss_type: str = field(default="grpo", metadata={"help": "Token aggregation: grpo, bnpo, dapo or dr_grpo."})
+    ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
+    disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
+    vllm_importance_sampling_correction: bool = field(default=False, metadata={
+        "help": "Must stay False: the off-policy ratio π_θ/α already corrects for the sampler's lag."})
+    use_bias_correction_kl: bool = field(default=False, metadata={
+        "help": "Weight each KL estimate by the detached π_θ/α (grpo_objective's kl_importance_weighted)."})
+    vllm_enforce_eager: bool = field(default=False, metadata={
+        "help": "Colocate: build the engine without torch.compile / CUDA graphs (on a CPU the inductor "
+                "warm-up takes minutes)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int_at_least("vllm_sync_interval", self.vllm_sync_interval, 1)
+        require_choice("sync", self.sync, SYNC_MODES)
+        require_number_in("sync_threshold", self.sync_threshold, 0.0, low_open=True)
+        require_choice("clip_band", self.clip_band, BANDS)
+        require_choice("mask_normalize", self.mask_normalize, MASK_NORMALIZATIONS)
+        require_choice("loss_type", self.loss_type, LOSS_TYPES)
+        require_number_in("eps_std", self.eps_std, 0.0)
+        require_choice("eps_placement", self.eps_placement, EPS_PLACEMENTS)
+        for name, required in _REQUIRED.items():
+            if getattr(self, name) != required:
+                raise ValueError(f"{name} = {getattr(self, name)!r} is not supported by the off-policy "
+                                 f"objective; it must be {required!r}")
+        if self.steps_per_generation != self.gradient_accumulation_steps:
+            raise ValueError(f"steps_per_generation = {self.steps_per_generation} must equal "
+                             f"gradient_accumulation_steps = {self.gradient_accumulation_steps}: "
+                             "each optimiser pass covers the whole batch (docs/theory.md §5)")
+        if self.vllm_enable_sleep_mode and self.vllm_sync_interval > 1:
+            raise ValueError("vllm_enable_sleep_mode = True re-pushes π_θ on every wake-up, which breaks "
+                             f"vllm_sync_interval = {self.vllm_sync_interval}; use one or the other")
+
+
+@contextlib.contextmanager
+def _engine_arguments(trainer: GRPOTrainer, enforce_eager: bool) -> Iterator[None]:
+    """TRL builds the colocated ``vllm.LLM`` itself, with no ``dtype`` and no ``enforce_eager``: add them to
+    that one construction (a no-op without vLLM).
+
+    ``dtype`` = the policy's: left to itself vLLM runs a float32 checkpoint in bfloat16 (float16 on GPUs), so
+    log α would come from another precision than log π_θ. Measured on the CPU build with SmolLM2 at lag 0:
+    |log α − log π| up to 0.05–0.1 per token that way, ~3e-5 with the policy's float32
+    (``tests/test_trl_vllm.py``). ``trainer.model`` exists by the time TRL builds the engine.
+    """
+    import trl.generation.vllm_generation as generation
+
+    if not hasattr(generation, "LLM"):
+        yield
+        return
+    original = generation.LLM
+
+    def build(*args: Any, **engine_args: Any) -> Any:
+        engine_args.setdefault("dtype", trainer.model.dtype)
+        if enforce_eager:
+            engine_args.setdefault("enforce_eager", True)
+        return original(*args, **engine_args)
+
+    generation.LLM = build
+    try:
+        yield
+    finally:
+        generation.LLM = original
+
+
+class _SkipMaskedStep(TrainerCallback):
+    """Drops the gradients before the optimiser step when every group is masked, so the
+    step changes nothing (not even Adam's moments). Under DeepSpeed the engine steps
+    inside ``backward`` and the step is only recorded as skipped."""
+
+    def __init__(self, trainer: OffPolicyGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        if self.trainer._all_masked:
+            optimizer.zero_grad(set_to_none=True)
+
+
+class OffPolicyGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` running Algorithm 1 with lag v (see the module docstring).
+
+    Example (the bundled SmolLM2 on CPU, α synced every v = 3 steps)::
+
+        from datasets import Dataset
+        from grpo_lab.scale.launch import verifiable_reward
+        from grpo_lab.lm.models import bundled_model_dir
+        from grpo_lab.lm.tasks import chat_messages, load_problems
+        from grpo_lab.scale.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
+
+        problems = load_problems("add1", 32, seed=0)
+        dataset = Dataset.from_list([{"prompt": chat_messages(p), "answer": p.answer,
+                                      "answer_format": p.answer_format} for p in problems])
+        args = OffPolicyGRPOConfig(output_dir="runs/trl_v3", vllm_sync_interval=3, num_generations=4,
+                                   per_device_train_batch_size=8, max_completion_length=8, max_steps=6,
+                                   use_cpu=True, report_to="none", save_strategy="no")
+        trainer = OffPolicyGRPOTrainer(model=str(bundled_model_dir()), reward_funcs=verifiable_reward(),
+                                       args=args, train_dataset=dataset)
+        trainer.train()
+        print(trainer.sync_steps)  # [0, 3]
+
+    ``python -m grpo_lab.scale.launch --config R`` builds the same from a recipe
+    (:func:`grpo_lab.scale.launch.trl_args`).
+
+    ================== ==========================================================
+    attribute          meaning
+    ================== ==========================================================
+    ``alpha_model``    the in-process sampler α (``use_vllm=False`` only)
+    ``sync_schedule``  the lab's schedule (:func:`grpo_lab.schedules.make_sync_schedule`)
+    ``sync_steps``     the steps k at which α ← π_θ happened (this process)
+    ================== ==========================================================
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        config = kwargs.get("args")
+        with _engine_arguments(self, enforce_eager=bool(getattr(config, "vllm_enforce_eager", False))):
+            super().__init__(*args, **kwargs)
+        if not isinstance(self.args, OffPolicyGRPOConfig):
+            raise ValueError(f"args must be an OffPolicyGRPOConfig, got {type(self.args).__name__}")
+        self.sync_steps: list[int] = []
+        self.sync_schedule = make_sync_schedule(self.args.sync, self.args.vllm_sync_interval,
+                                                self.args.sync_threshold)
+        self._drift = [0.0, 0.0]  # Σ |log π_k − log α| and tokens of this step, over micro-batches and processes
+        self._rewards: torch.Tensor | None = None
+        self._all_masked = False
+        self.alpha_model = None if self.use_vllm else self._make_alpha()
+        self.add_callback(_SkipMaskedStep(self))
+        if self.use_vllm and self.vllm_mode == "server" and self.accelerator.is_main_process:
+            mode = self.vllm_generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+            if mode != "processed_logprobs":  # log α must be at the sampling temperature, like log π
+                raise ValueError(f"the vLLM server runs with --logprobs-mode {mode}; restart it with "
+                                 "--logprobs-mode processed_logprobs")
+
+    def _make_alpha(self) -> torch.nn.Module:
+        """A frozen copy of π_θ. Its forward is re-patched with TRL's fused LM head: the
+        deep-copied patch would still call the *original* model's forward."""
+        if self._dist.is_zero3 or self._dist.is_fsdp or hasattr(self.model, "peft_config"):
+            raise ValueError("use_vllm = False keeps a full in-process copy α; it supports single-process "
+                             "and DDP training of a full model, not ZeRO-3, FSDP or PEFT (use vLLM there)")
+        alpha = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
+        alpha.__dict__.pop("forward", None)
+        add_fused_lm_head(alpha, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        return alpha
+
+    # TRL pushes π_θ to vLLM wherever ``global_step != _last_loaded_step`` (the only guard of its
+    # pushes; tests/test_trl.py checks TRL still works this way): reading global_step back disarms it.
+    @property
+    def _last_loaded_step(self) -> int:
+        return self.state.global_step
+
+    @_last_loaded_step.setter
+    def _last_loaded_step(self, value: int) -> None:
+        pass  # TRL's per-step push is replaced by _maybe_sync
+
+    def _sync_sampler(self) -> None:
+        """α ← π_θ. With vLLM, TRL's push (server or colocate; gathers ZeRO-3/FSDP shards,
+        merges PEFT) followed by its prefix-cache reset; else a copy into ``alpha_model``.
+        Override this one method for another inference engine."""
+        if self.use_vllm and self.vllm_mode == "colocate" and not (self._dist.is_zero3 or self._dist.is_fsdp
+                                                                    or hasattr(self.model, "peft_config")):
+            # One push (VLLMSampler's adapter, which keeps a tied LM head tied), not TRL's per-tensor
+            # ``model.load_weights``: the CPU build repacks its matrices after loading, and that fails there.
+            from ..lm.sampling_vllm import load_weights_into_vllm
+
+            named = [(name, tensor) for name, tensor in self.vllm_generation._iter_named_params()]
+            load_weights_into_vllm(self.vllm_generation.llm, named)
+        elif self.use_vllm:
+            self.vllm_generation.sync_weights()
+        else:
+            self.alpha_model.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
+
+    def _maybe_sync(self) -> None:
+        """Sync when the schedule says so (always at the first step after start or resume: α is
+        unknown). The schedule first sees the drift the previous step measured, if it trained."""
+        k = self.state.global_step // self.num_iterations
+        total, tokens = self._drift
+        if tokens > 0:  # a skipped step measured no drift: the schedule keeps what it saw before
+            self.sync_schedule.observe(total / tokens)
+        self._drift = [0.0, 0.0]
+        synced = self.sync_schedule.should_sync(k)
+        seconds = 0.0
+        if synced:
+            start = time.perf_counter()
+            self._sync_sampler()
+            seconds = time.perf_counter() - start
+            self.sync_schedule.mark_synced(k)
+            self.sync_steps.append(k)
+        metrics = self._metrics["train"]
+        metrics["off_policy/lag"].append(float(self.sync_schedule.lag(k)))
+        metrics["off_policy/synced"].append(float(synced))
+        metrics["off_policy/sync_seconds"].append(seconds)
+        metrics["off_policy/sync_count"].append(float(len(self.sync_steps)))
+
+    def _generate(self, prompts: list) -> tuple:
+        if self.model.training:
+            self._maybe_sync()
+        if self.use_vllm:
+            return super()._generate(prompts)
+        policy, self.model_wrapped = self.model_wrapped, self.alpha_model
+        try:
+            return super()._generate(prompts)
+        finally:
+            self.model_wrapped = policy
+
+    def _calculate_rewards(self, inputs: list, prompts: list, completions: list, completion_ids: list) -> torch.Tensor:
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        self._rewards = torch.where(torch.isnan(rewards_per_func).all(dim=1), torch.nan, rewards)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: list) -> dict[str, Any]:
+        """TRL's batch, then the paper's advantages, the zero-variance mask, the global
+        loss weights and (without vLLM) log α of the sampled tokens from the copy α."""
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        G = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards = require_reward_groups(self._rewards.view(-1, G).cpu())  # [P_all, G], every process
+        n = output["completion_ids"].shape[0]
+        rows = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
+        args, device = self.args, output["completion_ids"].device
+        advantages = whiten(rewards, args.eps_std, args.unbiased_std, args.eps_placement).view(-1)
+        self._logs["advantages"].extend(advantages.tolist())  # replaces TRL's in the completions table
+        keep = zero_variance_mask(rewards) if args.zero_variance_mask else torch.ones(len(rewards), dtype=torch.bool)
+        sampled = output["completion_mask"].bool()  # the tokens α sampled
+        if "tool_mask" in output:
+            sampled &= output["tool_mask"].bool()
+        mask = sampled & keep.repeat_interleave(G)[rows, None].to(device)
+        output["advantages"] = advantages[rows].to(device)
+        output["loss_mask"], output["sampled_mask"] = mask, sampled
+        denominator = sampled if args.mask_normalize == "batch" else None
+        output["loss_weights"] = self._global_loss_weights(mask, rows, denominator)
+        if mode == "train":
+            self._all_masked = not bool(keep.any())
+        self._metrics[mode]["off_policy/masked_frac"].append(1.0 - float(zero_variance_mask(rewards).float().mean()))
+        self._metrics[mode]["off_policy/skipped"].append(float(self._all_masked))
+        if not self.use_vllm:
+            with torch.no_grad():
+                output["sampling_per_token_logps"] = self._logps(self.alpha_model, output)
+        return output
+
+    def _global_loss_weights(self, mask: torch.Tensor, rows: slice,
+                             denominator_mask: torch.Tensor | None) -> torch.Tensor:
+        """:func:`loss_weights` of the generation batch of *all* processes, sliced to this
+        one's rows, times the number of processes (DDP averages the gradients)."""
+        def gather(m: torch.Tensor) -> torch.Tensor:
+            return self.accelerator.gather(self.accelerator.pad_across_processes(m.to(torch.int32), dim=1)).bool()
+
+        everything = gather(mask)
+        denominator = None if denominator_mask is None else gather(denominator_mask)
+        weights = loss_weights(everything, self.loss_type, self.max_completion_length, denominator_mask=denominator)
+        return weights[rows, : mask.shape[1]].to(mask.device) * self.accelerator.num_processes
+
+    def _logps(self, model: torch.nn.Module, inputs: dict[str, Any],
+               compute_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs (and entropies) of the completions under ``model`` at temperature T."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, inputs["completion_ids"].shape[1],
+            batch_size=self.args.per_device_train_batch_size, compute_entropy=compute_entropy,
+            **{key: inputs[key] for key in _FORWARD_KEYS if key in inputs})
+        return (logps, entropies) if compute_entropy else logps
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        """One micro-batch's share of −(L^c_α − β·KL), by :func:`grpo_lab.grpo_objective`.
+
+        ============================ ======= ===========================================
+        input                        symbol  source
+        ============================ ======= ===========================================
+        log-probs, with gradient     log π_θ forward of ``model`` now
+        ``old_per_token_logps``      log π_k TRL, when i > 1; else log π_θ detached
+        ``sampling_per_token_logps`` log α   vLLM, or the copy α (tokens vLLM could not
+                                             score get log α = log π_k, so r′ = 1)
+        ``ref_per_token_logps``      log π_ref TRL, when β > 0
+        ``loss_weights``             w       :meth:`_global_loss_weights`
+        ============================ ======= ===========================================
+        """
+        logp, entropies = self._logps(model, inputs, compute_entropy=True)
+        logp_k = inputs.get("old_per_token_logps", logp.detach())
+        logp_alpha = inputs["sampling_per_token_logps"]
+        logp_alpha = torch.where(torch.isnan(logp_alpha), logp_k, logp_alpha)
+        loss, metrics = grpo_objective(
+            logp, logp_alpha, inputs["advantages"], inputs["loss_mask"], logp_k=logp_k,
+            logp_ref=inputs.get("ref_per_token_logps"), beta=self.beta, eps_low=self.epsilon_low,
+            eps_high=self.epsilon_high, band=self.args.clip_band, loss_type=self.loss_type,
+            kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level,
+            weights=inputs["loss_weights"])
+        tv = tv_terms(logp_k, logp_alpha, inputs["sampled_mask"])
+        self._log_loss_metrics(metrics, entropies, inputs["loss_mask"], tv)
+        return loss
+
+    def _log_loss_metrics(self, metrics: dict[str, float], entropies: torch.Tensor, mask: torch.Tensor,
+                          tv: torch.Tensor) -> None:
+        """Token-weighted means over all processes, the sequence mean of ``tv`` (:func:`tv_terms`)
+        and the max of r′ over all processes."""
+        mode = "train" if self.model.training else "eval"
+        n = metrics["num_tokens"]
+        names = [*_MEAN_METRICS, *(["kl"] if "kl" in metrics else [])]
+        sums = [metrics[name] * n for name in names] + [float(tv.sum()), float(tv.numel()),
+                                                         float((entropies.detach() * mask).sum()), float(n)]
+        totals = self.accelerator.reduce(torch.tensor(sums, device=entropies.device), reduction="sum").tolist()
+        count = max(totals[-1], 1.0)
+        for name, total in zip(names, totals[:-4], strict=True):
+            self._metrics[mode][name if name == "kl" else f"off_policy/{name}"].append(total / count)
+        self._metrics[mode]["off_policy/tv_estimate"].append(totals[-4] / max(totals[-3], 1.0))
+        if mode == "train":  # the same on every process (reduced), so every process takes the same syncs
+            self._drift[0] += totals[names.index("log_ratio_k_abs")]
+            self._drift[1] += totals[-1]
+        self._metrics[mode]["entropy"].append(totals[-2] / count)
+        ratio_max = self.accelerator.gather(torch.tensor([metrics["ratio_k_max"]], device=entropies.device))
+        self._metrics[mode]["off_policy/ratio_k_max"].append(float(ratio_max.max()))
