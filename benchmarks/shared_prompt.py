@@ -53,7 +53,7 @@ def main() -> None:
         for share in (True, False):
             loop.policy.share_prompt = share
             start = time.perf_counter()
-            loop._train(rollout, rewards)
+            loop._train(rollout, loop.plan(rollout, rewards))
             if repeat:  # the first round warms up
                 times[share].append(time.perf_counter() - start)
     median = {share: statistics.median(t) for share, t in times.items()}

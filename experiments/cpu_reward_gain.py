@@ -1,4 +1,4 @@
-"""P4: does the CPU default run raise held-out reward by >= 15 points within 10 minutes (v = 4)?
+"""P4, the reward gain: does the CPU default run raise held-out reward by >= 15 points within 10 minutes (v = 4)?
 
 Trains ``configs/cpu_arith_smollm2.yaml`` (bundled SmolLM2-135M, one-digit additions,
 lagged server v = 4) for at most ``--minutes`` of wall clock, then evaluates Pass@1 on
@@ -30,7 +30,8 @@ def main() -> None:
 
     def pass_at_1() -> float:
         return evaluate(loop.policy, loop.tokenizer, problems, n=config.eval_samples,
-                        max_completion_length=config.max_completion_length, seed=1234, progress=False).pass_at(1)
+                        max_completion_length=config.max_completion_length, seed=1234,
+                        progress=False).pass_at(1, config.scoring)
 
     before = pass_at_1()
     start = time.perf_counter()

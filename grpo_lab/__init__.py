@@ -6,9 +6,11 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
 ``advantages``              whitening A_α and the zero-variance mask m(x)         (§2)
 ``objective``               ratios r, r′, clipped surrogate f_ε, KL, token weights (§3)
 ``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
+``plan``                    the rules of one step: advantages, mask, token weights, empty-step decision
 ``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
 ``config``                  GRPOConfig, one field per knob
 ``checks``                  the validators that name a bad value
+``files``                   atomic writes, whole lines; DiskError for a full or read-only disk
 ``exact/``                  exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4),
                             ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
                             numbers), ``digits_lm`` (the same terms exactly on SmolLM2), ``demo``
@@ -39,11 +41,12 @@ from .objective import (
     loss_weights,
     tv_terms,
 )
+from .plan import StepPlan, plan_step
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 
 __all__ = [
     "whiten", "zero_variance_mask", "clipped_surrogate", "clip_bounds", "kl_estimate", "loss_weights",
     "aggregate_loss", "grpo_objective", "tv_terms", "SyncSchedule", "AdaptiveSyncSchedule", "RefResetSchedule",
-    "GRPOConfig", "GRPOLoop", "Policy", "Sampler", "Task", "Rollout", "StepRecord",
+    "GRPOConfig", "GRPOLoop", "StepPlan", "plan_step", "Policy", "Sampler", "Task", "Rollout", "StepRecord",
 ]
 __version__ = "0.1.0"

@@ -15,6 +15,7 @@ from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
 OPTIMIZERS = ("adamw", "sgd")
+EMPTY_STEPS = ("skip", "optimizer_step")
 RESUME_FREE_FIELDS = ("micro_batch_size", "steps")
 """Fields a resumed run may change: they set how far to go and in what pieces, not what any step computes
 (the memory guard may pick a different ``micro_batch_size`` on another machine)."""
@@ -63,9 +64,16 @@ class GRPOConfig:
     """What the loss divides by when groups are masked (docs/theory.md §2). ``batch`` (default, the
     paper's E_x[m(x)·(L^c − β·KL)]): masked groups stay in the denominator as zero terms, so the
     step size does not depend on how many groups happen to be masked. ``unmasked``: they leave
-    it, which multiplies the step by 1/(1 − masked fraction). With β = 0, masked groups have
-    A = 0 and contribute no gradient anyway: under ``batch`` the mask then changes nothing, under
-    ``unmasked`` it only raises the effective learning rate (notebook 01 §5 measures both)."""
+    it, which multiplies the gradient by 1/(1 − masked fraction). With β = 0, masked groups have
+    A = 0 and contribute no gradient anyway, so under ``batch`` the mask leaves each step's gradient
+    unchanged. What the factor of ``unmasked`` does depends on the optimiser: under SGD without
+    clipping it scales the step (a larger effective learning rate); once ``max_grad_norm`` cuts the
+    gradient, it changes nothing (notebook 01 §5 (a) and (a′) show both)."""
+    empty_step: str = "skip"
+    """What a step with no signal does (docs/theory.md §2): no counted token, or β = 0 and every counted
+    advantage 0 (every group masked, or with the mask off every group's rewards agree). ``skip``
+    (default): no optimiser step, recorded as ``skipped``. ``optimizer_step`` (TRL's behaviour): the
+    optimiser steps on the zero gradient, so AdamW's momentum and weight decay still move θ."""
     loss_type: str = "grpo"
     """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
     level: str = "token"
@@ -106,6 +114,7 @@ class GRPOConfig:
         require_number_in("eps_std", self.eps_std, 0.0)
         require_choice("eps_placement", self.eps_placement, EPS_PLACEMENTS)
         require_choice("mask_normalize", self.mask_normalize, MASK_NORMALIZATIONS)
+        require_choice("empty_step", self.empty_step, EMPTY_STEPS)
         require_choice("loss_type", self.loss_type, LOSS_TYPES)
         require_choice("level", self.level, LEVELS)
         require_number_in("lr", self.lr, 0.0, low_open=True)

@@ -11,11 +11,13 @@ The bandit, the language models and the benchmarks all run through
 
 One step k::
 
-    if schedule says so: sampler.sync(π_θ)              α ← π_θ, lag = 0
+    if schedule.begin(k): sampler.sync(π_θ)              α ← π_θ, lag = 0
     prompts ~ task; rollout ~ α (G per prompt, with log α)
-    rewards [P, G] → A = whiten(rewards), m = zero_variance_mask(rewards)
-    log π_ref (if β > 0), once, no gradient
-    repeat i times: optimiser step on grpo_objective   (pass 0 also gives log π_k)
+    plan = plan_step(rewards [P, G], rollout.mask)       A, m, token weights w, trains?
+    schedule.mark_synced(k) if it synced                 the sync counts once the batch exists
+    if plan.trains: log π_ref (if β > 0), once, no gradient;
+        repeat i times: optimiser step on grpo_objective   (pass 0 also gives log π_k)
+    schedule.end(plan.observed_drift(drift))
     if ref schedule says so: π_ref ← π_θ
 """
 
@@ -34,10 +36,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .advantages import whiten, zero_variance_mask
 from .checks import require_reward_groups
 from .config import RESUME_FREE_FIELDS, GRPOConfig
-from .objective import grpo_objective, loss_weights, tv_terms
+from .objective import NO_TOKEN_METRICS, grpo_objective, tv_terms
+from .plan import StepPlan, plan_step
 from .schedules import RefResetSchedule, make_sync_schedule
 
 
@@ -159,7 +161,7 @@ def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
     """AdamW (default) or SGD over the policy's trainable parameters.
 
     AdamW is torch's fused kernel (as TRL's default ``adamw_torch_fused``): one pass over
-    each parameter's four tensors, ~5x faster than the per-tensor loop on a CPU.
+    each parameter's four tensors instead of a loop over them.
     """
     params = [p for p in params if p.requires_grad]
     if config.optimizer == "sgd":
@@ -207,13 +209,11 @@ class GRPOLoop:
         cfg, k = self.config, self.k
         rng_state = self.generator.get_state()
         try:
-            synced, sync_bytes, sync_seconds = False, 0, 0.0
-            if self.schedule.should_sync(k):
+            synced, sync_bytes, sync_seconds = self.schedule.begin(k), 0, 0.0
+            if synced:
                 start = time.perf_counter()
                 sync_bytes = self.sampler.sync(self.policy)
                 sync_seconds = time.perf_counter() - start
-                synced = True
-            lag = 0 if synced else k - self.schedule.last_sync
 
             start = time.perf_counter()
             prompts = self.task.prompts(cfg.prompts_per_step, self.generator)
@@ -225,6 +225,7 @@ class GRPOLoop:
                 raise ValueError(f"rewards must have shape [P, G] = [{len(prompts)}, {cfg.G}], "
                                  f"got {tuple(rewards.shape)}")
             sample_seconds = time.perf_counter() - start
+            plan = self.plan(rollout, rewards)
         except BaseException:
             self.generator.set_state(rng_state)
             raise
@@ -232,19 +233,19 @@ class GRPOLoop:
         # interrupted sampling step re-syncs (idempotent) when run again.
         if synced:
             self.schedule.mark_synced(k)
+        lag = self.schedule.lag(k)
 
         with deferred_interrupt(f"finishing step {k} so that π_θ, α and the optimiser stay consistent"):
             start = time.perf_counter()
-            metrics, loss, grad_norm, skipped = self._train(rollout, rewards)
+            metrics, loss, grad_norm = self._train(rollout, plan)
             ref_reset = self.reference is not None and self.ref_schedule.should_reset(k)
             if ref_reset:
                 self.reference.load_state_dict(self.policy.state_dict())
             train_seconds = time.perf_counter() - start
-            if not skipped:  # a skipped step measured no drift: keep what was measured before
-                self.schedule.observe(metrics["log_ratio_k_abs"])
+            self.schedule.end(plan.observed_drift(metrics["log_ratio_k_abs"]))
             record = StepRecord(
-                step=k, lag=lag, synced=synced, skipped=skipped,
-                reward_mean=float(rewards.mean()), masked_frac=metrics["masked_frac"], loss=loss,
+                step=k, lag=lag, synced=synced, skipped=plan.skipped,
+                reward_mean=float(rewards.mean()), masked_frac=plan.masked_frac, loss=loss,
                 clip_low_frac=metrics["clip_low_frac"], clip_high_frac=metrics["clip_high_frac"],
                 ratio_k_mean=metrics["ratio_k_mean"], ratio_k_max=metrics["ratio_k_max"],
                 log_ratio_k_abs=metrics["log_ratio_k_abs"], tv_estimate=metrics["tv_estimate"],
@@ -256,34 +257,29 @@ class GRPOLoop:
             self.k = k + 1
         return record
 
-    def _train(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[dict[str, float], float, float, bool]:
-        """The i optimiser passes of one step (micro-batched, exact).
+    def plan(self, rollout: Rollout, rewards: torch.Tensor) -> StepPlan:
+        """:func:`~grpo_lab.plan.plan_step` of a sampled batch: this loop's config and stacked runs,
+        weights in log α's dtype."""
+        return plan_step(rewards, rollout.mask, self.config, self.run_ids, dtype=rollout.logp_alpha.dtype)
+
+    def _train(self, rollout: Rollout, plan: StepPlan) -> tuple[dict[str, float], float, float]:
+        """The i optimiser passes of one step (micro-batched, exact), or none when ``plan.trains``
+        is False.
 
         Returns the metrics averaged over the passes (clip fractions are 0 at
-        pass 0, where π_θ = π_k), the mean loss, the last gradient norm and
-        whether the step was skipped (every group masked).
+        pass 0, where π_θ = π_k), the mean loss and the last gradient norm (0 when
+        nothing trained).
         """
         cfg = self.config
-        P, G = rewards.shape
-        advantages = whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement).reshape(-1)
-        informative = zero_variance_mask(rewards)
-        keep = informative if cfg.mask_zero_variance else torch.ones(P, dtype=torch.bool)
         sampled = rollout.mask.bool()
-        mask = sampled & keep.repeat_interleave(G)[:, None]
-        weights = loss_weights(mask, cfg.loss_type, cfg.max_completion_length, self.run_ids,
-                               rollout.logp_alpha.dtype, sampled if cfg.mask_normalize == "batch" else None)
-        masked_frac = 1.0 - float(informative.sum()) / P
         B = rollout.completions.shape[0]
         size = cfg.micro_batch_size or B
         chunks = [slice(s, min(s + size, B)) for s in range(0, B, size)]
         # Rows whose every weight is 0 (masked groups) need no gradient: one no-grad forward gives their log π_k.
-        trained = [rows for rows in chunks if bool((weights[rows] > 0).any())]
+        trained = [rows for rows in chunks if bool((plan.weights[rows] > 0).any())] if plan.trains else []
         tv = [self._tv_terms(rollout, rows) for rows in chunks if rows not in trained]
-        if not trained:
-            empty = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0, "ratio_k_max": 0.0,
-                     "log_ratio_k_abs": 0.0, "num_tokens": 0, "masked_frac": masked_frac,
-                     "tv_estimate": float(torch.cat(tv).mean())}
-            return empty, 0.0, 0.0, True
+        if not plan.trains:
+            return {**NO_TOKEN_METRICS, "tv_estimate": float(torch.cat(tv).mean())}, 0.0, 0.0
 
         logp_ref = None
         if self.reference is not None:
@@ -300,22 +296,23 @@ class GRPOLoop:
                     logp_k[c] = logp.detach()  # π_θ = π_k before the first optimiser step
                     tv.append(tv_terms(logp_k[c], rollout.logp_alpha[rows], sampled[rows]))
                 loss, metrics = grpo_objective(
-                    logp, rollout.logp_alpha[rows], advantages[rows], mask[rows], logp_k=logp_k[c],
+                    logp, rollout.logp_alpha[rows], plan.advantages[rows], plan.weights[rows], logp_k=logp_k[c],
                     logp_ref=None if logp_ref is None else logp_ref[c], beta=cfg.beta,
                     eps_low=cfg.eps_low, eps_high=cfg.eps_high, band=cfg.band, kl_kind=cfg.kl_kind,
-                    kl_importance_weighted=cfg.kl_importance_weighted, loss_type=cfg.loss_type,
-                    level=cfg.level, weights=weights[rows])
+                    kl_importance_weighted=cfg.kl_importance_weighted, level=cfg.level)
                 loss_value = float(loss.detach())
                 if not math.isfinite(loss_value):
                     raise FloatingPointError(f"non-finite loss {loss_value} at step {self.k}, pass {pass_index}")
                 loss.backward()
                 loss_sum += loss_value
                 parts.append(metrics)
+            if not trained:  # empty_step="optimizer_step" and no counted token: step on a zero gradient
+                for param in self._params:
+                    param.grad = torch.zeros_like(param)
             grad_norm = self._optimizer_step()
-        metrics = merge_metrics(parts)
-        metrics["masked_frac"] = masked_frac
+        metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
         metrics["tv_estimate"] = float(torch.cat(tv).mean())
-        return metrics, loss_sum / cfg.i, grad_norm, False
+        return metrics, loss_sum / cfg.i, grad_norm
 
     def _tv_terms(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """:func:`tv_terms` of rows that train nothing (masked groups): log π_k by a no-grad forward."""

@@ -17,6 +17,9 @@ KL_KINDS = ("k1", "k2", "k3")
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
 LEVELS = ("token", "sequence")
 MASK_NORMALIZATIONS = ("batch", "unmasked")
+NO_TOKEN_METRICS: dict[str, float] = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0,
+                                      "ratio_k_max": 0.0, "log_ratio_k_abs": 0.0, "num_tokens": 0}
+"""The metrics of :func:`grpo_objective` over no counted token."""
 
 
 def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
@@ -90,11 +93,19 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     KL̂       ``[B, T]`` returned, elementwise
     ======== ========== ===============================================
 
+    The table is exact for one-token responses (the bandit). On sequences each term is the
+    KL of the next-token distributions at the sampled prefix: on-policy the values sum to
+    the sequence KL(π ‖ π_ref), but the gradient treats the prefix as given, so per token
+    k2's is the gradient of the per-position KLs, without the sequence KL's cross terms
+    (how token t changes the KL of the tokens after it; ``tests/test_kl_sequences.py``).
+
     Off-policy the tokens come from α, so both columns above change. Weighting each
     term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)``) gives
-    back the on-policy expectations of both value and gradient — the gradient of
-    *the same* KL as on-policy, nothing more: k3 still follows the forward KL.
-    ``grpo_lab.exact.bandit.kl_expected_gradient`` computes these expectations exactly.
+    back the on-policy expectations of both value and gradient for one-token responses:
+    the gradient of *the same* KL as on-policy, nothing more (k3 still follows the
+    forward KL). On sequences the token weight corrects the token's distribution given
+    its prefix, not the prefix's, which stays α's.
+    ``grpo_lab.exact.bandit.kl_expected_gradient`` computes the one-token expectations exactly.
     """
     require_choice("kind", kind, KL_KINDS)
     require_same_shape(logp=logp, logp_ref=logp_ref)
@@ -195,13 +206,11 @@ def weighted_sum(per_token: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
 
 
 def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: torch.Tensor,
-                   mask: torch.Tensor, *, logp_k: torch.Tensor | None = None,
-                   logp_ref: torch.Tensor | None = None, group_mask: torch.Tensor | None = None,
-                   beta: float = 0.0, eps_low: float = 0.2, eps_high: float | None = None,
-                   band: str = "additive", kl_kind: str = "k3", kl_importance_weighted: bool = False,
-                   loss_type: str = "grpo", level: str = "token", mask_normalize: str = "batch",
-                   max_completion_length: int | None = None, run_ids: torch.Tensor | None = None,
-                   weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                   weights: torch.Tensor, *, logp_k: torch.Tensor | None = None,
+                   logp_ref: torch.Tensor | None = None, beta: float = 0.0, eps_low: float = 0.2,
+                   eps_high: float | None = None, band: str = "additive", kl_kind: str = "k3",
+                   kl_importance_weighted: bool = False,
+                   level: str = "token") -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
     Equation::
@@ -218,21 +227,17 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     ``logp``       ``[B, T]`` log π_θ of the sampled tokens (with gradient)
     ``logp_alpha`` ``[B, T]`` log α, returned by the sampler with the tokens
     ``advantages`` ``[B]``    A_α per sequence (whitened group reward)
-    ``mask``       ``[B, T]`` completion tokens (padding False)
+    ``weights``    ``[B, T]`` token weights w (float): ``StepPlan.weights`` of
+                              :func:`grpo_lab.plan.plan_step`, or :func:`loss_weights`
+                              of a mask. They carry the ``loss_type``, the
+                              zero-variance mask and ``mask_normalize``; tokens
+                              with w = 0 (padding, masked groups) do not count
     ``logp_k``     ``[B, T]`` log π_k; ``None`` means π_k = π_θ (first/only pass)
     ``logp_ref``   ``[B, T]`` log π_ref, needed when β > 0
-    ``group_mask`` ``[P]``    zero-variance mask m(x); rows of groups with
-                              m = False drop out of the numerator, and of the
-                              denominator only if ``mask_normalize="unmasked"``
-    ``weights``    ``[B, T]`` precomputed :func:`loss_weights` of the *whole*
-                              batch, for exact micro-batching
     ============== ========== ==================================================
 
-    ``mask_normalize``: ``"batch"`` (the paper's E_x[m(x)·(…)]: masked groups stay in
-    the denominators as zero terms; for ``loss_type="grpo"`` the loss is ``"unmasked"``'s
-    times the kept fraction) or ``"unmasked"`` (masked groups leave the denominators too,
-    which scales the step by 1/(1 − masked fraction)). Ignored when ``weights`` is given:
-    the weights carry it.
+    Weights computed once for the whole batch make micro-batching exact: each
+    micro-batch passes its rows ``weights[rows]`` and the losses add up.
 
     ``level="sequence"`` (GSPO-style) replaces per-token ratios by the ratio of
     length-normalised sequence log-probabilities, broadcast to the tokens.
@@ -240,26 +245,19 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     Metrics (floats, over counted tokens): ``clip_low_frac`` (r below the band
     with A < 0), ``clip_high_frac`` (r above with A > 0), ``ratio_k_mean`` /
     ``ratio_k_max`` (r′ = π_k/α), ``log_ratio_k_abs`` (mean |log π_k − log α|,
-    the lag drift), ``kl`` (mean KL̂ to π_ref, when given), ``masked_frac``
-    (when ``group_mask`` is given) and ``num_tokens``.
+    the lag drift), ``kl`` (mean KL̂ to π_ref, when given) and ``num_tokens``.
     """
     beta = require_number_in("beta", beta, 0.0)
     require_choice("level", level, LEVELS)
-    require_choice("mask_normalize", mask_normalize, MASK_NORMALIZATIONS)
-    require_same_shape(logp=logp, logp_alpha=logp_alpha, mask=mask)
+    require_same_shape(logp=logp, logp_alpha=logp_alpha, weights=weights)
+    if not weights.is_floating_point():
+        raise ValueError(f"weights must be float token weights (StepPlan.weights or loss_weights(mask)), "
+                         f"got dtype {weights.dtype}")
     if advantages.dim() != 1 or advantages.shape[0] != logp.shape[0]:
         raise ValueError(f"advantages must have shape [B] = [{logp.shape[0]}], got {tuple(advantages.shape)}")
     if beta > 0 and logp_ref is None:
         raise ValueError(f"beta = {beta} > 0 needs logp_ref (the reference policy's log-probs)")
-    mask = mask.bool()
-    denominator_mask = mask if mask_normalize == "batch" else None
-    if group_mask is not None:
-        group_size = logp.shape[0] // group_mask.shape[0]
-        if group_size * group_mask.shape[0] != logp.shape[0]:
-            raise ValueError(f"group_mask has {group_mask.shape[0]} groups, which does not divide B = {logp.shape[0]}")
-        mask = mask & group_mask.bool().repeat_interleave(group_size)[:, None]
-    if weights is None:
-        weights = loss_weights(mask, loss_type, max_completion_length, run_ids, logp.dtype, denominator_mask)
+    mask = weights > 0
     logp_k = logp.detach() if logp_k is None else logp_k.detach()
 
     if level == "sequence":
@@ -285,9 +283,7 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
 
     with torch.no_grad():
         metrics = _metrics(ratio_logp - ratio_logp_alpha, ratio_logp_k - ratio_logp_alpha, logp_k - logp_alpha,
-                           adv, kl, weights > 0, eps_low, eps_low if eps_high is None else eps_high, band)
-        if group_mask is not None:
-            metrics["masked_frac"] = 1.0 - float(group_mask.float().mean())
+                           adv, kl, mask, eps_low, eps_low if eps_high is None else eps_high, band)
     return loss, metrics
 
 
@@ -297,8 +293,7 @@ def _metrics(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, token_log_ratio
     """The step's diagnostics over counted tokens, read out with one conversion to Python floats."""
     n = int(counted.sum())
     if n == 0:
-        return {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0, "ratio_k_max": 0.0,
-                "log_ratio_k_abs": 0.0, "num_tokens": 0, **({"kl": 0.0} if kl is not None else {})}
+        return {**NO_TOKEN_METRICS, **({"kl": 0.0} if kl is not None else {})}
     ratio, ratio_k = log_ratio.exp(), log_ratio_k.exp()
     low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
     weight = counted.to(torch.float64) / n

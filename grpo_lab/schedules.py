@@ -1,7 +1,15 @@
 """When the sampler's α is replaced by π_θ (sync), and when π_ref is reset (docs/theory.md §5, §7).
 
-A schedule answers one question per step k, *before* sampling: sync now?
-``lag(k) = k − k0`` with k0 the step of the last sync, so α = π_{k0}.
+Every driver (:class:`~grpo_lab.loop.GRPOLoop`, the closed-form bandit engine, the TRL adapter)
+drives a sync schedule with the same three calls per step k::
+
+    begin(k)        sync now? Decided before sampling from what is committed; changes nothing,
+                    so a step whose sampling fails asks again, and re-syncs, when it is run again
+    mark_synced(k)  once the batch sampled after the sync exists: α = π_k is committed
+    end(drift)      what the step measured of the drift of α from π_k, or None when it measured
+                    nothing (:meth:`grpo_lab.plan.StepPlan.observed_drift` decides which)
+
+``lag(k) = k − k0`` with k0 the step of the last committed sync, so α = π_{k0}.
 """
 
 from __future__ import annotations
@@ -30,17 +38,22 @@ class SyncSchedule:
     def __post_init__(self) -> None:
         require_int_at_least("v", self.v, 1)
 
-    def should_sync(self, k: int) -> bool:
+    def begin(self, k: int) -> bool:
+        """Sync α ← π_θ before sampling step k? Always at the first step (α unknown)."""
         return k % self.v == 0 or self.last_sync < 0
 
     def mark_synced(self, k: int) -> None:
+        """Commit the sync of step k, once its batch exists."""
         self.last_sync = k
 
     def lag(self, k: int) -> int:
         return k - self.last_sync
 
-    def observe(self, drift: float) -> None:
-        """Fixed schedules ignore the measured drift."""
+    def end(self, drift: float | None) -> None:
+        """The drift step k measured (mean |log π_k − log α| over its counted tokens), or None when it
+        measured none. A fixed schedule checks it and keeps nothing."""
+        if drift is not None:
+            require_number_in("drift", drift, 0.0)
 
     def state_dict(self) -> dict:
         return {"last_sync": self.last_sync}
@@ -53,10 +66,12 @@ class SyncSchedule:
 class AdaptiveSyncSchedule(SyncSchedule):
     """Sync when the measured drift of α from π_k passes ``threshold`` (docs/theory.md §7).
 
-    The drift is the batch mean of |log π_k − log α| over the sampled tokens
-    (logged as ``log_ratio_k_abs``): a cheap proxy of KL(π_k ‖ α), available
-    from log-probs the step computes anyway. ``v`` is the longest lag allowed,
-    so the schedule never lags more than a fixed ``v`` would.
+    The drift is the batch mean of |log π_k − log α| over the counted tokens
+    (logged as ``log_ratio_k_abs``): the tokens come from α, so it is a per-token proxy
+    of KL(α ‖ π_k), not the TV(π_k, α) that Theorem 1 charges (``tv_estimate``),
+    available from log-probs the step computes anyway. ``v`` is the longest lag allowed,
+    so the schedule never lags more than a fixed ``v`` would. A step that measured
+    no drift (``end(None)``) leaves the last measured one in force.
     """
 
     v: int = 16
@@ -67,15 +82,17 @@ class AdaptiveSyncSchedule(SyncSchedule):
         super().__post_init__()
         require_number_in("threshold", self.threshold, 0.0, math.inf, low_open=True)
 
-    def should_sync(self, k: int) -> bool:
+    def begin(self, k: int) -> bool:
         return self.last_sync < 0 or k - self.last_sync >= self.v or self.last_drift > self.threshold
 
     def mark_synced(self, k: int) -> None:
         super().mark_synced(k)
         self.last_drift = 0.0
 
-    def observe(self, drift: float) -> None:
-        self.last_drift = drift
+    def end(self, drift: float | None) -> None:
+        super().end(drift)
+        if drift is not None:
+            self.last_drift = float(drift)
 
     def state_dict(self) -> dict:
         return {"last_sync": self.last_sync, "last_drift": self.last_drift}
@@ -83,7 +100,6 @@ class AdaptiveSyncSchedule(SyncSchedule):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.last_drift = float(state["last_drift"])
-
 
 def make_sync_schedule(sync: str, v: int, threshold: float) -> SyncSchedule:
     """The one sync rule of every route (GRPOLoop, the closed-form bandit engine, the TRL adapter):

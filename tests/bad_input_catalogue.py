@@ -30,6 +30,7 @@ from reliability_runs import (
 )
 
 from grpo_lab.exact.bandit import BanditProblem, build_bandit_loop
+from grpo_lab.files import DiskError
 from grpo_lab.lm.build import build_loop
 from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
 from grpo_lab.lm.memory import guard_memory
@@ -58,6 +59,7 @@ CONFIG_CASES = [
     (dict(kl_kind="k4"), "kl_kind must be one of .* got 'k4'"),
     (dict(level="word"), "level must be one of .* got 'word'"),
     (dict(eps_placement="inside"), "eps_placement must be one of .* got 'inside'"),
+    (dict(empty_step="adam"), "empty_step must be one of \\('skip', 'optimizer_step'\\), got 'adam'"),
     (dict(sync="sometimes"), "sync must be one of .* got 'sometimes'"),
     (dict(sync_threshold=0.0), "sync_threshold must be a finite number .* got 0.0"),
     (dict(ref_period=-1), "ref_period must be an integer >= 0, got -1"),
@@ -138,7 +140,7 @@ def lm_reward_case(value: Any) -> None:
     """A reward function that returns ``value`` (or raises it) for completion 5 = prompt 1 of G = 4."""
     calls = itertools.count()
 
-    def reward(text: str, problem: Problem) -> Any:
+    def reward(text: str, problem: Problem, finished: bool) -> Any:
         if next(calls) != 5:
             return 0.0
         if isinstance(value, BaseException):
@@ -303,8 +305,9 @@ CATALOGUE: list[BadInput] = [
              r"checkpoint was written with a different config \(saved, current\): \{'v': \(3, 2\)\}"),
     BadInput("save under a file", lambda: save_checkpoint(make_loop("bandit", train_config("bandit", scratch())),
                                                           Path(scratch_file("plain", "x")) / "ckpt.pt"),
-             FileExistsError, r"File exists: '.*plain'"),
-    BadInput("output_dir is a file", train_into_a_file, FileExistsError, r"File exists: '.*not_a_folder'"),
+             DiskError, r"could not write the checkpoint of step 0 to '.*ckpt.pt': '.*plain' is a file, not a folder"),
+    BadInput("output_dir is a file", train_into_a_file, DiskError,
+             r"could not write '.*not_a_folder': '.*not_a_folder' is a file, not a folder; check"),
     # reward functions (the step stops before any update: k, RNG and π_θ unchanged)
     BadInput("reward NaN", lambda: lm_reward_case(math.nan), ValueError,
              r"reward nan for prompt 1 \(completion 5\) must be a real number in \[0, 1\]"),

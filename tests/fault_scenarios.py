@@ -1,25 +1,33 @@
 """Fault scenarios: each injects one fault into a run (SIGKILL mid-checkpoint, NaN gradient, non-finite
-loss, a poisoned step inside ``train``, KeyboardInterrupt/SIGINT while sampling, training, syncing)
-and returns an :class:`Outcome`: the checks that must hold and the steps lost (must be 0).
+loss, a poisoned step inside ``train``, KeyboardInterrupt/SIGINT while sampling, training, syncing; a
+disk too full before the run, a disk that fills in the middle of a checkpoint or of a metrics line, a
+read-only output_dir from the start or from the middle of the run) and returns an :class:`Outcome`:
+the checks that must hold and the steps lost (must be 0).
 
-``tests/test_faults.py`` runs the fast ones; ``tests/reliability_report.py`` runs all on both kinds.
+``tests/test_faults.py`` and ``tests/test_disk.py`` run the fast ones; ``tests/reliability_report.py``
+runs all on both kinds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import io
 import itertools
 import json
 import math
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from reliability_runs import (
@@ -32,9 +40,11 @@ from reliability_runs import (
     train_config,
 )
 
+from grpo_lab.files import DiskError
+from grpo_lab.lm.memory import estimate_checkpoint
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
-from grpo_lab.lm.training import load_metrics, train
+from grpo_lab.lm.training import CHECKPOINT_FILE, LOCK_FILE, load_metrics, train
 
 
 @dataclass
@@ -324,10 +334,233 @@ def interrupt_in_sync(tmp: Path, kind: str) -> Outcome:
     return outcome
 
 
+# ----------------------------------------------------------------------------- a full or read-only disk
+
+class FillingFile:
+    """A file with ``room`` bytes left on its disk: writes beyond them stop part-way with ENOSPC,
+    as a full disk does (``torch.save`` turns that into a RuntimeError "unexpected pos …")."""
+
+    def __init__(self, f: Any, room: int) -> None:
+        self.f, self.room = f, room
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if len(view) > self.room:
+            self.f.write(view[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(view)
+        return self.f.write(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def lock_released(out: Path) -> bool:
+    """Whether ``out``'s run lock can be taken now (a lock still held by a leaked descriptor cannot)."""
+    fd = os.open(out / LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def whole_lines(out: Path) -> list[dict[str, Any]] | None:
+    """The rows of ``out/metrics.jsonl`` if every line is whole JSON ending in a newline, else None."""
+    text = (out / "metrics.jsonl").read_text()
+    try:
+        return [json.loads(line) for line in text.splitlines()] if text.endswith("\n") or not text else None
+    except json.JSONDecodeError:
+        return None
+
+
+def checkpoint_step(out: Path) -> int | None:
+    """k of the checkpoint in ``out``, or None when it is missing or unreadable."""
+    try:
+        return torch.load(out / CHECKPOINT_FILE, weights_only=True)["k"]
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is the failure being measured
+        return None
+
+
+def stopped_clearly(outcome: Outcome, run: Callable[[], Any], *words: str) -> str:
+    """Run ``run``; check it raised one DiskError, a one-line message containing each of ``words``."""
+    try:
+        run()
+        error: Exception | None = None
+    except Exception as exc:  # noqa: BLE001 - any other error is the failure being measured
+        error = exc
+    message = str(error) if error is not None else ""
+    outcome.checks[f"one DiskError, one line, naming {', '.join(words)}"] = (
+        isinstance(error, DiskError) and "\n" not in message and all(w in message for w in words))
+    outcome.note = f"{type(error).__name__}: {message}"[:400] if error is not None else "no error"
+    return message
+
+
+def kept_last_checkpoint(outcome: Outcome, kind: str, out: Path, k: int, logged: int) -> None:
+    """The checks every failed write must pass: checkpoint k intact, metrics.jsonl = the first ``logged``
+    rows of the uninterrupted run in whole lines (those past k are redone on resume), no temporary
+    file, the run lock released."""
+    outcome.checks[f"the checkpoint (k = {k}) still loads"] = checkpoint_step(out) == k
+    lines = whole_lines(out)
+    outcome.checks[f"metrics.jsonl: whole lines, steps 0-{logged - 1}"] = (
+        lines is not None and rows_of(lines) == reference_run(kind)[0][:logged])
+    outcome.checks["no temporary file left"] = not list(out.glob(".*.tmp"))
+    outcome.checks["the run lock released"] = lock_released(out)
+
+
+def disk_full_before_the_run(tmp: Path, kind: str) -> Outcome:
+    """output_dir's disk has room for one checkpoint, the run needs two at once (``checkpoint_every`` > 0):
+    refused before step 0 naming the folder, the bytes needed and free; then, with room, the run is exact."""
+    outcome = Outcome(f"disk too full for the checkpoints, before the run ({kind})")
+    config = train_config(kind, tmp / "run")
+    out, loop = Path(config.output_dir), make_loop(kind, config)
+    free = estimate_checkpoint(loop, config.steps)
+    usage = shutil.disk_usage(tmp)
+    with mock.patch.object(shutil, "disk_usage", lambda path: usage._replace(free=free)):
+        stopped_clearly(outcome, lambda: train(config, loop, progress=False),
+                        repr(str(out)), f"{free} bytes", "free", "needs", "checkpoint_every = 0")
+    outcome.checks["stopped before step 0: no step, no checkpoint, no metrics"] = (
+        loop.k == 0 and not (out / CHECKPOINT_FILE).exists() and not (out / "metrics.jsonl").exists())
+    outcome.checks["the run lock released"] = lock_released(out)
+    resume_and_compare(kind, config, outcome, [])
+    outcome.note = f"checkpoint estimated {free} bytes, written {(out / CHECKPOINT_FILE).stat().st_size}"
+    return outcome
+
+
+def disk_full_mid_checkpoint(tmp: Path, kind: str) -> Outcome:
+    """The disk fills halfway through writing the checkpoint after step 4 (ENOSPC from the file's write)."""
+    outcome = Outcome(f"disk full in the middle of a checkpoint ({kind})")
+    config = train_config(kind, tmp / "run")
+    out, real_save = Path(config.output_dir), torch.save
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(obj, dict) and obj.get("k") == 4:
+            f = FillingFile(f, room=(out / CHECKPOINT_FILE).stat().st_size // 2)
+        real_save(obj, f, *args, **kwargs)
+
+    with mock.patch.object(torch, "save", save):
+        stopped_clearly(outcome, lambda: train(config, make_loop(kind, config), progress=False),
+                        repr(str(out / CHECKPOINT_FILE)), "step 4", "no space left on device")
+    logged = load_metrics(out)
+    kept_last_checkpoint(outcome, kind, out, k=2, logged=4)
+    resume_and_compare(kind, config, outcome, logged)
+    return outcome
+
+
+def disk_full_mid_metrics_line(tmp: Path, kind: str) -> Outcome:
+    """The disk fills in the middle of step 3's line of metrics.jsonl (half written, then ENOSPC)."""
+    outcome = Outcome(f"disk full in the middle of a metrics line ({kind})")
+    config = train_config(kind, tmp / "run")
+    out, loop, real_write, cut = Path(config.output_dir), make_loop(kind, config), os.write, []
+
+    def write(fd: int, data: Any) -> int:
+        metrics = out / "metrics.jsonl"
+        if loop.k == 4 and metrics.exists() and os.fstat(fd).st_ino == metrics.stat().st_ino:
+            if not cut:
+                cut.append(True)
+                return real_write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    with mock.patch.object(os, "write", write):
+        stopped_clearly(outcome, lambda: train(config, loop, progress=False),
+                        repr(str(out / "metrics.jsonl")), "step 3", "no space left on device")
+    outcome.checks["half a line was written, then cut back"] = bool(cut)
+    logged = load_metrics(out)
+    kept_last_checkpoint(outcome, kind, out, k=2, logged=3)
+    resume_and_compare(kind, config, outcome, logged)
+    return outcome
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[str]:
+    """``folder`` unwritable while the block runs; yields how. ``chmod``: the folder 0o555, its files
+    0o444, where that stops this process. As root (or with CAP_DAC_OVERRIDE) permissions stop nothing,
+    and a read-only mount needs privileges a test lacks, so ``EROFS``: ``os.open`` of a path inside it
+    for writing raises EROFS, as a read-only file system does (``tempfile``, the metrics writer and the
+    run lock all open files through ``os.open``)."""
+    modes = {p: p.stat().st_mode for p in [folder, *folder.iterdir()]}
+    for p in modes:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    probe = folder / ".probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o644))
+        probe.unlink()
+        writable = True
+    except PermissionError:
+        writable = False
+    try:
+        if not writable:
+            yield "chmod"
+            return
+        for p, mode in modes.items():
+            p.chmod(mode)
+        real_open, inside = os.open, str(folder.resolve())
+        writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+        def open_(path: Any, flags: int, mode: int = 0o777, *args: Any, **kwargs: Any) -> int:
+            if flags & writing and os.path.abspath(path).startswith(inside + os.sep):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return real_open(path, flags, mode, *args, **kwargs)
+
+        with mock.patch.object(os, "open", open_):
+            yield "EROFS"
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def read_only_output_dir(tmp: Path, kind: str) -> Outcome:
+    """output_dir is read-only from the start: refused at the run lock, before any step; then, writable,
+    the run is exact."""
+    outcome = Outcome(f"read-only output_dir from the start ({kind})")
+    config = train_config(kind, tmp / "run")
+    out, loop = Path(config.output_dir), make_loop(kind, config)
+    out.mkdir()
+    with read_only(out) as how:
+        stopped_clearly(outcome, lambda: train(config, loop, progress=False), repr(str(out / LOCK_FILE)))
+    outcome.checks["the cause named: read-only or permission denied"] = any(
+        w in outcome.note for w in ("read-only file system", "permission denied"))
+    outcome.checks["stopped before step 0, nothing written"] = loop.k == 0 and not list(out.iterdir())
+    resume_and_compare(kind, config, outcome, [])
+    outcome.note = f"made read-only by {how}: {outcome.note}"
+    return outcome
+
+
+def read_only_mid_run(tmp: Path, kind: str) -> Outcome:
+    """output_dir turns read-only as step 3 starts (a disk remounted read-only after an I/O error):
+    step 3's metrics line cannot be written; the checkpoint of step 2 stays, the lock is released."""
+    outcome = Outcome(f"output_dir turns read-only mid-run ({kind})")
+    config = train_config(kind, tmp / "run")
+    out, loop = Path(config.output_dir), make_loop(kind, config)
+    real_step, how = loop.step, []
+    with contextlib.ExitStack() as stack:
+        def step() -> Any:
+            if loop.k == 3 and not how:
+                how.append(stack.enter_context(read_only(out)))
+            return real_step()
+
+        loop.step = step
+        stopped_clearly(outcome, lambda: train(config, loop, progress=False),
+                        repr(str(out / "metrics.jsonl")), "step 3")
+    outcome.checks["the cause named: read-only or permission denied"] = any(
+        w in outcome.note for w in ("read-only file system", "permission denied"))
+    logged = load_metrics(out)
+    kept_last_checkpoint(outcome, kind, out, k=2, logged=3)
+    resume_and_compare(kind, config, outcome, logged)
+    outcome.note = f"made read-only by {how[0] if how else '-'}: {outcome.note}"
+    return outcome
+
+
 SCENARIOS: dict[str, Callable[[Path, str], Outcome]] = {
     "crash_mid_checkpoint": crash_mid_checkpoint, "nan_gradient": nan_gradient,
     "nan_gradient_unclipped": lambda tmp, kind: nan_gradient(tmp, kind, max_grad_norm=None),
     "nan_loss": nan_loss, "poisoned_step_in_train": poisoned_step_in_train,
     "interrupt_in_sampling": interrupt_in_sampling, "interrupt_in_training": interrupt_in_training,
-    "interrupt_in_sync": interrupt_in_sync,
+    "interrupt_in_sync": interrupt_in_sync, "disk_full_before_the_run": disk_full_before_the_run,
+    "disk_full_mid_checkpoint": disk_full_mid_checkpoint, "disk_full_mid_metrics_line": disk_full_mid_metrics_line,
+    "read_only_output_dir": read_only_output_dir, "read_only_mid_run": read_only_mid_run,
 }

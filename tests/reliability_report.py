@@ -13,8 +13,10 @@ they share (``tests/bad_input_catalogue.py``, ``tests/hostile_answers.py``, ``te
   warm worker and including a worker restart;
 * **faults** — every scenario of ``SCENARIOS`` on the bandit and on the tiny LM (SIGKILL in the
   middle of a checkpoint write, NaN gradient clipped and unclipped, non-finite loss, a poisoned
-  step inside ``train``, KeyboardInterrupt/SIGINT while sampling, training and syncing), and a
-  math-verify worker killed mid-call: each must stop clearly, resume bit for bit, lose nothing;
+  step inside ``train``, KeyboardInterrupt/SIGINT while sampling, training and syncing; a disk too
+  full for the checkpoints before the run, a disk that fills in the middle of a checkpoint or of a
+  metrics line, a read-only output_dir from the start or mid-run), and a math-verify worker killed
+  mid-call: each must stop clearly, resume bit for bit, lose nothing;
 * **determinism** (slow) — 2 steps of the real SmolLM2-135M on CPU: same seed twice, then another seed;
 * **memory** (slow) — the guard's estimate against the peak RSS of 2 real SmolLM2 steps in a fresh
   process, for two batch shapes. The peak is ``VmHWM``, reset once the model is loaded

@@ -49,7 +49,7 @@ def problems() -> tuple[Problem, ...]:
     return tuple(load_problems("add1", 20, seed=0))
 
 
-def even_length(text: str, problem: Problem) -> float:
+def even_length(text: str, problem: Problem, finished: bool) -> float:
     return float(len(text) % 2 == 0)
 
 

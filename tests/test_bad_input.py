@@ -57,9 +57,9 @@ def test_primitive_arguments_rejected():
     with pytest.raises(ValueError, match=r"max_completion_length must be >= T = 3, got 2"):
         aggregate_loss(x, x.bool(), "dr_grpo", max_completion_length=2)
     with pytest.raises(ValueError, match=r"beta = 0.1 > 0 needs logp_ref"):
-        grpo_objective(x, x, torch.zeros(2), x.bool(), beta=0.1)
+        grpo_objective(x, x, torch.zeros(2), x, beta=0.1)
     with pytest.raises(ValueError, match=r"advantages must have shape \[B\] = \[2\], got \(3,\)"):
-        grpo_objective(x, x, torch.zeros(3), x.bool())
+        grpo_objective(x, x, torch.zeros(3), x)
     with pytest.raises(ValueError, match="v must be an integer >= 1, got 0"):
         SyncSchedule(0)
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab import grpo_objective, kl_estimate, whiten, zero_variance_mask
+from grpo_lab import GRPOConfig, grpo_objective, kl_estimate, plan_step, zero_variance_mask
 from grpo_lab.exact.bandit import (
     BanditProblem,
     LaggedTabularSampler,
@@ -115,8 +115,9 @@ def test_per_run_gradient_equals_the_run_alone():
 
     def loss_of(pol, roll, rew, kept, run_ids=None):
         logp = pol.logprobs(roll, slice(None))
-        loss, _ = grpo_objective(logp, roll.logp_alpha, whiten(rew).reshape(-1), roll.mask, group_mask=kept,
-                                 run_ids=run_ids, eps_low=0.2)
+        plan = plan_step(rew, roll.mask, GRPOConfig(G=G), run_ids, dtype=logp.dtype)
+        assert torch.equal(plan.keep, kept)
+        loss, _ = grpo_objective(logp, roll.logp_alpha, plan.advantages, plan.weights, eps_low=0.2)
         return loss
 
     loss_of(policy, rollout, rewards, keep, torch.arange(runs).repeat_interleave(P * G)).backward()

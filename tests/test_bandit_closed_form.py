@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab import kl_estimate, loss_weights
+from grpo_lab import kl_estimate
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
-from grpo_lab.exact.closed_form import kl_gradient, run_bandit_closed_form, sequence_weights
+from grpo_lab.exact.closed_form import kl_gradient, run_bandit_closed_form
 from grpo_lab.exact.studies import lab_cost_model, mean_grad_norm, wall_clock
-from grpo_lab.objective import KL_KINDS, LOSS_TYPES
+from grpo_lab.objective import KL_KINDS
 
 PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
 
@@ -80,22 +80,6 @@ def test_same_seed_same_curves():
     a, b = run_bandit_closed_form(PROBLEM, config, runs=2), run_bandit_closed_form(PROBLEM, config, runs=2)
     assert np.array_equal(a.J, b.J)
     assert not np.array_equal(a.J, run_bandit_closed_form(PROBLEM, config.replace(seed=8), runs=2).J)
-
-
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize("max_completion_length", [None, 4])
-@pytest.mark.parametrize("mask_normalize", ["batch", "unmasked"])
-def test_sequence_weights_are_loss_weights_for_one_token(loss_type, max_completion_length, mask_normalize):
-    runs, P, G = 3, 4, 5
-    keep = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)    # run 1 keeps nothing
-    config = bandit_config(G=G, prompts_per_step=P, loss_type=loss_type, max_completion_length=max_completion_length,
-                           mask_normalize=mask_normalize)
-    sampled = torch.ones(runs * P * G, 1, dtype=torch.bool)
-    expected = loss_weights(keep.repeat_interleave(G)[:, None], loss_type, max_completion_length,
-                            torch.arange(runs).repeat_interleave(P * G), torch.float64,
-                            sampled if mask_normalize == "batch" else None)
-    got = sequence_weights(keep, runs, config).expand(-1, G).reshape(-1, 1)
-    torch.testing.assert_close(got, expected, rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("kind", KL_KINDS)

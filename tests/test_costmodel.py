@@ -7,7 +7,8 @@ from grpo_lab.scale.costmodel import (
     fit_from_step_times,
     paper_cost_model,
     paper_effective_bandwidth_gb_s,
-    paper_intervals,
+    paper_iterations_to_resolve,
+    paper_standard_errors,
     sync_seconds_for,
 )
 
@@ -22,17 +23,37 @@ def test_paper_numbers():
     assert paper_effective_bandwidth_gb_s() == pytest.approx(15.2 / m.sync)
 
 
-def test_paper_intervals_carry_the_reported_spread():
-    """0.02828 ± 0.017 and 0.03828 ± 0.016 iter/s: hand-computed corners; the central values lie inside."""
-    box = paper_intervals()
-    assert box["step_seconds_v1"] == pytest.approx((1 / 0.04528, 1 / 0.01128))
-    assert box["speedup"] == pytest.approx((0.02228 / 0.04528, 0.05428 / 0.01128))   # fit through both points
-    assert box["sync_seconds"] == pytest.approx(((1 / 0.04528 - 1 / 0.02228) / 0.9, (1 / 0.01128 - 1 / 0.05428) / 0.9))
-    m = paper_cost_model()
-    for key, central in [("sync_seconds", m.sync), ("sync_share", m.sync_fraction(1)), ("speedup", m.speedup(10))]:
-        low, high = box[key]
-        assert low < central < high
-    assert box["sync_share"][0] < 0 < box["sync_share"][1] and box["speedup"][0] < 1 < box["speedup"][1]
+def test_paper_standard_errors_shrink_as_one_over_root_n():
+    """The ± is a spread over iterations: the means' standard errors are spread/√N, hand-computed at N = 100."""
+    se = paper_standard_errors(100)
+    assert se["rate_v1"] == pytest.approx(0.0017) and se["rate_v10"] == pytest.approx(0.0016)
+    assert se["step_seconds_v1"] == pytest.approx(0.0017 / 0.02828 ** 2)
+    se_t1, se_t10 = 0.0017 / 0.02828 ** 2, 0.0016 / 0.03828 ** 2
+    assert se["sync_seconds"] == pytest.approx((se_t1 ** 2 + se_t10 ** 2) ** 0.5 / 0.9)
+    relative = ((0.0017 / 0.02828) ** 2 + (0.0016 / 0.03828) ** 2) ** 0.5
+    assert se["speedup"] == pytest.approx(0.03828 / 0.02828 * relative)
+    assert paper_standard_errors(400)["speedup"] == pytest.approx(se["speedup"] / 2)
+    with pytest.raises(ValueError, match="n_iterations must be"):
+        paper_standard_errors(1)
+
+
+def test_paper_iterations_to_resolve_is_the_first_n_two_standard_errors_above_1():
+    n = paper_iterations_to_resolve()
+    speedup = 0.03828 / 0.02828
+    assert speedup - 1 >= 2 * paper_standard_errors(n)["speedup"]
+    assert speedup - 1 < 2 * paper_standard_errors(n - 1)["speedup"]
+    assert paper_iterations_to_resolve(3.0) > n
+
+
+def test_overlap_hides_the_shorter_of_gen_and_train_between_syncs():
+    m = StepCostModel(gen=6.0, train=4.0, sync=2.0)
+    assert m.step_seconds(1, overlap=True) == pytest.approx(m.step_seconds(1)) == pytest.approx(12.0)
+    # a period of v = 4: sync 2 + gen 6 + 3 overlapped steps of max(6, 4) + the last train 4 = 30 s
+    assert m.step_seconds(4, overlap=True) == pytest.approx(30.0 / 4)
+    assert m.speedup(4, overlap=True) == pytest.approx(12.0 / 7.5) and m.speedup(4) == pytest.approx(12.0 / 10.5)
+    assert m.step_seconds(1e9, overlap=True) == pytest.approx(6.0)       # → max(gen, train)
+    paper = paper_cost_model()                                            # gen and train unsplit: nothing to overlap
+    assert paper.speedup(10, overlap=True) == pytest.approx(paper.speedup(10))
 
 
 def test_fit_from_step_times_recovers_terms():

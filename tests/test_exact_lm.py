@@ -25,7 +25,7 @@ from grpo_lab.lm.sampling import tokenize_prompts
 from grpo_lab.lm.tasks import build_prompt, load_problems
 
 pytestmark = pytest.mark.slow
-PROBLEMS = [load_problems("add1", 7, seed=0)[i] for i in (6, 0)]  # "4 + 0", "0 + 4": J ≈ 0.12, 0.07 restricted
+PROBLEMS = [load_problems("add1", 7, seed=0)[i] for i in (6, 0)]  # "4 + 0", "0 + 4": J ≈ 0.08, 0.12 restricted
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_the_trained_policy_scores_what_the_table_holds(model_and_tokenizer):
 
 def test_bound_holds_at_every_step_and_a_lag_moves_pi_k_away_from_alpha(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    config = GRPOConfig(G=8, v=2, lr=1e-5, seed=1)
+    config = GRPOConfig(G=8, v=2, lr=1e-5, seed=3)  # a seed whose first group is not all-wrong (skipped)
     exact = ExactLM(copy.deepcopy(model), tokenizer, PROBLEMS[:1], config, max_tokens=2)
     steps = [exact.step() for _ in range(3)]
     for s, record in zip(steps, exact.loop.history):

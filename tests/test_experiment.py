@@ -37,7 +37,7 @@ def tiny_model(tokenizer, seed=0):
                                         tie_word_embeddings=True))
 
 
-def even_length(text, problem):
+def even_length(text, problem, finished):
     return float(len(text) % 2 == 0)
 
 
@@ -60,21 +60,29 @@ def test_text_task_prompts_and_rewards(tokenizer):
     assert sorted(prompts) == sorted(task.prompt_of[id(p)] for p in problems)
     assert all("Answer with just the number." in p and p.endswith("<|im_start|>assistant\n") for p in prompts)
 
-    class FakeRollout:
+    eos = tokenizer.eos_token_id
+
+    class FakeRollout:  # the last completion ran out of tokens (no EOS)
         group_size = 2
         extra = {"texts": ["2", "3", "four", "4"]}
+        completions = torch.tensor([[50, eos], [51, eos], [52, eos], [53, 54]])
+        mask = torch.ones(4, 2, dtype=torch.bool)
     FakeRollout.prompts = [task.prompt_of[id(problems[0])], task.prompt_of[id(problems[1])]]
-    assert task.rewards(FakeRollout, None).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert task.rewards(FakeRollout, None).tolist() == [[1.0, 0.0], [0.0, 0.0]]
+    lenient = TextTask(problems, tokenizer, scoring="lenient")
+    assert lenient.rewards(FakeRollout, None).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    with pytest.raises(ValueError, match="scoring must be one of.*got 'loose'"):
+        TextTask(problems, tokenizer, scoring="loose")
     with pytest.raises(ValueError, match="problems is empty"):
         TextTask([], tokenizer)
 
 
 def test_reward_function_errors_name_the_prompt(tokenizer, tmp_path):
     loop = tiny_loop(tiny_config(tmp_path), tokenizer)
-    loop.task.reward_fn = lambda text, p: float("nan")
+    loop.task.reward_fn = lambda text, p, finished: float("nan")
     with pytest.raises(ValueError, match=r"reward nan for prompt 0 \(completion 0\)"):
         loop.step()
-    loop.task.reward_fn = lambda text, p: 1 / 0
+    loop.task.reward_fn = lambda text, p, finished: 1 / 0
     with pytest.raises(ValueError, match="reward function raised ZeroDivisionError.*prompt 0"):
         loop.step()
     assert loop.k == 0   # nothing applied
@@ -162,7 +170,8 @@ def test_pass_at_k():
     assert pass_at_k(4, 2, 1) == pytest.approx(0.5)
     assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)      # 1 − C(2,2)/C(4,2)
     assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 5, 1) == 1.0
-    assert EvalResult(n=4, correct=[4, 0, 2], examples=[], truncated=[0, 1, 2]).pass_at(1) == pytest.approx(0.5)
+    result = EvalResult(n=4, correct=[4, 0, 2], correct_lenient=[4, 2, 3], examples=[], truncated=[0, 1, 2])
+    assert (result.pass_at(1), result.pass_at(1, "lenient")) == (pytest.approx(0.5), pytest.approx(0.75))
     with pytest.raises(ValueError, match="k <= n"):
         pass_at_k(3, 1, 4)
 

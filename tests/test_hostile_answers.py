@@ -7,7 +7,7 @@ from hostile_answers import GOLDS, LONG_PIECES, PARENT_SLACK_S, completions, sco
 from hypothesis import HealthCheck, given, settings
 
 from grpo_lab.lm import rewards
-from grpo_lab.lm.rewards import extract_answer, format_reward
+from grpo_lab.lm.rewards import extract_answer, format_reward, strict_answer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,3 +30,4 @@ def test_answer_extraction_is_linear_on_100k_characters(piece):
     with within(PARENT_SLACK_S, f"extracting from {piece!r} × {len(text) // len(piece)}"):
         extract_answer(text)
         format_reward(text, "boxed")
+        strict_answer(text, "number")

@@ -196,20 +196,28 @@ def test_sync_schedules():
     s = SyncSchedule(3)
     synced = []
     for k in range(7):
-        if s.should_sync(k):
+        if s.begin(k):
             s.mark_synced(k)
             synced.append(k)
+        s.end(0.3)                              # a fixed schedule ignores the drift
     assert synced == [0, 3, 6] and s.lag(7) == 1
     a = AdaptiveSyncSchedule(v=5, threshold=0.1)
-    assert a.should_sync(0)
+    assert a.begin(0)
     a.mark_synced(0)
-    a.observe(0.05)
-    assert not a.should_sync(1)
-    a.observe(0.2)
-    assert a.should_sync(2)                     # drift passed the threshold
+    a.end(0.05)
+    assert not a.begin(1)
+    a.end(0.2)
+    assert a.begin(2) and a.begin(2)            # drift passed the threshold; begin decides, changes nothing
     a.mark_synced(2)
-    a.observe(0.0)
-    assert not a.should_sync(6) and a.should_sync(7)   # longest lag v = 5
+    a.end(None)                                 # measured nothing: the 0 of the sync stays
+    assert not a.begin(3)
+    a.end(0.0)
+    assert not a.begin(6) and a.begin(7)        # longest lag v = 5
+    a.end(0.2)
+    a.end(None)                                 # a step that measured nothing keeps the last drift
+    assert a.last_drift == 0.2 and a.begin(3)
+    with pytest.raises(ValueError, match="drift must be a finite number"):
+        a.end(float("nan"))
     r = RefResetSchedule(3)
     assert [k for k in range(9) if r.should_reset(k)] == [2, 5, 8]
     assert not any(RefResetSchedule(0).should_reset(k) for k in range(10))
@@ -224,7 +232,7 @@ def test_adaptive_schedule_runs_in_the_loop():
 def test_skipped_step_keeps_the_measured_drift():
     loop = counting_loop(sync="adaptive", v=8, sync_threshold=0.5, steps=3)
     loop.step()
-    loop.schedule.observe(0.3)                  # drift measured on step 0, below the threshold: no sync at 1
+    loop.schedule.end(0.3)                      # drift measured on step 0, below the threshold: no sync at 1
 
     def all_equal_rewards(rollout, generator):  # step 1: every group masked → skipped, no drift measured
         return torch.ones(len(rollout.prompts), rollout.group_size)

@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_lab import (
+    GRPOConfig,
     aggregate_loss,
     clip_bounds,
     clipped_surrogate,
     grpo_objective,
     kl_estimate,
     loss_weights,
+    plan_step,
     tv_terms,
     whiten,
     zero_variance_mask,
@@ -230,16 +232,17 @@ def test_masked_groups_contribute_exactly_zero():
     adv = whiten(rewards).reshape(-1)
     keep = zero_variance_mask(rewards)
     mask = torch.ones(B, T, dtype=torch.bool)
-    kw = dict(logp_ref=logp_a + 0.1, beta=0.5, loss_type="grpo")
-    loss, metrics = grpo_objective(logp, logp_a, adv, mask, group_mask=keep, mask_normalize="unmasked", **kw)
+    plan = plan_step(rewards, mask, GRPOConfig(G=2, beta=0.5, mask_normalize="unmasked"), dtype=torch.float64)
+    assert torch.equal(plan.advantages, adv) and torch.equal(plan.keep, keep)
+    loss, _ = grpo_objective(logp, logp_a, plan.advantages, plan.weights, logp_ref=logp_a + 0.1, beta=0.5)
     # the same batch with the masked group's rows removed
     rows = torch.tensor([0, 1, 4, 5])
-    loss_drop, _ = grpo_objective(logp[rows], logp_a[rows], adv[rows], mask[rows], logp_ref=(logp_a + 0.1)[rows],
-                                  beta=0.5, loss_type="grpo")
+    loss_drop, _ = grpo_objective(logp[rows], logp_a[rows], adv[rows], loss_weights(mask[rows], dtype=torch.float64),
+                                  logp_ref=(logp_a + 0.1)[rows], beta=0.5)
     assert loss.item() == pytest.approx(loss_drop.item(), rel=1e-12)
     loss.backward()
     assert torch.equal(logp.grad[2:4], torch.zeros(2, T))                 # no gradient, KL included
-    assert metrics["masked_frac"] == pytest.approx(1 / 3)
+    assert plan.masked_frac == pytest.approx(1 / 3)
     w = loss_weights(mask & keep.repeat_interleave(2)[:, None], "bnpo", dtype=torch.float64)
     assert w[2:4].sum() == 0 and w.sum().item() == pytest.approx(1.0)   # out of the denominator too
 
@@ -257,15 +260,16 @@ def test_batch_normalisation_is_unmasked_times_the_kept_fraction(beta):
     keep = zero_variance_mask(rewards)
     mask = torch.rand(P * G, T, generator=g) > 0.2
     mask[:, 0] = True
-    kw = dict(logp_k=logp_k, logp_ref=logp_a + 0.2, beta=beta, group_mask=keep)
+    kw = dict(logp_k=logp_k, logp_ref=logp_a + 0.2, beta=beta)
     rows_kept = keep.repeat_interleave(G)
     for loss_type, kept_frac in [("grpo", float(rows_kept.double().mean())),
                                  ("bnpo", float(mask[rows_kept].sum() / mask.sum()))]:
         grads = {}
         for normalize in ("batch", "unmasked"):
             logp.grad = None
-            loss, _ = grpo_objective(logp, logp_a, whiten(rewards).reshape(-1), mask, loss_type=loss_type,
-                                     mask_normalize=normalize, **kw)
+            plan = plan_step(rewards, mask, GRPOConfig(G=G, beta=beta, loss_type=loss_type, mask_normalize=normalize),
+                             dtype=torch.float64)
+            loss, _ = grpo_objective(logp, logp_a, plan.advantages, plan.weights, **kw)
             loss.backward()
             grads[normalize] = (loss.detach(), logp.grad.clone())
         assert 0 < kept_frac < 1
@@ -280,19 +284,23 @@ def test_with_beta_zero_the_mask_under_batch_changes_nothing(loss_type):
     logp = torch.randn(12, 3, generator=g, dtype=torch.float64, requires_grad=True)
     logp_a = torch.randn(12, 3, generator=g, dtype=torch.float64)
     rewards = torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
-    adv, mask = whiten(rewards).reshape(-1), torch.ones(12, 3, dtype=torch.bool)
+    mask = torch.ones(12, 3, dtype=torch.bool)
     results = []
-    for group_mask in (zero_variance_mask(rewards), None):
+    for mask_zero_variance in (True, False):
         logp.grad = None
-        loss, _ = grpo_objective(logp, logp_a, adv, mask, group_mask=group_mask, loss_type=loss_type)
+        plan = plan_step(rewards, mask, GRPOConfig(G=4, loss_type=loss_type, mask_zero_variance=mask_zero_variance),
+                         dtype=torch.float64)
+        loss, _ = grpo_objective(logp, logp_a, plan.advantages, plan.weights)
         loss.backward()
         results.append((loss.item(), logp.grad.clone()))
     assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
 
 
-def test_unknown_mask_normalize_is_named():
+def test_bad_weights_and_mask_normalize_are_named():
     with pytest.raises(ValueError, match="mask_normalize"):
-        grpo_objective(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), mask_normalize="mean")
+        GRPOConfig(mask_normalize="mean")
+    with pytest.raises(ValueError, match="weights must be float token weights .* got dtype torch.bool"):
+        grpo_objective(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1, dtype=torch.bool))
     with pytest.raises(ValueError, match="denominator_mask must contain"):
         loss_weights(torch.ones(2, 1, dtype=torch.bool), denominator_mask=torch.zeros(2, 1, dtype=torch.bool))
 
@@ -324,10 +332,10 @@ def test_tv_estimate_is_unbiased_for_the_sequence_tv():
 def test_all_masked_batch_gives_exact_zero_loss():
     logp = torch.full((4, 2), float("nan"), requires_grad=True)
     rewards = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
-    loss, metrics = grpo_objective(logp, torch.zeros(4, 2), whiten(rewards).reshape(-1), torch.ones(4, 2),
-                                   group_mask=zero_variance_mask(rewards))
+    plan = plan_step(rewards, torch.ones(4, 2, dtype=torch.bool), GRPOConfig(G=2), dtype=torch.float64)
+    loss, metrics = grpo_objective(logp, torch.zeros(4, 2), plan.advantages, plan.weights)
     assert loss.item() == 0.0 and not math.isnan(loss.item())
-    assert metrics["masked_frac"] == 1.0 and metrics["num_tokens"] == 0
+    assert plan.masked_frac == 1.0 and metrics["num_tokens"] == 0 and plan.empty and plan.skipped
 
 
 def test_run_ids_normalise_each_run_separately():
@@ -339,11 +347,11 @@ def test_run_ids_normalise_each_run_separately():
     run_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     for loss_type in ("grpo", "bnpo", "dr_grpo"):
         logp.grad = None
-        loss, _ = grpo_objective(logp, logp_a, adv, mask, loss_type=loss_type, run_ids=run_ids)
+        loss, _ = grpo_objective(logp, logp_a, adv, loss_weights(mask, loss_type, run_ids=run_ids, dtype=logp.dtype))
         loss.backward()
         stacked = logp.grad[:4].clone()
         alone = logp.detach()[:4].clone().requires_grad_(True)
-        loss0, _ = grpo_objective(alone, logp_a[:4], adv[:4], mask[:4], loss_type=loss_type)
+        loss0, _ = grpo_objective(alone, logp_a[:4], adv[:4], loss_weights(mask[:4], loss_type, dtype=logp.dtype))
         loss0.backward()
         assert torch.allclose(stacked, alone.grad, rtol=1e-12, atol=1e-15)
 
@@ -354,10 +362,10 @@ def test_micro_batches_with_global_weights_are_exact():
     logp_a, adv = torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
     mask = torch.rand(6, 4, generator=g) > 0.3
     for loss_type in ("grpo", "bnpo", "dr_grpo"):
-        full, _ = grpo_objective(logp, logp_a, adv, mask, loss_type=loss_type, logp_ref=logp_a, beta=0.1)
         w = loss_weights(mask, loss_type, dtype=torch.float64)
-        parts = sum(grpo_objective(logp[s], logp_a[s], adv[s], mask[s], loss_type=loss_type, logp_ref=logp_a[s],
-                                   beta=0.1, weights=w[s])[0] for s in (slice(0, 4), slice(4, 6)))
+        full, _ = grpo_objective(logp, logp_a, adv, w, logp_ref=logp_a, beta=0.1)
+        parts = sum(grpo_objective(logp[s], logp_a[s], adv[s], w[s], logp_ref=logp_a[s], beta=0.1)[0]
+                    for s in (slice(0, 4), slice(4, 6)))
         assert parts.item() == pytest.approx(full.item(), rel=1e-12)
 
 
@@ -365,8 +373,9 @@ def test_sequence_level_ratio_is_length_normalised():
     # one sequence of 2 tokens: log-ratio per token 0.2 and 0.4 → sequence ratio exp(0.3)
     logp = torch.tensor([[0.2, 0.4]], requires_grad=True)
     zero = torch.zeros(1, 2)
-    loss, _ = grpo_objective(logp, zero, torch.tensor([1.0]), torch.ones(1, 2), logp_k=logp.detach(),
-                             level="sequence", eps_low=0.5)
+    weights = loss_weights(torch.ones(1, 2, dtype=torch.bool), dtype=logp.dtype)    # ½ each: the token mean
+    loss, _ = grpo_objective(logp, zero, torch.tensor([1.0]), weights, logp_k=logp.detach(), level="sequence",
+                             eps_low=0.5)
     assert loss.item() == pytest.approx(-math.exp(0.3))
     loss.backward()
     assert torch.allclose(logp.grad, torch.full((1, 2), -math.exp(0.3) / 2))
@@ -376,7 +385,8 @@ def test_objective_metrics_hand_computed():
     # r′ = 1 (α = π_k); r = 1.5 with A = +1 (above 1.2 → clipped high), r = 0.5 with A = −1 (below 0.8 → clipped low)
     logp = torch.log(torch.tensor([[1.5], [0.5], [1.0], [1.0]]))
     logp_k = torch.zeros(4, 1)
-    _, m = grpo_objective(logp, torch.zeros(4, 1), torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.ones(4, 1),
+    _, m = grpo_objective(logp, torch.zeros(4, 1), torch.tensor([1.0, -1.0, 1.0, -1.0]),
+                          loss_weights(torch.ones(4, 1, dtype=torch.bool), dtype=logp.dtype),
                           logp_k=logp_k, eps_low=0.2)
     assert m["clip_high_frac"] == 0.25 and m["clip_low_frac"] == 0.25
     assert m["ratio_k_mean"] == 1.0 and m["ratio_k_max"] == 1.0 and m["log_ratio_k_abs"] == 0.0

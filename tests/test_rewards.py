@@ -19,9 +19,9 @@ from grpo_lab.lm.rewards import (
     answers_match,
     as_number,
     compute_rewards,
-    correctness_reward,
     extract_answer,
     format_reward,
+    lenient_reward,
     require_reward_values,
     verifier_stats,
 )
@@ -58,8 +58,8 @@ def test_as_number(text, value):
 def test_as_number_has_no_digit_limit():
     big = "9" * 4301  # int(str) refuses this many digits; math-verify parses it to nothing
     assert as_number(big) == 10 ** 4301 - 1
-    assert correctness_reward(f"\\boxed{{{big}}}", big) == 1.0
-    assert correctness_reward(f"\\boxed{{{big[:-1]}8}}", big) == 0.0
+    assert lenient_reward(f"\\boxed{{{big}}}", big) == 1.0
+    assert lenient_reward(f"\\boxed{{{big[:-1]}8}}", big) == 0.0
 
 
 @pytest.mark.parametrize("completion, gold, expected", [
@@ -79,8 +79,8 @@ def test_as_number_has_no_digit_limit():
     ("\\boxed{}", "0", 0.0),
     ("nothing", "3", 0.0),
 ])
-def test_correctness_reward(completion, gold, expected):
-    assert correctness_reward(completion, gold) == expected
+def test_lenient_reward(completion, gold, expected):
+    assert lenient_reward(completion, gold) == expected
 
 
 def test_format_reward_and_answer_reward():
@@ -89,7 +89,8 @@ def test_format_reward_and_answer_reward():
     assert format_reward("so \\boxed{8}", "boxed") == 1.0
     assert format_reward("so 8", "boxed") == 0.0
     assert answer_reward(" 8 ", "8") == 1.0  # reasoning-gym would give 0.33 here
-    assert answer_reward("the sum is 8", "8", format_weight=0.2) == 1.0
+    assert answer_reward("the sum is 8", "8", format_weight=0.2) == 0.0  # strict: not just the number
+    assert answer_reward("the sum is 8", "8", format_weight=0.2, scoring="lenient") == 1.0
     assert answer_reward("7", "8", format_weight=0.2) == 0.2
     assert answer_reward("it is 7", "8", format_weight=0.2) == 0.0
     assert answer_reward("\\boxed{7}", "8", answer_format="boxed", format_weight=0.1) == 0.1
@@ -123,7 +124,7 @@ def test_the_call_after_a_kill_does_not_wait_for_a_worker_start():
 
 def test_overlong_answer_is_a_mismatch_without_parsing():
     calls = verifier_stats()["calls"]
-    assert correctness_reward("\\boxed{" + "x+" * 2000 + "1}", "1") == 0.0
+    assert lenient_reward("\\boxed{" + "x+" * 2000 + "1}", "1") == 0.0
     assert verifier_stats()["calls"] == calls
 
 
@@ -183,7 +184,7 @@ def test_compute_rewards_names_the_prompt_of_a_failing_reward():
     def fragile(completion: str, gold: str) -> float:
         if "boom" in completion:
             raise KeyError("boom")
-        return correctness_reward(completion, gold)
+        return lenient_reward(completion, gold)
 
     out = compute_rewards(fragile, ["2", "3", "\\boxed{4}"], ["2", "2", "4"], [0, 0, 1])
     assert out.tolist() == [1.0, 0.0, 1.0]

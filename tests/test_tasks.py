@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from grpo_lab.lm.rewards import ANSWER_FORMATS, correctness_reward
+from grpo_lab.lm.rewards import ANSWER_FORMATS, lenient_reward, strict_reward
 from grpo_lab.lm.tasks import (
     ANSWER_INSTRUCTIONS,
     TASK_NAMES,
@@ -52,7 +52,7 @@ def test_add1_preset_is_one_digit_addition_and_reproducible():
         assert 0 <= a <= 10 and 0 <= b <= 10  # reasoning-gym's "1 digit" draws from 0..10
         assert p.answer == str(a + b)
         assert p.answer_format == "number"
-        assert correctness_reward(p.answer, p.answer) == 1.0
+        assert strict_reward(p.answer, True, p.answer, p.answer_format) == lenient_reward(p.answer, p.answer) == 1.0
     assert problems == load_problems("add1", 40, seed=3)
     assert problems != load_problems("add1", 40, seed=4)
     assert len({p.source for p in problems}) == 40
@@ -163,12 +163,15 @@ def test_sample_problems_is_seeded_and_distinct():
 def test_build_prompt_with_and_without_chat_template():
     problem = load_problems("add1", 1, seed=0)[0]
     chat = build_prompt(problem, tiny_tokenizer(CHAT_TEMPLATE))
-    assert chat == f"<user>{problem.question}\nAnswer with just the number.</user><assistant>"
+    shot = "Calculate 20 + 30.\nAnswer with just the number."  # the number format's one-shot example
+    assert chat == (f"<user>{shot}</user><assistant>50</assistant>"
+                    f"<user>{problem.question}\nAnswer with just the number.</user><assistant>")
     with_system = build_prompt(problem, tiny_tokenizer(CHAT_TEMPLATE), system_prompt="Be brief.")
-    assert with_system.startswith("<system>Be brief.</system><user>")
+    assert with_system.startswith(f"<system>Be brief.</system><user>{shot}</user>")
     plain = build_prompt(problem, tiny_tokenizer(None), system_prompt="Be brief.")
-    assert plain == f"Be brief.\n\n{problem.question}\nAnswer with just the number.\nAnswer:"
+    assert plain == f"Be brief.\n\n{shot}\nAnswer: 50\n\n{problem.question}\nAnswer with just the number.\nAnswer:"
     boxed = Problem("Compute 1+1.", "2", "x")
-    assert "\\boxed{}" in build_prompt(boxed, tiny_tokenizer(None))
+    assert build_prompt(boxed, tiny_tokenizer(CHAT_TEMPLATE)) == \
+        "<user>Compute 1+1.\nThink step by step, then put the final answer in \\boxed{}.</user><assistant>"
     with pytest.raises(ValueError, match="answer_format"):
         build_prompt(Problem("q", "1", "x", answer_format="latex"), tiny_tokenizer(None))

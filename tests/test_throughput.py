@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from grpo_lab.lm.models import bundled_model_dir
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config, load_launch_recipe
 from grpo_lab.lm.tasks import load_orz
 from grpo_lab.lm.text_task import eval_problems
@@ -234,10 +235,21 @@ def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
     gym = gl.training_dataset(load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml", ["train_problems=3"]))
     assert len(gym) == 3 and all(row["answer_format"] == "number" for row in gym)
     assert gym[0]["prompt"][-1]["content"].endswith("Answer with just the number.")
-    reward = gl.verifiable_reward()
+    reward = gl.verifiable_reward(eos_token_ids=[2])
     completions = [[{"role": "assistant", "content": "so \\boxed{5}"}], "\\boxed{0.5}"]
-    assert reward(completions, answer=data["answer"], answer_format=data["answer_format"]) == [1.0, 1.0]
-    assert reward(["\\boxed{6}"], answer=["5"], answer_format=["boxed"]) == [0.0]
+    ended, cut = [[7, 2], [8, 2]], [[7, 9], [8, 9]]  # ends with the EOS id 2, or truncated
+    assert reward(completions, answer=data["answer"], answer_format=data["answer_format"],
+                  completion_ids=ended) == [1.0, 1.0]
+    assert reward(completions, answer=data["answer"], answer_format=data["answer_format"],
+                  completion_ids=cut) == [0.0, 0.0]
+    assert gl.verifiable_reward(scoring="lenient")(completions, answer=data["answer"],
+                                                   answer_format=data["answer_format"]) == [1.0, 1.0]
+    assert reward(["\\boxed{6}"], answer=["5"], answer_format=["boxed"], completion_ids=[[2]]) == [0.0]
+    with pytest.raises(ValueError, match="strict scoring needs eos_token_ids"):
+        gl.verifiable_reward()
+    with pytest.raises(ValueError, match="strict scoring needs completion_ids"):
+        reward(["\\boxed{5}"], answer=["5"], answer_format=["boxed"])
+    assert gl.stop_token_ids(str(bundled_model_dir())) == [2]  # SmolLM2's <|im_end|>, as TRL's eos_token_ids
     path.write_text("[]")
     with pytest.raises(ValueError, match="holds no problems"):
         load_orz(path)

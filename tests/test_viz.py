@@ -10,7 +10,7 @@ from grpo_lab.exact import studies
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.scale.costmodel import StepCostModel
 from grpo_lab.viz import BanditPanel, check, display_mode, new_figure, plots, show_solution
-from grpo_lab.viz.exercises import SOLUTIONS
+from grpo_lab.viz.exercises import SOLUTIONS, check_prediction
 
 # ----------------------------------------------------------------------------- exercises
 
@@ -92,6 +92,15 @@ def test_wrong_implementations_fail(name, wrong):
         check(name, wrong)
 
 
+def test_check_prediction_scores_against_the_observed_value(capsys):
+    assert check_prediction("q", 4.2, 4.0) == "✓" and "4" in capsys.readouterr().out
+    assert check_prediction("q", 6.0, 4.0) == "✗"
+    assert check_prediction("q", None, 4.0) == "no prediction"
+    assert "4" not in capsys.readouterr().out.split("✗")[-1]          # no value shown before a prediction
+    with pytest.raises(ValueError, match="rel_tol"):
+        check_prediction("q", 1.0, 1.0, rel_tol=0.0)
+
+
 def test_unknown_exercise_is_rejected():
     with pytest.raises(ValueError, match="name"):
         check("softmax", stub)
@@ -134,6 +143,22 @@ def test_panel_reruns_when_a_knob_changes():
     panel.controls["mask_normalize"].value = "unmasked"
     assert panel.last.config.mask_normalize == "unmasked"
     assert panel.figure not in panel.widget.children                   # a plain go.Figure is not a widget
+
+
+def test_panel_optimiser_switch_brings_its_learning_rate_and_clip():
+    panel = BanditPanel(studies.lab_problem(), studies.lab_config(steps=30), runs=2, mode="none")
+    panel.controls["optimizer"].value = "AdamW, clipped"
+    adamw = studies.OPTIMIZER_SETTINGS["AdamW, clipped"]
+    assert (panel.last.config.optimizer, panel.last.config.lr, panel.last.config.max_grad_norm) == \
+        (adamw["optimizer"], adamw["lr"], adamw["max_grad_norm"])
+    batch = panel.last.J.copy()
+    panel.controls["mask_normalize"].value = "unmasked"          # clipped: the factor 1/(1 − m) is cut away
+    assert np.abs(panel.last.J - batch).max() < 1e-5
+    panel.controls["optimizer"].value = "SGD, no clipping"
+    assert (panel.last.config.optimizer, panel.last.config.lr, panel.last.config.max_grad_norm) == ("sgd", 1.0, None)
+    with pytest.raises(ValueError, match="the panel offers"):
+        BanditPanel(studies.lab_problem(), studies.lab_config(steps=5, optimizer="adamw", max_grad_norm=3.0),
+                    mode="none")
 
 
 def test_widget_mode_panel_holds_a_figure_widget():
@@ -196,6 +221,42 @@ def test_wall_clock_follows_the_cost_model():
     assert paper.gen + paper.train + paper.sync / 10 == pytest.approx(1 / 0.03828, rel=1e-6)
 
 
+def test_timelines_map_the_kits_knobs_onto_trls():
+    def schedule(steps):
+        return [(s.t, s.sampler, s.centre, s.clip_can_act, s.sync) for s in steps]
+
+    assert schedule(studies.kit_timeline(1, 4, 3)) == schedule(studies.trl_timeline(1, 4, 3))      # i = μ, S = 1
+    kit, trl = studies.kit_timeline(4, 1, 8), studies.trl_timeline(4, 1, 2)
+    assert [s.lag for s in kit] == [s.lag for s in trl] == [0, 1, 2, 3] * 2                         # v = S: staleness
+    assert not any(s.clip_can_act for s in kit) and [s.clip_can_act for s in trl] == [False, True, True, True] * 2
+    assert [s.sync for s in studies.kit_timeline(2, 2, 4)] == [True, False, False, False] * 2
+    assert schedule(studies.trl_timeline(8, 1, 2, gradient_accumulation_steps=2)) == schedule(trl)
+    with pytest.raises(ValueError, match="multiple of gradient_accumulation_steps"):
+        studies.trl_timeline(3, 1, 1, gradient_accumulation_steps=2)
+
+
+def test_tight_constants_bound_holds_and_certifies_gains_the_stated_one_cannot():
+    study = studies.bound_constants_study(studies.lab_problem(), studies.lab_config(steps=60), runs=2)
+    assert (study.improvement >= study.tight - 1e-12).all() and (study.tight >= study.paper - 1e-12).all()
+    assert (study.tight <= study.ceiling + 1e-12).all()
+    assert study.paper.max() <= 0 < study.tight.max()
+    assert np.array_equal(study.paper, run_bandit(studies.lab_problem(), studies.lab_config(steps=60), runs=2,
+                                                  track_bound=True).bound)
+
+
+def test_mask_knobs_under_sgd_and_under_clipped_adamw():
+    study = studies.mask_optimizer_study(studies.lab_problem(), studies.lab_config(steps=60, prompts_per_step=2), 2)
+    sgd, adamw = "SGD, no clipping", "AdamW, clipped"
+    assert study.max_gap(sgd, "no mask", "mask, batch") == 0 == study.max_gap(sgd, "no mask, empty steps taken",
+                                                                                "mask, batch")
+    assert study.max_gap(sgd, "mask, unmasked", "mask, batch") > 1e-3
+    assert study.max_gap(adamw, "mask, unmasked", "mask, batch") < 1e-5
+    assert study.max_gap(adamw, "no mask", "mask, batch") == 0 < study.max_gap(adamw, "no mask, empty steps taken",
+                                                                               "mask, batch")
+    alone = studies.train_runs(studies.lab_problem(), studies.lab_config(steps=20, optimizer="adamw"), runs=3)
+    assert alone.J.shape == (21, 3) and alone.masked_frac.shape == (20,)
+
+
 def test_reward_at_passes():
     run = run_bandit(BanditProblem.random(contexts=4, arms=3), bandit_config(steps=10, i=3), runs=2)
     assert np.array_equal(studies.reward_at_passes(run, run.optimizer_passes[4]), run.J[5])
@@ -216,6 +277,9 @@ def test_figures_build(monkeypatch):
                plots.whitening_figure(studies.example_batch(studies.lab_problem(), studies.lab_config())),
                plots.tv_figure(run_bandit(problem, config.replace(v=3), runs=2, track_bound=True)),
                plots.kl_gradient_figure(
-                   studies.kl_gradient_study(studies.policy_trajectory(problem, config), [0, 3], 6))]
+                   studies.kl_gradient_study(studies.policy_trajectory(problem, config), [0, 3], 6)),
+               plots.bound_constants_figure(studies.bound_constants_study(problem, config, runs=2)),
+               plots.timeline_figure({"kit": studies.kit_timeline(2, 2, 4), "TRL": studies.trl_timeline(2, 2, 2)}),
+               plots.mask_optimizer_figure(studies.mask_optimizer_study(problem, config, runs=2))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
     assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each

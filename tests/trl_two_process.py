@@ -33,7 +33,7 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from grpo_lab import grpo_objective, tv_terms, whiten, zero_variance_mask
+from grpo_lab import GRPOConfig, grpo_objective, plan_step, tv_terms
 from grpo_lab.scale.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
 
 FIXED_PROMPTS = ("a b", "c d", "e f")  # rewards: all 1 (masked), mixed (split between 2 processes), all 0 (masked)
@@ -135,7 +135,8 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
 
 def lab_reference(trainer: OffPolicyGRPOTrainer, batch: dict[str, torch.Tensor]) -> tuple:
     """grpo_objective on the whole batch: log π_θ from a plain forward (not TRL's fused head),
-    rewards recomputed from the prompts and completions, advantages by grpo_lab.whiten."""
+    rewards recomputed from the prompts and completions, the step plan of one process
+    (:func:`grpo_lab.plan_step`) with the adapter's knobs mapped to the lab's names by hand."""
     model, args = trainer.model, trainer.args
     prompts = [p for p in FIXED_PROMPTS for _ in range(FIXED_G)]
     rewards = torch.tensor(fixed_reward(prompts, batch["completion_ids"].tolist())).view(-1, FIXED_G)
@@ -144,15 +145,16 @@ def lab_reference(trainer: OffPolicyGRPOTrainer, batch: dict[str, torch.Tensor])
     model.zero_grad()
     logits = model(input_ids=input_ids).logits[:, -T - 1:-1] / args.temperature
     logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["completion_ids"][..., None]).squeeze(-1)
+    config = GRPOConfig(G=FIXED_G, eps_std=args.eps_std, unbiased_std=args.unbiased_std,
+                        eps_placement=args.eps_placement, mask_zero_variance=args.zero_variance_mask,
+                        mask_normalize=args.mask_normalize, loss_type=args.loss_type,
+                        max_completion_length=args.max_completion_length, beta=args.beta, empty_step=args.empty_step)
+    plan = plan_step(rewards, batch["completion_mask"].bool(), config, dtype=logp.dtype)
     loss, metrics = grpo_objective(
-        logp, batch["sampling_per_token_logps"], whiten(rewards, args.eps_std, args.unbiased_std,
-                                                      args.eps_placement).view(-1),
-        batch["completion_mask"].bool(), logp_k=batch["old_per_token_logps"],
-        logp_ref=batch.get("ref_per_token_logps"),
-        group_mask=zero_variance_mask(rewards) if args.zero_variance_mask else None, beta=args.beta,
-        eps_low=args.epsilon, eps_high=args.epsilon_high, band=args.clip_band, loss_type=args.loss_type,
-        level=args.importance_sampling_level, mask_normalize=args.mask_normalize,
-        max_completion_length=args.max_completion_length)
+        logp, batch["sampling_per_token_logps"], plan.advantages, plan.weights, logp_k=batch["old_per_token_logps"],
+        logp_ref=batch.get("ref_per_token_logps"), beta=args.beta, eps_low=args.epsilon, eps_high=args.epsilon_high,
+        band=args.clip_band, level=args.importance_sampling_level)
+    metrics["masked_frac"] = plan.masked_frac
     metrics["tv_estimate"] = float(tv_terms(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
                                             batch["completion_mask"]).mean())
     loss.backward()

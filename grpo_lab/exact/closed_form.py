@@ -8,7 +8,7 @@ too slow for a slider that re-trains on every change (``benchmarks/bandit_rerun.
 times both engines; docs/benchmarks.md has the figures).
 
 :func:`run_bandit_closed_form` takes the same steps (the same sampler, task, random
-draws, schedules, whitening, mask, clip band and optimiser rule) but writes
+draws, schedules, step plan of :func:`~grpo_lab.plan.plan_step`, clip band and optimiser rule) but writes
 ∂loss/∂logits by hand and records only the curves (no per-step :class:`StepRecord`). For a softmax table,
 ∂ log π(y|x) / ∂ logits[x] = onehot(y) − π(·|x), so with
 
@@ -28,11 +28,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..advantages import whiten, zero_variance_mask
 from ..checks import require_int_at_least
 from ..config import GRPOConfig
 from ..loop import make_optimizer
 from ..objective import clip_bounds
+from ..plan import plan_step
 from ..schedules import RefResetSchedule, make_sync_schedule
 from .bandit import (
     BanditProblem,
@@ -64,19 +64,6 @@ def run_bandit_closed_form(problem: BanditProblem, config: GRPOConfig, runs: int
         return _run(problem, config, runs)
 
 
-def sequence_weights(keep: torch.Tensor, runs: int, config: GRPOConfig) -> torch.Tensor:
-    """:func:`~grpo_lab.objective.loss_weights` for one-token completions, per group ``[R·P, 1]``:
-    0 on masked groups, else 1 / (sequences in the run's denominator: all P·G under
-    ``mask_normalize="batch"``, the kept ones under ``"unmasked"``), times 1 / ``max_completion_length``
-    for ``dr_grpo`` (every ``loss_type`` divides by the counted sequences when T = 1)."""
-    per_run = keep.view(runs, -1)
-    counted = torch.ones_like(per_run) if config.mask_normalize == "batch" else per_run
-    kept = counted.sum(1, keepdim=True).to(torch.float64) * config.G     # [R, 1]
-    if config.loss_type == "dr_grpo" and config.max_completion_length is not None:
-        kept = kept * config.max_completion_length
-    return (per_run / kept.clamp(min=1.0)).view(-1, 1)
-
-
 def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
     cfg, P, G, K = config, config.prompts_per_step, config.G, problem.arms
     policy = TabularPolicy(runs, problem.contexts, problem.arms)
@@ -89,35 +76,33 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
     ref_schedule = RefResetSchedule(cfg.ref_period)
     generator = torch.Generator().manual_seed(cfg.seed)
     group_run = torch.arange(runs).repeat_interleave(P)                # [N]: the run of each of N = R·P groups
+    run_ids = group_run.repeat_interleave(G)                           # [N·G]: the run of each draw
+    sampled = torch.ones(runs * P * G, 1, dtype=torch.bool)            # one-token completions
 
     thetas, informative_per_step, lags, passes, grad_norms = [theta.clone()], [], [], [], []
     for k in range(cfg.steps):
-        synced = schedule.should_sync(k)
+        synced = schedule.begin(k)
         if synced:
             sampler.sync(policy)
-        lags.append(0 if synced else k - schedule.last_sync)
         prompts = task.prompts(P, generator)                           # [N] contexts
         arms, logp_alpha = sampler.draw(prompts, G, generator)         # [N, G]
         rewards = task.bernoulli(prompts, arms, generator)             # [N, G]
         if synced:
             schedule.mark_synced(k)
+        lags.append(schedule.lag(k))
 
-        informative = zero_variance_mask(rewards)                      # [N]
-        informative_per_step.append(informative)
-        keep = informative if cfg.mask_zero_variance else torch.ones_like(informative)
-        trained = bool(keep.any())
-        passes.append(cfg.i if trained else 0)
-        grad_norm = 0.0
-        if trained:
-            weights = sequence_weights(keep, runs, cfg)                # [N, 1], 0 on masked groups
-            weighted_advantages = whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement) * weights
+        plan = plan_step(rewards, sampled, cfg, run_ids, dtype=logp_alpha.dtype)
+        informative_per_step.append(plan.informative)
+        passes.append(cfg.i if plan.trains else 0)
+        grad_norm, drift = 0.0, None
+        if plan.trains:
+            weights = plan.weights.view(-1, G)                         # [N, G], 0 on masked groups
             rows = group_run * problem.contexts + prompts             # [N] rows of the [R·C, K] table
             logp_ref = (torch.log_softmax(reference.view(-1, K).index_select(0, rows), -1).gather(1, arms)
                         if reference is not None else None)
             grad_norm, drift = _train_passes(policy, theta, optimizer, cfg, rows, arms, logp_alpha,
-                                             weighted_advantages, weights, logp_ref)
-            if cfg.sync == "adaptive":
-                schedule.observe(drift)
+                                             plan.advantages.view(-1, G) * weights, weights, logp_ref)
+        schedule.end(plan.observed_drift(drift))
         grad_norms.append(grad_norm)
         if reference is not None and ref_schedule.should_reset(k):
             reference.copy_(theta)
@@ -134,9 +119,10 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
 def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.optim.Optimizer | None,
                   cfg: GRPOConfig, rows: torch.Tensor, arms: torch.Tensor, logp_alpha: torch.Tensor,
                   weighted_advantages: torch.Tensor, weights: torch.Tensor,
-                  logp_ref: torch.Tensor | None) -> tuple[float, float]:
+                  logp_ref: torch.Tensor | None) -> tuple[float, float | None]:
     """The ``cfg.i`` optimiser passes on one batch; returns the last gradient norm and the drift
-    mean |log r′| over the trained draws (what the adaptive sync schedule observes).
+    mean |log r′| over the counted draws (None when no draw counts: an empty step that
+    ``empty_step="optimizer_step"`` still steps, on a zero gradient).
 
     ============================ ============ =============================================
     argument                     shape        meaning
@@ -145,21 +131,21 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
     ``rows``                     ``[N]``      the table row of each group (run · C + context)
     ``arms``, ``logp_alpha``     ``[N, G]``   the sampled arms and their log α
     ``weighted_advantages``      ``[N, G]``   w·A (0 on masked groups)
-    ``weights``                  ``[N, 1]``   the loss weight w of each group
+    ``weights``                  ``[N, G]``   the loss weight w of each draw (``StepPlan.weights``)
     ``logp_ref``                 ``[N, G]``   log π_ref of the arms (None when β = 0)
     ============================ ============ =============================================
 
-    Written in numpy on views of the same memory: on these [32, K] arrays an operation costs
-    a microsecond or two where torch's dispatch costs several, and i = 10 runs ten passes a step.
+    Written in numpy on views of the same memory: on arrays this small numpy's cost per operation
+    is below torch's dispatch alone, and i = 10 runs ten passes a step.
     """
     K = theta.shape[-1]
     table = theta.numpy().reshape(-1, K)                              # θ's storage
     rows, arms, logp_alpha = rows.numpy(), arms.numpy(), logp_alpha.numpy()
     minus_wa, positive = -weighted_advantages.numpy(), weighted_advantages.numpy() > 0
-    counted = np.broadcast_to(weights.numpy() > 0, arms.shape)
+    counted = weights.numpy() > 0
     sampled = (rows[:, None] * K + arms).ravel()                      # flat table index of each drawn arm
     row_entries = (rows[:, None] * K + np.arange(K)).ravel()          # flat table index of each row's K logits
-    grad_norm, drift = 0.0, 0.0
+    grad_norm, drift = 0.0, None
     for pass_index in range(cfg.i):
         logits = table[rows]                                          # [N, K]
         shifted = logits - logits.max(1, keepdims=True)
@@ -173,7 +159,7 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
                                                         cfg.band))
             # u = 0 where the band clipped r on the side A pushes towards: above hi if A > 0, below lo if not
             upper, lower = np.where(positive, high, np.inf), np.where(positive, -np.inf, low)
-            drift = float(np.abs(log_ratio)[counted].mean())
+            drift = float(np.abs(log_ratio)[counted].mean()) if counted.any() else None
         # w·∂(−f_ε)/∂ log π = −r·w·A·u
         g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_wa)
         if logp_ref is not None:

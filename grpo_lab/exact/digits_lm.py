@@ -21,7 +21,7 @@ response set finite and small:
   (at each prefix the 11 next tokens share probability 1; at the limit the
   string stops).
 * **Reward.** r(x, y) = :func:`grpo_lab.lm.rewards.answer_reward` of y's text, the
-  same reward the LLM route trains on (1 if the number is right, else 0).
+  same reward the LLM route trains on (1 if y ends with EOS and is the right number, else 0).
 
 With the whole table π(· | x) in hand, :mod:`grpo_lab.exact.bandit`'s exact functions
 (J, σ_α, L_α, TV, the bound) apply unchanged, with "arms" = answers.
@@ -134,9 +134,11 @@ def sequence_logprobs(cond: torch.Tensor, space: AnswerSpace) -> torch.Tensor:
 
 
 def answer_rewards(space: AnswerSpace, problem: Problem) -> torch.Tensor:
-    """r(x, y) for every answer y of ``problem``'s prompt, ``[N]`` float64 (the LLM route's reward)."""
-    return torch.tensor([answer_reward(t, problem.answer, problem.answer_format) for t in space.texts],
-                        dtype=torch.float64)
+    """r(x, y) for every answer y of ``problem``'s prompt, ``[N]`` float64 (the LLM route's strict reward:
+    an answer cut at the token limit has no EOS and scores 0)."""
+    finished = ((space.tokens == len(DIGITS)) & space.mask).any(dim=1).tolist()
+    return torch.tensor([answer_reward(t, problem.answer, problem.answer_format, finished=f)
+                         for t, f in zip(space.texts, finished, strict=True)], dtype=torch.float64)
 
 
 class RestrictedPolicy(LMPolicy):

@@ -9,6 +9,7 @@ execute the notebook in seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -25,11 +26,18 @@ from .bandit import (
     LaggedTabularSampler,
     bandit_config,
     build_bandit_loop,
+    improvement_lower_bound,
     kl_expected_gradient,
     run_bandit,
+    sigma_alpha,
     single_thread,
+    surrogate_L,
+    true_improvement,
+    tv,
 )
+from .closed_form import run_bandit_closed_form
 
+Array = TypeVar("Array", np.ndarray, torch.Tensor)
 LAB_PROBLEM = dict(contexts=16, arms=8, seed=0, hardness=3.0)
 """Hard enough that about a third of the groups are all-wrong or all-right (masked)."""
 LAB_LR = 1.0
@@ -273,6 +281,118 @@ def lag_study(problem: BanditProblem, config: GRPOConfig, vs: list[int], runs: i
     return LagStudy(np.array(vs), np.array(a), np.array(b), np.array(c), np.array(d), sum(e))
 
 
+@dataclass
+class BoundConstantsStudy:
+    """Theorem 1 with the paper's constants and with the tight ones, per step, run and context ``[steps, R, C]``:
+
+    ============== ====================================================================
+    ``paper``      L_α(π) − 2(1 − σ)/σ · TV(π, α) − 2 TV(π_k, α)  (the theorem as stated)
+    ``tight``      L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)    (docs/theory.md §4)
+    ``ceiling``    TV(π, α) − TV(π_k, α), the most ``tight`` can be for rewards in [0, 1]
+    ============== ====================================================================
+
+    with π = π_{k+1}, the policy after step k, and α the sampler's policy at step k."""
+
+    improvement: np.ndarray   # J(π_{k+1}) − J(π_k)
+    paper: np.ndarray
+    tight: np.ndarray
+    ceiling: np.ndarray
+
+
+def tight_lower_bound(L: Array, sigma: Array, tv_pi_alpha: Array, tv_pik_alpha: Array) -> Array:
+    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch)::
+
+        L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)
+    """
+    return L - (1 - sigma) / sigma * tv_pi_alpha - tv_pik_alpha
+
+
+def bound_constants_study(problem: BanditProblem, config: GRPOConfig, runs: int) -> BoundConstantsStudy:
+    """Train ``runs`` stacked runs through the loop (as :func:`~grpo_lab.exact.bandit.run_bandit` with
+    ``track_bound=True``: the same draws) and evaluate both versions of the bound on the exact tables."""
+    require_int_at_least("runs", runs, 1)
+    rows: dict[str, list[torch.Tensor]] = {"improvement": [], "paper": [], "tight": [], "ceiling": []}
+    with single_thread():
+        loop = build_bandit_loop(problem, config, runs)
+        for _ in range(config.steps):
+            pi_k = loop.policy.probs()
+            loop.step()
+            pi, alpha = loop.policy.probs(), loop.sampler.probs()
+            drift_now, drift_before = tv(pi, alpha), tv(pi_k, alpha)
+            rows["improvement"].append(true_improvement(pi, pi_k, problem.p))
+            rows["paper"].append(improvement_lower_bound(pi, pi_k, alpha, problem.p, config.eps_std))
+            L, sigma = surrogate_L(pi, alpha, problem.p, config.eps_std), sigma_alpha(alpha, problem.p, config.eps_std)
+            rows["tight"].append(tight_lower_bound(L, sigma, drift_now, drift_before))
+            rows["ceiling"].append(drift_now - drift_before)
+    return BoundConstantsStudy(**{key: torch.stack(values).numpy() for key, values in rows.items()})
+
+
+# ----------------------------------------------------------------------------- §5 v and i on a timeline
+
+@dataclass(frozen=True)
+class TimelineStep:
+    """One optimiser step t (θ_t → θ_{t+1}) of a schedule; policies named by the optimiser step whose weights they hold.
+
+    ================= ============================================================================
+    ``batch``         which batch it trains on: the kit's step k; TRL's generation g, chunk c
+    ``sampler``       a: the batch was sampled by α = θ_a
+    ``centre``        c: the clip band is centred on the ratio of θ_c (the kit: r′ = π_k/α,
+                      π_k = θ_c; TRL: π_θ/π_old = 1, π_old = θ_c)
+    ``clip_can_act``  θ_t ≠ θ_c: the ratio can have left the band; at t = c it sits at its centre
+    ``sync``          α ← θ_t happened before this batch was sampled
+    ================= ============================================================================
+    """
+
+    t: int
+    batch: str
+    sampler: int
+    centre: int
+    clip_can_act: bool
+    sync: bool
+
+    @property
+    def lag(self) -> int:
+        """Optimiser steps between the sampler's weights and the weights being trained."""
+        return self.t - self.sampler
+
+
+def kit_timeline(v: int, i: int, steps: int) -> list[TimelineStep]:
+    """The kit's Algorithm 1 (docs/theory.md §5): step k samples a fresh batch from α = π_{k0},
+    k0 = v·⌊k/v⌋, and makes i optimiser passes on it; the band is centred on r′ = π_k/α."""
+    for name, value in (("v", v), ("i", i), ("steps", steps)):
+        require_int_at_least(name, value, 1)
+    out = []
+    for k in range(steps):
+        k0 = v * (k // v)
+        for p in range(i):
+            out.append(TimelineStep(t=k * i + p, batch=f"k={k}", sampler=k0 * i, centre=k * i,
+                                    clip_can_act=p > 0, sync=k == k0 and p == 0))
+    return out
+
+
+def trl_timeline(steps_per_generation: int, num_iterations: int, generations: int,
+                 gradient_accumulation_steps: int = 1) -> list[TimelineStep]:
+    """TRL's ``GRPOTrainer`` (1.16, ``_prepare_inputs``): π_θ is pushed to vLLM before every generation; one
+    generation is split into ``steps_per_generation`` micro-batches, S = steps_per_generation /
+    ``gradient_accumulation_steps`` optimiser steps, and the S steps are repeated ``num_iterations`` times
+    (μ) before the next generation. The ratio is π_θ/π_old with π_old the policy at the generation, clipped
+    to [1 − ε, 1 + ε]. When S·μ = 1, TRL sets π_old = π_θ detached: the ratio is 1 and never clipped."""
+    for name, value in (("steps_per_generation", steps_per_generation), ("num_iterations", num_iterations),
+                        ("generations", generations), ("gradient_accumulation_steps", gradient_accumulation_steps)):
+        require_int_at_least(name, value, 1)
+    if steps_per_generation % gradient_accumulation_steps:
+        raise ValueError(f"steps_per_generation = {steps_per_generation} must be a multiple of "
+                         f"gradient_accumulation_steps = {gradient_accumulation_steps}")
+    S = steps_per_generation // gradient_accumulation_steps
+    out = []
+    for g in range(generations):
+        start = g * S * num_iterations
+        for u in range(S * num_iterations):
+            out.append(TimelineStep(t=start + u, batch=f"g={g} c={u % S}", sampler=start, centre=start,
+                                    clip_can_act=u > 0, sync=u == 0))
+    return out
+
+
 # ----------------------------------------------------------------------------- §5 the paper's findings
 
 FINDINGS: dict[str, dict[str, object]] = {
@@ -299,6 +419,78 @@ def run_findings(problem: BanditProblem, config: GRPOConfig, runs: int) -> dict[
     kept = 1.0 - float(results["mask, unmasked normalisation"].masked_frac.mean())
     results[MATCHED_LR] = run_bandit(problem, config.replace(mask_zero_variance=False, lr=config.lr / kept), runs=runs)
     return results
+
+
+OPTIMIZER_SETTINGS: dict[str, dict[str, object]] = {
+    "SGD, no clipping": dict(optimizer="sgd", max_grad_norm=None),
+    "AdamW, clipped": dict(optimizer="adamw", lr=0.05, max_grad_norm=0.01),
+}
+"""The bandit's optimiser and the language-model runs' (AdamW, ``max_grad_norm``), as changes to
+:func:`lab_config`. The clip is set below every informative step's gradient norm in the bandit, as 1 is below
+the CPU study's (notebook 02), so that every such step is cut to the same norm."""
+MASK_ARMS: dict[str, dict[str, object]] = {
+    "mask, batch": {},
+    "mask, unmasked": dict(mask_normalize="unmasked"),
+    "no mask": dict(mask_zero_variance=False),
+    "no mask, empty steps taken": dict(mask_zero_variance=False, empty_step="optimizer_step"),
+}
+"""The mask's arms: ``empty_step="optimizer_step"`` takes an optimiser step on a batch whose advantages are
+all 0, as TRL does and as the CPU study's no-mask runs did."""
+
+
+def run_alone(problem: BanditProblem, config: GRPOConfig, runs: int) -> list[BanditRun]:
+    """``runs`` runs trained one at a time by the closed-form engine, seeds ``config.seed`` … + runs − 1.
+
+    Stacked runs share one optimiser step: one gradient norm to clip and one decision to skip an empty
+    step. Alone, each run clips its own gradient and skips its own empty steps, as one language-model run
+    does. (Under SGD without clipping or weight decay the two give the same dynamics.)"""
+    require_int_at_least("runs", runs, 1)
+    return [run_bandit_closed_form(problem, config.replace(seed=config.seed + n), runs=1) for n in range(runs)]
+
+
+def train_runs(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
+    """``runs`` runs of ``config`` as one :class:`BanditRun`: stacked in one optimiser when that leaves each run
+    its own dynamics (SGD without clipping or weight decay: a run whose batch is empty gets a zero gradient,
+    and a zero gradient moves nothing), else :func:`run_alone` side by side. Merged: ``J`` ``[steps + 1, R]``,
+    ``masked_frac`` the mean over runs, ``optimizer_passes`` the mean over runs (rounded), ``grad_norm`` the
+    norm of the runs' gradients together, ``lag`` run 0's (every run's under a fixed schedule)."""
+    if config.optimizer == "sgd" and config.max_grad_norm is None and config.weight_decay == 0:
+        return run_bandit_closed_form(problem, config, runs=runs)
+    alone = run_alone(problem, config, runs)
+    return BanditRun(config=config, J=np.concatenate([r.J for r in alone], axis=1),
+                     masked_frac=np.mean([r.masked_frac for r in alone], axis=0), lag=alone[0].lag,
+                     optimizer_passes=np.rint(np.mean([r.optimizer_passes for r in alone], axis=0)).astype(np.int64),
+                     grad_norm=np.sqrt(np.sum([r.grad_norm ** 2 for r in alone], axis=0)))
+
+
+@dataclass
+class MaskOptimizerStudy:
+    """The mask's arms (:data:`MASK_ARMS`) under each optimiser (:data:`OPTIMIZER_SETTINGS`), runs alone.
+
+    Keys are ``(setting, arm)``; arrays ``[steps (+ 1 for J), R]``."""
+
+    J: dict[tuple[str, str], np.ndarray]
+    grad_norm: dict[tuple[str, str], np.ndarray]     # before clipping; 0 on a skipped step
+    masked_frac: dict[tuple[str, str], np.ndarray]
+    max_grad_norm: dict[str, float | None]
+
+    def max_gap(self, setting: str, a: str, b: str) -> float:
+        """max over (step, run) of |J_a − J_b|: 0 when two arms take the same steps."""
+        return float(np.abs(self.J[setting, a] - self.J[setting, b]).max())
+
+
+def mask_optimizer_study(problem: BanditProblem, config: GRPOConfig, runs: int) -> MaskOptimizerStudy:
+    """Every arm of :data:`MASK_ARMS` under every setting of :data:`OPTIMIZER_SETTINGS`, ``runs`` runs alone."""
+    J, norms, masked, clip = {}, {}, {}, {}
+    for setting, optimizer in OPTIMIZER_SETTINGS.items():
+        base = config.replace(**optimizer)
+        clip[setting] = base.max_grad_norm
+        for arm, changes in MASK_ARMS.items():
+            alone = run_alone(problem, base.replace(**changes), runs)
+            J[setting, arm] = np.concatenate([r.J for r in alone], axis=1)
+            norms[setting, arm] = np.stack([r.grad_norm for r in alone], axis=1)
+            masked[setting, arm] = np.stack([r.masked_frac for r in alone], axis=1)
+    return MaskOptimizerStudy(J, norms, masked, clip)
 
 
 def final_reward(run: BanditRun) -> tuple[float, float]:

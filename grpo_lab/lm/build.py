@@ -25,7 +25,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     from .memory import guard_memory, longest_prompt
     from .models import load_policy
     from .policy import LMPolicy
-    from .sampling import HFSampler
+    from .sampling import HFSampler, stop_and_pad_ids
 
     if config.sampler == "vllm" and sampler is None:
         from .sampling_vllm import import_vllm
@@ -39,7 +39,8 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     if config.prompts_per_step > len(problems):
         raise ValueError(f"prompts_per_step = {config.prompts_per_step} exceeds the {len(problems)} problems")
     model.requires_grad_(True)
-    task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight)
+    task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight,
+                    scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
     config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
     if sampler is not None:

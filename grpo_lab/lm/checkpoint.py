@@ -2,42 +2,29 @@
 
 A checkpoint holds everything the loop needs to continue exactly (π_θ, α,
 π_ref, optimiser, schedules, random state, history): see
-``GRPOLoop.state_dict``. It is written to a temporary file in the same folder,
-flushed to disk, then renamed over the target, so a crash mid-write leaves the
-previous checkpoint intact (the next save removes the crashed write's temporary
-file). Loading uses ``torch.load(weights_only=True)``: tensors and plain Python
-values only, never arbitrary pickled objects.
+``GRPOLoop.state_dict``. It is written by :func:`grpo_lab.files.atomic_write`: a
+temporary file in the same folder, flushed to disk, then renamed over the target,
+so a crash or a full disk mid-write leaves the previous checkpoint intact (the
+next save removes a killed write's temporary file) and a failed write raises one
+:class:`~grpo_lab.files.DiskError` naming the file, the step and the cause.
+Loading uses ``torch.load(weights_only=True)``: tensors and plain Python values
+only, never arbitrary pickled objects.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..files import atomic_write
 from ..loop import GRPOLoop
 
 
 def save_checkpoint(loop: GRPOLoop, path: str | Path) -> Path:
-    """Write ``loop.state_dict()`` to ``path`` atomically and return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write (SIGKILL, power loss)
-        stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(loop.state_dict(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``loop.state_dict()`` to ``path`` atomically and return the path (DiskError if it cannot)."""
+    return atomic_write(path, lambda f: torch.save(loop.state_dict(), f), what=f"the checkpoint of step {loop.k}")
 
 
 def load_checkpoint(loop: GRPOLoop, path: str | Path) -> GRPOLoop:

@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return _train(config, progress=not args.quiet, resume=not args.no_resume)
         return _evaluate(config, args.checkpoint, progress=not args.quiet)
-    except (ValueError, OSError, RunDirInUse) as exc:  # bad input (a model path, data files, a busy output_dir)
+    # bad input (a model path, data files, a busy output_dir), a full or read-only disk (DiskError is an OSError)
+    except (ValueError, OSError, RunDirInUse) as exc:
         print(f"grpo-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
@@ -69,7 +70,8 @@ def _evaluate(config: TrainConfig, checkpoint: str | None, progress: bool) -> in
                       max_completion_length=config.max_completion_length, seed=config.seed, progress=progress,
                       system_prompt=config.system_prompt)
     print(json.dumps({"model": config.model, "checkpoint": checkpoint, "task": config.eval_task or config.task,
-                      "questions": len(problems), "n": config.eval_samples, "pass@1": result.pass_at(1)}))
+                      "questions": len(problems), "n": config.eval_samples, "scoring": config.scoring,
+                      "pass@1": result.pass_at(1, config.scoring)}))
     return 0
 
 

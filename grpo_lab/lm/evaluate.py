@@ -3,6 +3,13 @@
 Pass@1 with n samples is the mean correctness over the n·Q completions; the
 general Pass@k uses the unbiased estimator 1 − C(n−c, k)/C(n, k) per question
 (c correct out of n), averaged over questions.
+
+Every completion is scored both ways (:mod:`grpo_lab.lm.rewards`): **strict** (it finished
+within the budget and is in the requested form with the right answer) and **lenient** (its
+last box or number is right, truncated or not). Strict Pass@1 = (1 − truncated share) ×
+accuracy of the finished ones, so a gain splits into terseness (fewer truncated) and
+arithmetic (more of the finished right); lenient − strict is the credit for the wrong form
+or for truncated text.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ..checks import require_int_at_least
+from ..checks import require_choice, require_int_at_least
+from .rewards import SCORINGS
 from .tasks import Problem, build_prompt
 
 
@@ -29,25 +37,40 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class EvalResult:
-    """Correct and truncated counts per question, and a few completions to read.
+    """Per question (Q of them, n samples each): strict and lenient correct counts, truncated
+    counts (no EOS within ``max_completion_length`` tokens), and the first sample of the first E
+    questions to read (E = :func:`evaluate`'s ``examples``).
 
-    A completion is truncated when it used all ``max_completion_length`` tokens
-    without an EOS: it ran out of budget. Pass@1 = (1 − truncated share) ×
-    accuracy of the finished ones, which separates a gain in terseness from
-    one in arithmetic (docs/benchmarks.md, the CPU task scan).
+    =================== ====== ================================================
+    field               length meaning
+    =================== ====== ================================================
+    ``correct``         Q      strict-correct completions of each question
+    ``correct_lenient`` Q      lenient-correct completions of each question
+    ``truncated``       Q      completions that ran out of tokens
+    ``examples``        ≤ E    (question, gold, first completion, its strict reward)
+    =================== ====== ================================================
     """
 
     n: int
     correct: list[int]
-    examples: list[tuple[str, str, str, float]]   # (question, gold, completion, reward)
+    correct_lenient: list[int]
+    examples: list[tuple[str, str, str, float]]
     truncated: list[int]
 
-    def pass_at(self, k: int = 1) -> float:
-        return sum(pass_at_k(self.n, c, k) for c in self.correct) / len(self.correct)
+    def pass_at(self, k: int = 1, scoring: str = "strict") -> float:
+        """Pass@k under ``scoring`` (``"strict"`` or ``"lenient"``), averaged over questions."""
+        counts = self.correct if require_choice("scoring", scoring, SCORINGS) == "strict" else self.correct_lenient
+        return sum(pass_at_k(self.n, c, k) for c in counts) / len(counts)
 
     def truncated_frac(self) -> float:
         """Share of the n·Q completions that ran out of tokens."""
         return sum(self.truncated) / (self.n * len(self.truncated))
+
+    def accuracy_finished(self) -> float:
+        """Strict accuracy among the finished completions (0 if none finished): strict Pass@1 over
+        (1 − truncated share)."""
+        finished = self.n * len(self.truncated) - sum(self.truncated)
+        return sum(self.correct) / finished if finished else 0.0
 
 
 @torch.no_grad()
@@ -55,10 +78,10 @@ def evaluate(policy: Any, tokenizer: Any, problems: Sequence[Problem], n: int = 
              prompts_per_batch: int = 8, seed: int = 0, system_prompt: str | None = None,
              progress: bool = True, examples: int = 4) -> EvalResult:
     """Sample n completions per question from ``policy`` (an :class:`~grpo_lab.lm.policy.LMPolicy`,
-    at its temperature) and score their correctness."""
+    at its temperature) and score their correctness, strict and lenient."""
     from tqdm.auto import tqdm
 
-    from .rewards import correctness_reward
+    from .rewards import finished_completions, lenient_reward, strict_reward
     from .sampling import HFSampler
 
     require_int_at_least("n", n, 1)
@@ -67,25 +90,19 @@ def evaluate(policy: Any, tokenizer: Any, problems: Sequence[Problem], n: int = 
         raise ValueError("problems is empty: nothing to evaluate")
     sampler = HFSampler(policy, tokenizer, max_completion_length)
     generator = torch.Generator().manual_seed(seed)
-    correct, truncated, shown = [], [], []
+    correct, lenient, truncated, shown = [], [], [], []
     batches = range(0, len(problems), prompts_per_batch)
     for start in tqdm(batches, desc="eval", unit="batch", disable=not progress):
         batch = problems[start:start + prompts_per_batch]
         rollout = sampler.sample([build_prompt(p, tokenizer, system_prompt) for p in batch], n, generator)
         texts = rollout.extra["texts"]
-        ran_out = is_truncated(rollout, max_completion_length, sampler.eos_token_ids)
+        finished = finished_completions(rollout.completions, rollout.mask, sampler.eos_token_ids).tolist()
         for q, problem in enumerate(batch):
-            rewards = [correctness_reward(texts[q * n + j], problem.answer) for j in range(n)]
-            correct.append(int(sum(rewards)))
-            truncated.append(int(ran_out[q * n:(q + 1) * n].sum()))
+            rows = range(q * n, (q + 1) * n)
+            strict = [strict_reward(texts[j], finished[j], problem.answer, problem.answer_format) for j in rows]
+            correct.append(int(sum(strict)))
+            lenient.append(int(sum(lenient_reward(texts[j], problem.answer) for j in rows)))
+            truncated.append(sum(not finished[j] for j in rows))
             if len(shown) < examples:
-                shown.append((problem.question, problem.answer, texts[q * n], rewards[0]))
-    return EvalResult(n=n, correct=correct, examples=shown, truncated=truncated)
-
-
-def is_truncated(rollout: Any, max_completion_length: int, eos_token_ids: Sequence[int]) -> torch.Tensor:
-    """``[B]`` True where a completion used all ``max_completion_length`` tokens and its last is no EOS."""
-    lengths = rollout.mask.sum(dim=1)
-    last = rollout.completions[:, -1]
-    ended = torch.isin(last, torch.as_tensor(list(eos_token_ids)))
-    return (lengths == max_completion_length) & ~ended
+                shown.append((problem.question, problem.answer, texts[q * n], strict[0]))
+    return EvalResult(n=n, correct=correct, correct_lenient=lenient, examples=shown, truncated=truncated)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..advantages import whiten, zero_variance_mask
 from ..loop import GRPOLoop
 from ..objective import tv_terms
 
@@ -48,7 +47,8 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
         prompts = loop.task.prompts(1, generator)
         rollout = loop.sampler.sample(prompts, cfg.G, generator)
         rewards = loop.task.rewards(rollout, generator)
-        if bool(zero_variance_mask(rewards)[0]):
+        plan = loop.plan(rollout, rewards)
+        if bool(plan.informative[0]):
             break
     logp_k = loop.policy.logprobs(rollout, slice(None))
     mask = rollout.mask
@@ -56,7 +56,6 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
     tokens = [[tokenizer.decode([t]) for t in row[keep].tolist()]
               for row, keep in zip(rollout.completions, mask, strict=True)]
     return GroupView(prompt=prompts[0], texts=list(rollout.extra["texts"]), tokens=tokens, rewards=rewards[0].float(),
-                     advantages=whiten(rewards, cfg.eps_std, cfg.unbiased_std, cfg.eps_placement)[0].float(),
-                     kept=bool(zero_variance_mask(rewards)[0]),
+                     advantages=plan.advantages.float(), kept=bool(plan.informative[0]),
                      ratios=token_ratios(logp_k, rollout.logp_alpha, mask),
-                     tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.k - loop.schedule.last_sync)
+                     tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.schedule.lag(loop.k))

@@ -45,19 +45,42 @@ Calibration: see CALIBRATION (re-measure with ``tests/reliability_report.py``).
 The sampling term alone matches a measured ``generate`` (4.6 MiB per sequence
 measured, 5.1 estimated, SmolLM2, S = 54). On a GPU the caching allocator wastes
 less, so the CPU-fitted overhead makes the estimate conservative there.
+
+Disk guard: :func:`guard_disk` runs in :func:`grpo_lab.lm.training.train` (and
+the live panel's run) before the first step, where a full disk would otherwise
+stop the run at its first checkpoint write. It estimates one checkpoint's bytes C (:func:`estimate_checkpoint`) and
+refuses (:class:`~grpo_lab.files.DiskError`) unless ``output_dir`` has room for
+what the saves need at once: a save writes C beside the previous checkpoint before
+renaming over it, so periodic checkpoints (``checkpoint_every`` > 0) need 2·C,
+one final save needs C (the checkpoint already there counts as free).
+
+=============== ============================================== ==========================
+part of C       bytes                                          held
+=============== ============================================== ==========================
+π_θ, α, π_ref   their state dicts, each storage once           π_ref when β > 0
+optimiser       2·W_train (AdamW's m and v)                    AdamW (SGD keeps none)
+history         RECORD_BYTES per step                          always
+rest            TENSOR_BYTES per tensor + CHECKPOINT_REST      always
+=============== ============================================== ==========================
 """
 
 from __future__ import annotations
 
+import errno
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..checks import require_int_at_least
 from ..config import GRPOConfig
+from ..files import DiskError, free_bytes, size_text, temp_files
+from ..loop import GRPOLoop
+
+if TYPE_CHECKING:
+    from .train_config import TrainConfig
 
 C_OVERHEAD_W = 2.45
 """What the measured peaks exceed the other parts by, at most, in units of W (see CALIBRATION)."""
@@ -214,6 +237,57 @@ def _cgroup_headroom() -> int:
         inactive = next((int(line.split()[1]) for line in stat if line.startswith(inactive_key + " ")), 0)
         return 2**63 if limit == "max" else max(int(limit) - (usage - inactive), 0)
     return 2**63
+
+
+RECORD_BYTES = 1024
+"""A step's record, at most: its line of ``metrics.jsonl``, its entry in the checkpoint's history."""
+TENSOR_BYTES = 1024
+"""Per tensor in a checkpoint, at most: its zip entry's headers and alignment."""
+CHECKPOINT_REST = 2**20
+"""The rest of a checkpoint (config, schedules, RNG state) and ``config.json``, with room to spare."""
+
+
+def estimate_checkpoint(loop: GRPOLoop, steps: int) -> int:
+    """Bytes of ``loop``'s checkpoint after ``steps`` steps (the disk table in the module docstring).
+
+    Each storage counts once, as ``torch.save`` writes it (tied weights, α sharing π_θ's tensors);
+    AdamW's moments count before its first step creates them.
+    """
+    require_int_at_least("steps", steps, 0)
+    tensors = [*loop.policy.state_dict().values(), *loop.sampler.state_dict().values()]
+    if loop.reference is not None:
+        tensors += loop.reference.state_dict().values()
+    storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
+    trainable = [p for group in loop.optimizer.param_groups for p in group["params"]]
+    moments = 2 if loop.config.optimizer == "adamw" else 0
+    return (sum(storages.values()) + moments * sum(p.numel() * p.element_size() for p in trainable)
+            + TENSOR_BYTES * (len(storages) + (moments + 1) * len(trainable))
+            + RECORD_BYTES * steps + CHECKPOINT_REST)
+
+
+def guard_disk(config: TrainConfig, loop: GRPOLoop, checkpoint: Path, free: int | None = None) -> None:
+    """Return if ``config``'s run has room for its checkpoints at ``checkpoint`` (and ``metrics.jsonl``),
+    else raise :class:`~grpo_lab.files.DiskError` naming the folder, the bytes needed and free, and the
+    changes that help. ``free``: bytes free (default: :func:`~grpo_lab.files.free_bytes` of the folder)."""
+    folder = checkpoint.parent
+    free = free_bytes(folder) if free is None else require_int_at_least("free", free, 0)
+    size = estimate_checkpoint(loop, config.steps)
+    reclaimed = sum(p.stat().st_size for p in temp_files(checkpoint))  # a killed writer's, removed by the save
+    existing = checkpoint.stat().st_size if checkpoint.is_file() else 0  # replaced by the first save
+    metrics = 2 * RECORD_BYTES * config.steps  # metrics.jsonl, and its copy while it is rewritten on resume
+    one_save = size - reclaimed + metrics
+    need = max(2 * size - existing, size) - reclaimed + metrics if config.checkpoint_every else one_save
+    if need <= free:
+        return
+    parts = ", ".join(["π_θ", "α", *(["π_ref"] if loop.reference is not None else []),
+                       *(["AdamW's m and v"] if config.optimizer == "adamw" else [])])
+    held = "two on disk at once while a save replaces the last" if config.checkpoint_every else "one, at the end"
+    fixes = ["choose another output_dir",
+             *([f"set checkpoint_every = 0 (one checkpoint, at the end: {size_text(one_save)})"]
+               if config.checkpoint_every else []), "or use a smaller model or dtype"]
+    raise DiskError(f"disk guard: output_dir {str(folder)!r} has {size_text(free)} free, but the run needs "
+                    f"{size_text(need)}: each checkpoint holds {parts} in {size_text(size)}, {held}; "
+                    f"{', '.join(fixes)}", errno.ENOSPC)
 
 
 def gib(n: int) -> str:

@@ -23,7 +23,7 @@ from ..checks import require_choice
 from ..config import smoke_mode
 from .train_config import TrainConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def read_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:

@@ -13,10 +13,24 @@ Definitions (precise, because the reward is the experiment):
   (``\\frac{1}{2}`` vs ``0.5``, ``(x+1)^2`` vs ``x^2+2x+1``), given at most
   ``timeout`` seconds; a timeout or an answer over MAX_VERIFY_CHARS is a
   mismatch.
-* **correctness reward** = 1 if the extracted answer matches the gold, else 0.
-  **format reward** = 1 if the completion has the requested form (``number``:
-  it is just a plain number; ``boxed``: it has a ``\\boxed{...}``).
-  :func:`answer_reward` = 1 if correct, else ``format_weight`` × format.
+* **finished**: the completion ended with a stop (EOS) token within its token
+  budget; one cut at the budget is **truncated** (:func:`finished_completions`).
+* **strict answer**, in the form the prompt asks for
+  (:data:`grpo_lab.lm.tasks.ANSWER_INSTRUCTIONS`): ``number``: the whole
+  completion, stripped of surrounding whitespace and of one trailing period,
+  is one number (``-?`` digits, thousands groups, optional decimals, optional
+  ``/`` and a second such number), so ``"8"``, ``"8."``, ``" 8\\n"``, ``"1,234"``
+  pass and ``"6 + 2 = 8"``, ``"8 apples"``, ``"The answer is 8"``, ``"6 2"``,
+  ``"8.."``, ``"$8"``, ``"\\boxed{8}"`` do not; ``boxed``: the contents of the
+  last ``\\boxed{...}``, with no fallback to the last number.
+* **strict reward** (:func:`strict_reward`) = 1 if the completion finished and
+  its strict answer matches the gold, else 0. **lenient reward**
+  (:func:`lenient_reward`) = 1 if its extracted answer matches, finished or
+  not. Lenient credits run-ons (``"6 + 2 = 8 +"``), operand echoes and wrong
+  equations whose last number happens to be the gold; strict does not.
+* **format reward** = 1 if the completion has a strict answer (the requested form).
+  :func:`answer_reward` = 1 if correct under ``scoring`` (``"strict"`` or
+  ``"lenient"``), else ``format_weight`` × format (under strict, only if finished).
 
 Why a worker process: math-verify bounds its own work with ``signal.alarm``,
 which raises off the main thread, and without it a pathological answer (a power
@@ -50,6 +64,7 @@ import torch
 from ..checks import require_choice, require_number_in
 
 ANSWER_FORMATS = ("number", "boxed")
+SCORINGS = ("strict", "lenient")
 VERIFY_TIMEOUT_S = 3.0  # per math-verify call; a pathological answer costs at most this
 STARTUP_TIMEOUT_S = 60.0  # for the worker to import math-verify (slow on a loaded CI machine)
 MAX_VERIFY_CHARS = 1000  # longer non-numeric answers are mismatches without being parsed
@@ -57,6 +72,7 @@ MAX_VERIFY_CHARS = 1000  # longer non-numeric answers are mismatches without bei
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _NUMBER_IN_TEXT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_STRICT_NUMBER = re.compile(rf"{_NUMBER_IN_TEXT.pattern}(?:/{_NUMBER_IN_TEXT.pattern})?")
 
 
 # ----------------------------------------------------------------------------- extraction
@@ -95,6 +111,38 @@ def extract_answer(completion: str) -> str | None:
     for match in _NUMBER_IN_TEXT.finditer(completion):  # noqa: B007 - keep the last one
         pass
     return None if match is None else match.group()
+
+
+def strict_answer(completion: str, answer_format: str) -> str | None:
+    """The answer in the form the prompt asks for (``number``: the whole completion is one number, give or
+    take surrounding whitespace and one trailing period; ``boxed``: the last ``\\boxed{...}``), else None."""
+    require_choice("answer_format", answer_format, ANSWER_FORMATS)
+    if answer_format == "boxed":
+        boxed = last_boxed(completion)
+        return None if boxed is None else boxed.strip()
+    text = completion.strip()
+    text = text[:-1] if text.endswith(".") else text
+    return text if _STRICT_NUMBER.fullmatch(text) else None
+
+
+def finished_completions(completions: torch.Tensor, mask: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """Which completions ended with a stop token within their budget (the rest were truncated).
+
+    ================= ========== ===============================================
+    argument          shape      meaning
+    ================= ========== ===============================================
+    ``completions``   ``[B, T]`` token ids (a :class:`~grpo_lab.loop.Rollout`'s)
+    ``mask``          ``[B, T]`` True on real tokens, through the first EOS
+    ``eos_token_ids`` list       the ids that end a completion (the sampler's)
+    returns           ``[B]``    True where an EOS is among the real tokens
+    ================= ========== ===============================================
+
+    Cut to its first b columns, a rollout gives the completions that finished within b tokens.
+    """
+    if len(eos_token_ids) == 0:
+        raise ValueError("eos_token_ids is empty: no token can end a completion")
+    eos = torch.as_tensor(list(eos_token_ids), device=completions.device)
+    return (torch.isin(completions, eos) & mask.bool()).any(dim=1)
 
 
 def _clean(text: str) -> str:
@@ -268,25 +316,38 @@ def answers_match(pred: str | None, gold: str, timeout: float = VERIFY_TIMEOUT_S
     return _VERIFIER.verify(pred, gold, require_number_in("timeout", timeout, 0.0, low_open=True))
 
 
-def correctness_reward(completion: str, gold: str, timeout: float = VERIFY_TIMEOUT_S) -> float:
-    """1.0 if the completion's extracted answer matches ``gold``, else 0.0."""
+def strict_reward(completion: str, finished: bool, gold: str, answer_format: str,
+                  timeout: float = VERIFY_TIMEOUT_S) -> float:
+    """1.0 if the completion finished and its strict answer matches ``gold``, else 0.0."""
+    answer = strict_answer(completion, answer_format)
+    return float(bool(finished) and answers_match(answer, gold, timeout))
+
+
+def lenient_reward(completion: str, gold: str, timeout: float = VERIFY_TIMEOUT_S) -> float:
+    """1.0 if the completion's extracted answer (last box, else last number) matches ``gold``, finished
+    or not, else 0.0."""
     return float(answers_match(extract_answer(completion), gold, timeout))
 
 
 def format_reward(completion: str, answer_format: str) -> float:
-    """1.0 if the completion has the requested form (``number``: only a plain
-    number; ``boxed``: a ``\\boxed{...}`` somewhere), else 0.0."""
-    require_choice("answer_format", answer_format, ANSWER_FORMATS)
-    if answer_format == "number":
-        return float(as_number(completion) is not None)
-    return float(last_boxed(completion) is not None)
+    """1.0 if the completion has the requested form (a strict answer), else 0.0."""
+    return float(strict_answer(completion, answer_format) is not None)
 
 
 def answer_reward(completion: str, gold: str, answer_format: str = "number", format_weight: float = 0.0,
-                  timeout: float = VERIFY_TIMEOUT_S) -> float:
-    """r(x, y): 1 if correct, else ``format_weight`` × format reward; in [0, 1]."""
+                  timeout: float = VERIFY_TIMEOUT_S, *, finished: bool = True, scoring: str = "strict") -> float:
+    """r(x, y): 1 if correct under ``scoring``, else ``format_weight`` × format reward; in [0, 1].
+
+    ``finished``: whether the completion ended with a stop token within its budget (True for a whole
+    text, e.g. an answer of the exact answer space); strict scoring gives a truncated one 0.
+    """
     require_number_in("format_weight", format_weight, 0.0, 1.0)
-    if correctness_reward(completion, gold, timeout):
+    if require_choice("scoring", scoring, SCORINGS) == "strict":
+        if strict_reward(completion, finished, gold, answer_format, timeout):
+            return 1.0
+        if not finished:
+            return 0.0
+    elif lenient_reward(completion, gold, timeout):
         return 1.0
     return format_weight * format_reward(completion, answer_format) if format_weight else 0.0
 

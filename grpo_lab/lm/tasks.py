@@ -8,11 +8,9 @@ name             source                                          answer format
 ================ =============================================== ===============
 ``add1``         reasoning-gym ``basic_arithmetic``, a + b with  ``number``
                  "one-digit" a, b (reasoning-gym draws 0…10): the
-                 CPU default, where the untrained SmolLM2-135M's
-                 held-out Pass@1 is 0.21-0.24 at 8 tokens
-``add12``        the same with 1–2-digit a, b (0…99): the CPU   ``number``
-                 study's task, untrained held-out Pass@1 0.135 at
-                 8 tokens (docs/benchmarks.md)
+                 CPU default and the CPU study's task (the task
+                 scan in docs/benchmarks.md says why)
+``add12``        the same with 1–2-digit a, b (0…99)             ``number``
 ``basic_arithmetic`` / ``chain_sum``  reasoning-gym, default    ``number``
                  settings (overridable)
 ``gsm_symbolic`` reasoning-gym GSM-style word problems           ``boxed``
@@ -28,7 +26,8 @@ The reasoning-gym tasks are generated offline from a seed (same seed, same
 problems). The hub datasets load through ``datasets``: from the Hugging Face
 cache or the hub, or from local files with ``data_files=`` (jsonl/json/parquet/
 csv with the same columns). The answer format says what the prompt asks for
-and what :func:`grpo_lab.lm.rewards.format_reward` checks.
+(:data:`ANSWER_INSTRUCTIONS`, after the format's worked example in
+:data:`ANSWER_EXAMPLES`) and what :func:`grpo_lab.lm.rewards.strict_answer` takes.
 """
 
 from __future__ import annotations
@@ -47,6 +46,13 @@ ANSWER_INSTRUCTIONS = {
     "number": "Answer with just the number.",
     "boxed": "Think step by step, then put the final answer in \\boxed{}.",
 }
+ANSWER_EXAMPLES = {
+    "number": ("Calculate 20 + 30.", "50"),
+}
+"""A worked exchange (question, answer) shown before the question, per answer format: a one-shot prompt.
+The untrained SmolLM2-135M ignores "just the number" in words (it writes "6 + 2 = 8", which strict
+scoring rejects) but copies the form of an example (docs/benchmarks.md, the task scan). Its answer, 50,
+lies outside one-digit sums' answers, so copying it earns add1 nothing."""
 
 
 @dataclass(frozen=True)
@@ -253,27 +259,36 @@ def sample_problems(problems: Sequence[Problem], n: int, generator: torch.Genera
 
 
 def build_prompt(problem: Problem, tokenizer: Any, system_prompt: str | None = None) -> str:
-    """The prompt text for ``problem``: its question, then its answer-format instruction.
+    """The prompt text for ``problem``: the chat of :func:`chat_messages`.
 
     With a chat template: ``apply_chat_template`` ending with the assistant's
     generation prompt; ``system_prompt=None`` keeps the template's own default
-    (SmolLM2-135M answers add1 more often with it: 44 % vs 31 % with a custom
-    maths system prompt). Without a chat template: plain
-    ``system\n\nquestion\ninstruction\nAnswer:`` text.
+    (SmolLM2-135M answers add1 more often with it than with a custom maths
+    system prompt). Without a chat template: plain text, ``system\n\n``, then
+    ``question\ninstruction\nAnswer: answer\n\n`` per example, then
+    ``question\ninstruction\nAnswer:``.
     """
     messages = chat_messages(problem, system_prompt)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return (f"{system_prompt}\n\n" if system_prompt else "") + f"{messages[-1]['content']}\nAnswer:"
+    turns = [m for m in messages if m["role"] != "system"]
+    shots = "".join(f"{q['content']}\nAnswer: {a['content']}\n\n" for q, a in zip(turns[:-1:2], turns[1::2],
+                                                                                 strict=True))
+    return (f"{system_prompt}\n\n" if system_prompt else "") + f"{shots}{turns[-1]['content']}\nAnswer:"
 
 
 def chat_messages(problem: Problem, system_prompt: str | None = None) -> list[dict[str, str]]:
-    """The chat of ``problem``: an optional system message, then the user message (question, then
-    the answer-format instruction). :func:`build_prompt` renders it; TRL datasets take it as is."""
+    """The chat of ``problem``: an optional system message, the format's example exchange if it has one
+    (:data:`ANSWER_EXAMPLES`), then the user message (question, then the answer-format instruction).
+    :func:`build_prompt` renders it; TRL datasets take it as is."""
     if problem.answer_format not in ANSWER_INSTRUCTIONS:
         raise ValueError(f"answer_format must be one of {tuple(ANSWER_INSTRUCTIONS)}, got {problem.answer_format!r}")
+    instruction = ANSWER_INSTRUCTIONS[problem.answer_format]
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*system, {"role": "user", "content": f"{problem.question}\n{ANSWER_INSTRUCTIONS[problem.answer_format]}"}]
+    example = ANSWER_EXAMPLES.get(problem.answer_format)
+    shot = [] if example is None else [{"role": "user", "content": f"{example[0]}\n{instruction}"},
+                                       {"role": "assistant", "content": example[1]}]
+    return [*system, *shot, {"role": "user", "content": f"{problem.question}\n{instruction}"}]
 
 
 def _require_name(name: Any, names: Any) -> str:

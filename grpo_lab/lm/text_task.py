@@ -19,31 +19,43 @@ from .train_config import TrainConfig
 class TextTask:
     """Problems as chat prompts, scored by a verifiable reward (the loop's ``Task``).
 
-    ``reward_fn(completion, problem) -> float`` defaults to
-    :func:`grpo_lab.lm.rewards.answer_reward` with the problem's answer format.
+    ``reward_fn(completion, problem, finished) -> float`` defaults to
+    :func:`grpo_lab.lm.rewards.answer_reward` with the problem's answer format and ``scoring``
+    (``"strict"``: only a finished completion in the requested form scores; ``"lenient"``: the last
+    box or number, truncated or not). ``finished`` says whether the completion ended with one of
+    ``eos_token_ids`` (default: the tokenizer's EOS; pass the sampler's stop ids) within its budget.
     """
 
     def __init__(self, problems: Sequence[Problem], tokenizer: Any, system_prompt: str | None = None,
-                 reward_fn: Callable[[str, Problem], float] | None = None, format_weight: float = 0.0) -> None:
+                 reward_fn: Callable[[str, Problem, bool], float] | None = None, format_weight: float = 0.0,
+                 scoring: str = "strict", eos_token_ids: Sequence[int] | None = None) -> None:
         if len(problems) == 0:
             raise ValueError("problems is empty: the task has nothing to train on")
-        from .rewards import answer_reward
+        from ..checks import require_choice
+        from .rewards import SCORINGS, answer_reward
 
+        require_choice("scoring", scoring, SCORINGS)
         self.problems = list(problems)
         self.prompt_of = {id(p): build_prompt(p, tokenizer, system_prompt) for p in self.problems}
         self.problem_of = {self.prompt_of[id(p)]: p for p in self.problems}
-        self.reward_fn = reward_fn or (lambda text, p: answer_reward(text, p.answer, p.answer_format, format_weight))
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
+        if None in self.eos_token_ids or len(self.eos_token_ids) == 0:
+            raise ValueError(f"eos_token_ids must name the ids that end a completion, got {self.eos_token_ids} "
+                             "(the tokenizer has no EOS token: pass eos_token_ids)")
+        self.reward_fn = reward_fn or (lambda text, p, finished: answer_reward(
+            text, p.answer, p.answer_format, format_weight, finished=finished, scoring=scoring))
 
     def prompts(self, n: int, generator: torch.Generator) -> list[str]:
         return [self.prompt_of[id(p)] for p in sample_problems(self.problems, n, generator)]
 
     def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
-        from .rewards import compute_rewards
+        from .rewards import compute_rewards, finished_completions
 
         G = rollout.group_size
         problems = [self.problem_of[prompt] for prompt in rollout.prompts for _ in range(G)]
-        values = compute_rewards(self.reward_fn, rollout.extra["texts"], problems,
-                                 [j // G for j in range(len(problems))])
+        finished = finished_completions(rollout.completions, rollout.mask, self.eos_token_ids).tolist()
+        values = compute_rewards(lambda text, target: self.reward_fn(text, *target), rollout.extra["texts"],
+                                 list(zip(problems, finished, strict=True)), [j // G for j in range(len(problems))])
         return values.reshape(len(rollout.prompts), G)
 
 

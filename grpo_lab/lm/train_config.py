@@ -13,6 +13,7 @@ import torch
 
 from ..checks import require_choice, require_int_at_least, require_number_in
 from ..config import GRPOConfig
+from .rewards import SCORINGS
 from .tasks import TASK_NAMES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,6 +49,10 @@ class TrainConfig(GRPOConfig):
     """Evaluate every this many steps (0 = only when asked)."""
     format_weight: float = 0.0
     """Reward for a wrong answer in the right format (0 = correctness only); total stays in [0, 1]."""
+    scoring: str = "strict"
+    """How a completion is scored, in training and evaluation (:mod:`grpo_lab.lm.rewards`): ``strict`` (it
+    finished within ``max_completion_length`` and is the requested form with the right answer) or ``lenient``
+    (its last box or number is right, truncated or not)."""
     system_prompt: str | None = None
     """System message of the chat prompt (None = the chat template's own default)."""
     dtype: str = "float32"
@@ -68,8 +73,9 @@ class TrainConfig(GRPOConfig):
     log-probs and gradients, G× fewer prompt positions, no padding between completions); False runs
     every prompt + completion whole, padded to the longest."""
     sampler: str = "hf"
-    """α's engine: ``hf`` (an in-process copy, ``generate``) or ``vllm`` (an in-process ``vllm.LLM``,
-    :class:`~grpo_lab.lm.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or ``gpu`` extra)."""
+    """α's engine: ``hf`` (an in-process copy, :class:`~grpo_lab.lm.sampling.HFSampler`) or ``vllm``
+    (an in-process ``vllm.LLM``, :class:`~grpo_lab.lm.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or
+    ``gpu`` extra)."""
 
     def __post_init__(self) -> None:
         if self.max_completion_length is None:
@@ -81,6 +87,7 @@ class TrainConfig(GRPOConfig):
         require_int_at_least("eval_every", self.eval_every, 0)
         require_int_at_least("checkpoint_every", self.checkpoint_every, 0)
         require_number_in("format_weight", self.format_weight, 0.0, 1.0)
+        require_choice("scoring", self.scoring, SCORINGS)
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
         require_choice("sampler", self.sampler, SAMPLERS)

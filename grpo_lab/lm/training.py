@@ -3,7 +3,9 @@
 The loop itself is :class:`~grpo_lab.loop.GRPOLoop` (built by :func:`~grpo_lab.lm.build.build_loop`); this
 module drives it: progress bar, one line of ``metrics.jsonl`` per step, periodic checkpoints, and a
 clean stop on Ctrl-C (or a notebook's stop button) that leaves a checkpoint to continue from.
-A run directory has one owner at a time (:func:`hold_run_dir`).
+A run directory has one owner at a time (:func:`hold_run_dir`). Every file goes through
+:mod:`grpo_lab.files`: a full or read-only disk stops the run with one
+:class:`~grpo_lab.files.DiskError`, the last checkpoint and ``metrics.jsonl`` (whole lines) intact.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..files import append_line, atomic_write, disk_error
 from ..loop import GRPOLoop, StepRecord
 from .build import build_loop
 from .checkpoint import load_checkpoint, save_checkpoint
+from .memory import guard_disk
 from .train_config import TrainConfig
 
 
@@ -32,19 +36,27 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     With ``resume`` and a checkpoint in ``output_dir``, continues from it exactly.
     Interrupting (Ctrl-C, a notebook's stop button) finishes the current step,
     saves a checkpoint and returns the loop, ready to continue. Raises :class:`RunDirInUse`
-    at once, before any model loads, if another live process is training into ``output_dir``.
+    at once, before any model loads, if another live process is training into ``output_dir``;
+    :class:`~grpo_lab.files.DiskError` before the first step if the checkpoints will not fit
+    (:func:`~grpo_lab.lm.memory.guard_disk`), or when a write fails anyway (the last checkpoint
+    stays the one to resume from).
     """
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise disk_error(out, exc) from exc
     with hold_run_dir(out):
-        return _train(config, loop or build_loop(config), out, progress, resume)
+        loop = loop or build_loop(config)
+        guard_disk(config, loop, out / CHECKPOINT_FILE)
+        return _train(config, loop, out, progress, resume)
 
 
 def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resume: bool) -> GRPOLoop:
-    ckpt = out / "checkpoint.pt"
+    ckpt = out / CHECKPOINT_FILE
     if resume and ckpt.is_file() and loop.k == 0:
         load_checkpoint(loop, ckpt)
-    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
+    atomic_write(out / "config.json", json.dumps(config.to_dict(), indent=2, default=list), what="the run's config")
     # metrics.jsonl restarts from the history the checkpoint holds: steps logged after it are redone
     _write_metrics(out, loop.history)
     loggers = _open_loggers(config, out)
@@ -63,13 +75,15 @@ def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resum
         for logger in loggers:
             logger.close()
     # Not after any other exception: a failed step (e.g. FloatingPointError) may have left π_θ
-    # half-updated; the last checkpoint written stays the one to resume from.
+    # half-updated, a failed write (DiskError) would fail again; the last checkpoint written stays
+    # the one to resume from.
     save_checkpoint(loop, ckpt)
     return loop
 
 
 # ----------------------------------------------------------------------------- one owner per run directory
 
+CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = "run.lock"
 
 
@@ -86,7 +100,10 @@ def hold_run_dir(out: Path) -> Iterator[None]:
     when its process exits, however it dies; a pid still in the file then marks a stale lock (a
     clean exit empties it), which the next run takes over.
     """
-    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only output_dir is found here, before any model loads
+        raise disk_error(out / LOCK_FILE, exc, "the run lock") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,7 +119,8 @@ def hold_run_dir(out: Path) -> Iterator[None]:
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
+            with contextlib.suppress(OSError):  # a disk turned read-only: the pid left marks a stale lock
+                os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # releases the flock
 
@@ -121,13 +139,13 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
 
 def _write_metrics(out: Path, history: list[StepRecord]) -> None:
     """``metrics.jsonl`` = exactly ``history``, one record per line."""
-    (out / "metrics.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in history))
+    atomic_write(out / "metrics.jsonl", "".join(json.dumps(r.to_dict()) + "\n" for r in history),
+                 what=f"the metrics of steps 0-{len(history) - 1}" if history else "the metrics")
 
 
 def _log(record: StepRecord, out: Path, loggers: list[Any], bar: Any) -> None:
     row = record.to_dict()
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+    append_line(out / "metrics.jsonl", json.dumps(row), what=f"the metrics of step {record.step}")
     for logger in loggers:
         logger.log(row)
     bar.set_postfix(reward=f"{record.reward_mean:.3f}", lag=record.lag, masked=f"{record.masked_frac:.2f}")

@@ -1,9 +1,21 @@
-"""What a lag of v buys (docs/theory.md §7): the step-time model  step(v) = gen + train + sync / v.
+"""What a lag of v buys (docs/theory.md §7): two step-time models.
 
 A sync pushes every weight to the inference engine (copy, reshard, cache reset);
-with a lag of v it is paid once per v steps. Fit the three terms to measured
-step records (or to two measured step times), then read off the speed-up
-step(1) / step(v) for any v.
+with a lag of v it is paid once per v steps.
+
+======== ====================================================== ==========================================
+model    step(v)                                                when
+======== ====================================================== ==========================================
+serial   gen + train + sync / v                                 generation and training take turns (the
+                                                                kit's loop; a colocated engine that shares
+                                                                the devices with training)
+overlap  max(gen, train) + (min(gen, train) + sync) / v         generation of the next batch runs beside
+                                                                training of this one, which a lag allows:
+                                                                ≈ max(gen, train) + sync / v for large v
+======== ====================================================== ==========================================
+
+Fit the three terms to measured step records (or to two measured step times), then read
+off the speed-up step_serial(1) / step(v) for any v.
 """
 
 from __future__ import annotations
@@ -18,7 +30,9 @@ from ..checks import require_int_at_least, require_number_in
 # The paper's throughput run (docs/theory.md §6): Qwen2.5-7B, TRL colocate, vLLM TP=4, 8 GPUs.
 PAPER_ITERS_PER_SECOND = {1: 0.02828, 10: 0.03828}
 PAPER_ITERS_PER_SECOND_SPREAD = {1: 0.017, 10: 0.016}
-"""The ± the paper reports with each rate; :func:`paper_intervals` carries it into every derived number."""
+"""The ± the paper reports with each rate: the spread of the rate across a run's iterations, not an
+interval for the mean. The mean's standard error is spread / √N, N the iterations averaged, which the
+paper does not give (:func:`paper_standard_errors`)."""
 PAPER_PARAMS_7B = 7.6e9
 
 
@@ -37,15 +51,21 @@ class StepCostModel:
     train: float
     sync: float
 
-    def step_seconds(self, v: float | np.ndarray) -> float | np.ndarray:
-        return self.gen + self.train + self.sync / np.asarray(v, dtype=float)
+    def step_seconds(self, v: float | np.ndarray, overlap: bool = False) -> float | np.ndarray:
+        """Seconds per step at lag v. ``overlap``: the pipeline of the table above. In a sync period of
+        v steps the first batch is generated after the sync and the last is trained alone; the v − 1
+        batches between are generated while the previous one trains. At v = 1 nothing overlaps."""
+        v = np.asarray(v, dtype=float)
+        if not overlap:
+            return self.gen + self.train + self.sync / v
+        return max(self.gen, self.train) + (min(self.gen, self.train) + self.sync) / v
 
-    def speedup(self, v: float | np.ndarray) -> float | np.ndarray:
-        """step(1) / step(v): how much faster a lag of v makes each step."""
-        return self.step_seconds(1) / self.step_seconds(v)
+    def speedup(self, v: float | np.ndarray, overlap: bool = False) -> float | np.ndarray:
+        """step(1) / step(v) against the on-policy step, which is serial (α = π_k needs the last update)."""
+        return self.step_seconds(1) / self.step_seconds(v, overlap)
 
     def sync_fraction(self, v: float = 1) -> float:
-        """Share of a step spent syncing at lag v."""
+        """Share of a serial step spent syncing at lag v."""
         return float((self.sync / v) / self.step_seconds(v))
 
 
@@ -81,28 +101,45 @@ def fit_from_step_times(step_seconds: Mapping[int, float]) -> StepCostModel:
 
 
 def paper_cost_model() -> StepCostModel:
-    """The model fitted to the paper's 7B throughput (0.02828 vs 0.03828 iter/s):
-    ≈35.4 s per step at v = 1, ≈26.1 s at v = 10 ⇒ one sync ≈ 10.3 s."""
+    """The serial model through the paper's two mean rates (0.02828 vs 0.03828 iter/s): ≈35.4 s per
+    step at v = 1, ≈26.1 s at v = 10 ⇒ one sync ≈ 10.3 s. Two points fix the two unknowns exactly, so
+    no degree of freedom is left to test the model on the paper's data, and gen and train stay unsplit."""
     return fit_from_step_times({v: 1.0 / ips for v, ips in PAPER_ITERS_PER_SECOND.items()})
 
 
-def paper_intervals(v: int = 10) -> dict[str, tuple[float, float]]:
-    """What the paper's rates imply once their ± is taken as a range (each rate anywhere in mean ± spread):
-    ``step_seconds`` at v = 1 and at v = 10, ``sync_seconds`` and ``sync_share`` (of a v = 1 step) of the
-    two-point fit, and the ``speedup`` step(1)/step(v) that the fit predicts at ``v``. Each is monotone in the
-    two rates, so the extremes lie at the corners of the rate box. With the paper's numbers every interval is
-    wide: the sync share includes 0 and the measured speed-up at v = 10 includes 1."""
-    require_int_at_least("v", v, 1)
+def paper_standard_errors(n_iterations: int) -> dict[str, float]:
+    """Standard errors of what the paper's two rates give if each is the mean of ``n_iterations``
+    independent iterations spread by the reported ± (the paper does not give N; correlated
+    iterations count as fewer). To first order (delta method), with s the spread and r the rate:
+
+    ==================== =====================================================================
+    ``rate_v1``, ``_v10`` s / √N, iter/s
+    ``step_seconds_v1``,  SE(r) / r²: the step time taken as 1 / mean rate
+    ``step_seconds_v10``
+    ``sync_seconds``     √(SE(t₁)² + SE(t₁₀)²) / 0.9 of the two-point fit (t₁ − t₁₀) / 0.9
+    ``speedup``          S·√((SE(r₁)/r₁)² + (SE(r₁₀)/r₁₀)²), S = r₁₀/r₁
+    ==================== =====================================================================
+    """
+    require_int_at_least("n_iterations", n_iterations, 2)
     rate, spread = PAPER_ITERS_PER_SECOND, PAPER_ITERS_PER_SECOND_SPREAD
-    corners = [{1: rate[1] + s1 * spread[1], 10: rate[10] + s10 * spread[10]} for s1 in (-1, 1) for s10 in (-1, 1)]
-    values: dict[str, list[float]] = {}
-    for rates in corners:
-        model = fit_from_step_times({n: 1.0 / r for n, r in rates.items()})
-        for key, value in [("step_seconds_v1", 1.0 / rates[1]), ("step_seconds_v10", 1.0 / rates[10]),
-                           ("sync_seconds", model.sync), ("sync_share", model.sync / float(model.step_seconds(1))),
-                           ("speedup", float(model.speedup(v)))]:
-            values.setdefault(key, []).append(value)
-    return {key: (min(xs), max(xs)) for key, xs in values.items()}
+    se_rate = {v: spread[v] / np.sqrt(n_iterations) for v in rate}
+    se_step = {v: se_rate[v] / rate[v] ** 2 for v in rate}
+    speedup = rate[10] / rate[1]
+    return {"rate_v1": float(se_rate[1]), "rate_v10": float(se_rate[10]),
+            "step_seconds_v1": float(se_step[1]), "step_seconds_v10": float(se_step[10]),
+            "sync_seconds": float(np.hypot(se_step[1], se_step[10]) / 0.9),
+            "speedup": float(speedup * np.hypot(se_rate[1] / rate[1], se_rate[10] / rate[10]))}
+
+
+def paper_iterations_to_resolve(z: float = 2.0) -> int:
+    """The smallest N (iterations per rate, as in :func:`paper_standard_errors`) at which the paper's
+    speed-up r₁₀/r₁ lies ``z`` standard errors above 1. Fewer iterations and the rates alone would not
+    exclude "no speed-up"; the paper does not say how many it averaged."""
+    require_number_in("z", z, 0.0, low_open=True)
+    rate, spread = PAPER_ITERS_PER_SECOND, PAPER_ITERS_PER_SECOND_SPREAD
+    speedup = rate[10] / rate[1]
+    relative = float(np.hypot(spread[1] / rate[1], spread[10] / rate[10]))
+    return int(np.ceil((z * speedup * relative / (speedup - 1)) ** 2))
 
 
 def sync_seconds_for(params: float, bandwidth_gb_s: float, bytes_per_param: int = 2,

@@ -52,12 +52,29 @@ def read_result(v: int) -> dict[str, float] | None:
 
 
 def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int) -> OffPolicyGRPOConfig:
-    """The :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` of a recipe: the theory's names mapped to TRL's
-    (G → num_generations, v → vllm_sync_interval, i → num_iterations, ε → epsilon, …), one step k =
-    P·G completions over all processes, constant learning rate, then ``extras`` on top."""
+    """The :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` of a recipe, then ``extras`` on top.
+
+    Every knob with a TRL field comes from :data:`~grpo_lab.scale.knobs.KNOBS` (G → num_generations,
+    v → vllm_sync_interval, …). The rest (:data:`~grpo_lab.scale.knobs.NOT_ONE_TO_ONE`) is derived here:
+
+    ================================================= =================================================
+    TRL field                                         from
+    ================================================= =================================================
+    ``per_device_train_batch_size``                   ``micro_batch_size`` (None: P·G / processes)
+    ``gradient_accumulation_steps`` =                 P·G / (micro-batch · processes): one step k is
+    ``steps_per_generation``                          P·G completions over all processes
+    ``max_steps``                                     steps · i (TRL counts optimiser passes)
+    ``sync_ref_model``, ``ref_model_sync_steps``      ref_period > 0, ref_period · i
+    (none)                                            kl_kind: TRL computes k3 only, others are refused
+    ================================================= =================================================
+
+    and from the run's fields: ``output_dir``, dtype → ``bf16``/``fp16``, device → ``use_cpu``,
+    ``checkpoint_every`` · i → ``save_steps``, ``report_to``; a constant learning rate, a log every step.
+    """
+    from .knobs import trl_values
     from .trl import OffPolicyGRPOConfig
 
-    require_choice("kl_kind", config.kl_kind, ("k3",))  # TRL's estimator
+    require_choice("kl_kind", config.kl_kind, ("k3",))
     rows = config.prompts_per_step * config.G
     micro = config.micro_batch_size or max(rows // num_processes, 1)
     if rows % (micro * num_processes):
@@ -65,21 +82,13 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
                          f"{micro}·{num_processes}")
     accumulation = rows // (micro * num_processes)
     values = dict(
-        output_dir=config.output_dir, num_generations=config.G, per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulation, steps_per_generation=accumulation, vllm_sync_interval=config.v,
-        sync=config.sync, sync_threshold=config.sync_threshold,
-        num_iterations=config.i, epsilon=config.eps_low, epsilon_high=config.eps_high, clip_band=config.band,
-        beta=config.beta, use_bias_correction_kl=config.kl_importance_weighted, sync_ref_model=config.ref_period > 0,
-        ref_model_sync_steps=max(config.ref_period, 1) * config.i, eps_std=config.eps_std,
-        unbiased_std=config.unbiased_std, eps_placement=config.eps_placement,
-        zero_variance_mask=config.mask_zero_variance, mask_normalize=config.mask_normalize, loss_type=config.loss_type,
-        importance_sampling_level=config.level, learning_rate=config.lr, lr_scheduler_type="constant",
-        optim="sgd" if config.optimizer == "sgd" else "adamw_torch", weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm or 0.0, max_completion_length=config.max_completion_length,
-        temperature=config.temperature, max_steps=config.steps * config.i, seed=config.seed,
+        trl_values(config), per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation, max_steps=config.steps * config.i, sync_ref_model=config.ref_period > 0,
+        ref_model_sync_steps=max(config.ref_period, 1) * config.i, output_dir=config.output_dir,
         bf16=config.dtype == "bfloat16", fp16=config.dtype == "float16", use_cpu=config.device == "cpu",
-        logging_steps=1, save_strategy="steps" if config.checkpoint_every else "no",
-        save_steps=max(config.checkpoint_every, 1) * config.i, report_to=list(config.report_to) or "none")
+        save_strategy="steps" if config.checkpoint_every else "no",
+        save_steps=max(config.checkpoint_every, 1) * config.i, report_to=list(config.report_to) or "none",
+        lr_scheduler_type="constant", logging_steps=1)
     return OffPolicyGRPOConfig(**{**values, **extras})
 
 
@@ -95,15 +104,48 @@ def training_dataset(launch_recipe: LaunchRecipe) -> Any:
                                "answer_format": p.answer_format} for p in problems])
 
 
-def verifiable_reward(format_weight: float = 0.0) -> Any:
-    """TRL reward function: :func:`~grpo_lab.lm.rewards.answer_reward` of each completion, in [0, 1]."""
-    from ..lm.rewards import answer_reward
+def verifiable_reward(format_weight: float = 0.0, scoring: str = "strict", eos_token_ids: Sequence[int] = ()) -> Any:
+    """TRL reward function: :func:`~grpo_lab.lm.rewards.answer_reward` of each completion under ``scoring``, in [0, 1].
 
-    def answer_correct(completions: list, answer: list[str], answer_format: list[str], **kwargs: Any) -> list[float]:
+    Strict scoring needs to know which completions finished: TRL hands reward functions each completion's
+    token ids (``completion_ids``, cut after the first EOS), and one finished when its last id is one of
+    ``eos_token_ids`` (TRL's own stop ids: :func:`stop_token_ids`).
+    """
+    from ..lm.rewards import SCORINGS, answer_reward
+
+    stops = {int(e) for e in eos_token_ids}
+    if require_choice("scoring", scoring, SCORINGS) == "strict" and not stops:
+        raise ValueError("strict scoring needs eos_token_ids (the ids that end a completion, stop_token_ids(model)) "
+                         "to tell finished completions from truncated ones")
+
+    def answer_correct(completions: list, answer: list[str], answer_format: list[str],
+                       completion_ids: list[list[int]] | None = None, **kwargs: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [answer_reward(t, a, f, format_weight) for t, a, f in zip(texts, answer, answer_format, strict=True)]
+        if scoring == "lenient":
+            finished = [True] * len(texts)
+        elif completion_ids is None:
+            raise ValueError("strict scoring needs completion_ids (TRL passes them to reward functions)")
+        else:
+            finished = [len(ids) > 0 and int(ids[-1]) in stops for ids in completion_ids]
+        return [answer_reward(t, a, f, format_weight, finished=d, scoring=scoring)
+                for t, a, f, d in zip(texts, answer, answer_format, finished, strict=True)]
 
     return answer_correct
+
+
+def stop_token_ids(model: str, trust_remote_code: bool = False) -> list[int]:
+    """The ids at which TRL ends a completion of ``model`` (a directory or hub id), as ``GRPOTrainer`` builds
+    its ``eos_token_ids``: the tokenizer's EOS, then the generation config's (the model config's where the
+    checkpoint has no generation config)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model).eos_token_id
+    except OSError:
+        eos = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code).eos_token_id
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    first = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code).eos_token_id
+    return ids if first is None or first in ids else [first, *ids]
 
 
 def launch(launch_recipe: LaunchRecipe) -> dict[str, float]:
@@ -116,7 +158,8 @@ def launch(launch_recipe: LaunchRecipe) -> dict[str, float]:
 
     config = launch_recipe.config
     model = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
-    trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=verifiable_reward(config.format_weight),
+    reward = verifiable_reward(config.format_weight, config.scoring, stop_token_ids(model, config.trust_remote_code))
+    trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=reward,
                                    args=trl_args(config, launch_recipe.trl, PartialState().num_processes),
                                    train_dataset=training_dataset(launch_recipe))
     output = trainer.train()

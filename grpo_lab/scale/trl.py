@@ -25,23 +25,19 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
 * Advantages are the paper's whitening (:func:`grpo_lab.whiten`), not TRL's
   ``std + 1e-4``; rewards (weighted sum over reward functions) must lie in [0, 1]
   (docs/theory.md §1). π_ref is reset by TRL's ``sync_ref_model`` with mix-up 1.
-* A step whose groups are all masked has loss exactly 0 and is skipped (no
-  optimiser update; under DeepSpeed it is only recorded, see ``_SkipMaskedStep``).
+* One step plan (:func:`grpo_lab.plan.plan_step`, the loop's and the bandit engine's) over the
+  gathered batch decides the advantages, the mask, the loss weights and what a step with no
+  signal does (``empty_step``): ``"skip"`` drops its gradients before the optimiser step
+  (under DeepSpeed it is only recorded, see ``_SkipEmptyStep``), ``"optimizer_step"`` steps.
 
 Step k is one generation batch: ``global_step = k · num_iterations`` when it is
 drawn (``steps_per_generation`` must equal ``gradient_accumulation_steps``).
-Overridden TRL methods (and why):
-
-=================================== =====================================================
-``_last_loaded_step`` (a property)  always equals ``global_step``, so TRL's own per-step
-                                    vLLM push never fires; only ``_generate`` syncs
-``_generate``                       the entry of every generation (single turn, tools,
-                                    ``rollout_func``): sync when due; without vLLM,
-                                    generate with α by lending it as ``model_wrapped``
-``_calculate_rewards``              keep the gathered rewards for mask and whitening
-``_generate_and_score_completions`` after TRL's: A_α, mask, loss weights, log α (no vLLM)
-``_compute_loss``                   the loss is ``grpo_objective``; logs the off-policy metrics
-=================================== =====================================================
+The adapter overrides ``_last_loaded_step`` (a property: TRL's own per-step vLLM push never fires),
+``_generate`` (the entry of every generation: sync when due; without vLLM, generate with α),
+``_calculate_rewards``, ``_generate_and_score_completions`` and ``_compute_loss``. Every private TRL
+member it overrides, calls, reads or patches is listed, with what it relies on, in
+:data:`grpo_lab.scale.trl_surface.SURFACE` (checked by ``tests/test_trl_surface.py``). The knobs are
+spelled once, in :data:`grpo_lab.scale.knobs.KNOBS`.
 
 Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
 ``sync_seconds``, ``masked_frac`` (groups with zero reward variance, masked or
@@ -62,14 +58,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import trl
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from ..advantages import EPS_PLACEMENTS, whiten, zero_variance_mask
-from ..checks import require_choice, require_int_at_least, require_number_in, require_reward_groups
-from ..objective import BANDS, LOSS_TYPES, MASK_NORMALIZATIONS, grpo_objective, loss_weights, tv_terms
-from ..schedules import SYNC_MODES, make_sync_schedule
+from ..objective import grpo_objective, tv_terms
+from ..plan import StepPlan, plan_step
+from ..schedules import make_sync_schedule
+from .knobs import lab_field, validate_trl_values
+from .trl_surface import FORWARD_KEYS
 
 # TRL options the off-policy objective replaces; each must keep the value shown.
 _REQUIRED = {
@@ -79,60 +76,42 @@ _REQUIRED = {
     "top_entropy_quantile": 1.0, "off_policy_mask_threshold": None, "delta": None,
     "entropy_coef": 0.0, "use_adaptive_entropy": False,
 }
-# Multimodal inputs that TRL's scoring forward takes, passed through unchanged.
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 _MEAN_METRICS = ("ratio_k_mean", "log_ratio_k_abs", "clip_low_frac", "clip_high_frac")
 
 
 @dataclass
-class OffPolicyGRPOConfig(GRPOConfig):
-    """TRL's ``GRPOConfig`` plus the knobs of Algorithm 1. TRL names where the concept is
-    TRL's: ``num_generations`` = G, ``num_iterations`` = i, ``beta``, ``epsilon`` /
-    ``epsilon_high`` = ε_low / ε_high, ``loss_type``, ``importance_sampling_level``,
-    ``ref_model_sync_steps`` = ref_period · i. Defaults changed from TRL's: ``loss_type``
-    ``grpo``, ``ref_model_mixup_alpha`` 1 (a hard reset π_ref ← π_θ), ``disable_dropout`` True
-    (with dropout, r′ = π_k/α ≠ 1 even at lag 0), ``vllm_importance_sampling_correction`` False,
-    ``use_bias_correction_kl`` False."""
+class OffPolicyGRPOConfig(trl.GRPOConfig):
+    """``trl.GRPOConfig`` plus the knobs of Algorithm 1, under the names of
+    :data:`grpo_lab.scale.knobs.KNOBS` (TRL's where the concept is TRL's: ``num_generations`` = G,
+    ``num_iterations`` = i, ``epsilon`` / ``epsilon_high`` = ε_low / ε_high, ``ref_model_sync_steps`` =
+    ref_period · i, …), validated by :class:`grpo_lab.GRPOConfig`'s rules. Defaults changed from TRL's:
+    ``loss_type`` and ``use_bias_correction_kl`` (GRPOConfig's), ``ref_model_mixup_alpha`` 1 (a hard reset
+    π_ref ← π_θ), ``disable_dropout`` True (with dropout, r′ = π_k/α ≠ 1 even at lag 0),
+    ``vllm_importance_sampling_correction`` False."""
 
-    vllm_sync_interval: int = field(default=1, metadata={
-        "help": "v: α ← π_θ at steps k with k % v == 0 (vLLM push, or the in-process copy without vLLM); "
-                "with sync='adaptive', the longest lag allowed."})
-    sync: str = field(default="fixed", metadata={
-        "help": "'fixed' (every v steps) or 'adaptive' (when a step's drift passes sync_threshold, at most every v)."})
-    sync_threshold: float = field(default=0.05, metadata={
-        "help": "Adaptive sync: mean |log π_k − log α| of a step above which the next step syncs."})
-    zero_variance_mask: bool = field(default=True, metadata={
-        "help": "Drop groups whose G rewards all agree from the loss (numerator, denominator and KL)."})
-    mask_normalize: str = field(default="batch", metadata={
-        "help": "'batch' (paper): masked groups stay in the loss's denominator as zeros; 'unmasked': they leave it."})
-    clip_band: str = field(default="additive", metadata={
-        "help": "Clip interval around r' = π_k/α: 'additive' [max(r'-ε,0), r'+ε] (paper) or 'multiplicative'."})
-    eps_std: float = field(default=1e-4, metadata={"help": "ε_std of the whitening sqrt(σ² + ε_std)."})
-    unbiased_std: bool = field(default=False, metadata={"help": "Sample (/(G-1)) instead of population variance."})
-    eps_placement: str = field(default="under_sqrt", metadata={
-        "help": "'under_sqrt' (paper) or 'added_to_std' (TRL's std + ε)."})
-    loss_type: str = field(default="grpo", metadata={"help": "Token aggregation: grpo, bnpo, dapo or dr_grpo."})
+    vllm_sync_interval: int = lab_field("v")
+    sync: str = lab_field("sync")
+    sync_threshold: float = lab_field("sync_threshold")
+    zero_variance_mask: bool = lab_field("mask_zero_variance")
+    mask_normalize: str = lab_field("mask_normalize")
+    empty_step: str = lab_field("empty_step")
+    clip_band: str = lab_field("band")
+    eps_std: float = lab_field("eps_std")
+    unbiased_std: bool = lab_field("unbiased_std")
+    eps_placement: str = lab_field("eps_placement")
+    loss_type: str = lab_field("loss_type")
+    use_bias_correction_kl: bool = lab_field("kl_importance_weighted")
     ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
     disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
     vllm_importance_sampling_correction: bool = field(default=False, metadata={
         "help": "Must stay False: the off-policy ratio π_θ/α already corrects for the sampler's lag."})
-    use_bias_correction_kl: bool = field(default=False, metadata={
-        "help": "Weight each KL estimate by the detached π_θ/α (grpo_objective's kl_importance_weighted)."})
     vllm_enforce_eager: bool = field(default=False, metadata={
         "help": "Colocate: build the engine without torch.compile / CUDA graphs (on a CPU the inductor "
                 "warm-up takes minutes)."})
 
     def __post_init__(self) -> None:
+        validate_trl_values(self)  # before TRL's own checks, which can fail with an unrelated error first
         super().__post_init__()
-        require_int_at_least("vllm_sync_interval", self.vllm_sync_interval, 1)
-        require_choice("sync", self.sync, SYNC_MODES)
-        require_number_in("sync_threshold", self.sync_threshold, 0.0, low_open=True)
-        require_choice("clip_band", self.clip_band, BANDS)
-        require_choice("mask_normalize", self.mask_normalize, MASK_NORMALIZATIONS)
-        require_choice("loss_type", self.loss_type, LOSS_TYPES)
-        require_number_in("eps_std", self.eps_std, 0.0)
-        require_choice("eps_placement", self.eps_placement, EPS_PLACEMENTS)
         for name, required in _REQUIRED.items():
             if getattr(self, name) != required:
                 raise ValueError(f"{name} = {getattr(self, name)!r} is not supported by the off-policy "
@@ -147,14 +126,14 @@ class OffPolicyGRPOConfig(GRPOConfig):
 
 
 @contextlib.contextmanager
-def _engine_arguments(trainer: GRPOTrainer, enforce_eager: bool) -> Iterator[None]:
+def _engine_arguments(trainer: trl.GRPOTrainer, enforce_eager: bool) -> Iterator[None]:
     """TRL builds the colocated ``vllm.LLM`` itself, with no ``dtype`` and no ``enforce_eager``: add them to
-    that one construction (a no-op without vLLM).
+    that one construction by patching the module's ``LLM`` (see :mod:`grpo_lab.scale.trl_surface`; a no-op
+    without vLLM).
 
     ``dtype`` = the policy's: left to itself vLLM runs a float32 checkpoint in bfloat16 (float16 on GPUs), so
-    log α would come from another precision than log π_θ. Measured on the CPU build with SmolLM2 at lag 0:
-    |log α − log π| up to 0.05–0.1 per token that way, ~3e-5 with the policy's float32
-    (``tests/test_trl_vllm.py``). ``trainer.model`` exists by the time TRL builds the engine.
+    log α would come from another precision than log π_θ (the gap at lag 0 is in docs/benchmarks.md, vLLM
+    section). ``trainer.model`` exists by the time TRL builds the engine.
     """
     import trl.generation.vllm_generation as generation
 
@@ -176,8 +155,9 @@ def _engine_arguments(trainer: GRPOTrainer, enforce_eager: bool) -> Iterator[Non
         generation.LLM = original
 
 
-class _SkipMaskedStep(TrainerCallback):
-    """Drops the gradients before the optimiser step when every group is masked, so the
+class _SkipEmptyStep(TrainerCallback):
+    """Drops the gradients before each optimiser step of a step whose plan skips
+    (:attr:`grpo_lab.plan.StepPlan.skipped`: no signal and ``empty_step="skip"``), so the
     step changes nothing (not even Adam's moments). Under DeepSpeed the engine steps
     inside ``backward`` and the step is only recorded as skipped."""
 
@@ -185,17 +165,18 @@ class _SkipMaskedStep(TrainerCallback):
         self.trainer = trainer
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
-        if self.trainer._all_masked:
+        plan = self.trainer._plan
+        if plan is not None and plan.skipped:
             optimizer.zero_grad(set_to_none=True)
 
 
-class OffPolicyGRPOTrainer(GRPOTrainer):
+class OffPolicyGRPOTrainer(trl.GRPOTrainer):
     """``GRPOTrainer`` running Algorithm 1 with lag v (see the module docstring).
 
     Example (the bundled SmolLM2 on CPU, α synced every v = 3 steps)::
 
         from datasets import Dataset
-        from grpo_lab.scale.launch import verifiable_reward
+        from grpo_lab.scale.launch import stop_token_ids, verifiable_reward
         from grpo_lab.lm.models import bundled_model_dir
         from grpo_lab.lm.tasks import chat_messages, load_problems
         from grpo_lab.scale.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
@@ -206,8 +187,9 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         args = OffPolicyGRPOConfig(output_dir="runs/trl_v3", vllm_sync_interval=3, num_generations=4,
                                    per_device_train_batch_size=8, max_completion_length=8, max_steps=6,
                                    use_cpu=True, report_to="none", save_strategy="no")
-        trainer = OffPolicyGRPOTrainer(model=str(bundled_model_dir()), reward_funcs=verifiable_reward(),
-                                       args=args, train_dataset=dataset)
+        model = str(bundled_model_dir())
+        reward = verifiable_reward(eos_token_ids=stop_token_ids(model))
+        trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset)
         trainer.train()
         print(trainer.sync_steps)  # [0, 3]
 
@@ -234,9 +216,10 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
                                                 self.args.sync_threshold)
         self._drift = [0.0, 0.0]  # Σ |log π_k − log α| and tokens of this step, over micro-batches and processes
         self._rewards: torch.Tensor | None = None
-        self._all_masked = False
+        self._plan_config = validate_trl_values(self.args)  # the lab's GRPOConfig of these knobs, for plan_step
+        self._plan: StepPlan | None = None  # the plan of the last training step
         self.alpha_model = None if self.use_vllm else self._make_alpha()
-        self.add_callback(_SkipMaskedStep(self))
+        self.add_callback(_SkipEmptyStep(self))
         if self.use_vllm and self.vllm_mode == "server" and self.accelerator.is_main_process:
             mode = self.vllm_generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
             if mode != "processed_logprobs":  # log α must be at the sampling temperature, like log π
@@ -283,13 +266,14 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
 
     def _maybe_sync(self) -> None:
         """Sync when the schedule says so (always at the first step after start or resume: α is
-        unknown). The schedule first sees the drift the previous step measured, if it trained."""
+        unknown). The schedule first ends the previous step: it sees the drift that step measured,
+        as the step's plan rules (:meth:`grpo_lab.plan.StepPlan.observed_drift`)."""
         k = self.state.global_step // self.num_iterations
-        total, tokens = self._drift
-        if tokens > 0:  # a skipped step measured no drift: the schedule keeps what it saw before
-            self.sync_schedule.observe(total / tokens)
+        if self._plan is not None:
+            total, tokens = self._drift
+            self.sync_schedule.end(self._plan.observed_drift(total / tokens if tokens > 0 else None))
         self._drift = [0.0, 0.0]
-        synced = self.sync_schedule.should_sync(k)
+        synced = self.sync_schedule.begin(k)
         seconds = 0.0
         if synced:
             start = time.perf_counter()
@@ -314,53 +298,45 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         finally:
             self.model_wrapped = policy
 
-    def _calculate_rewards(self, inputs: list, prompts: list, completions: list, completion_ids: list) -> torch.Tensor:
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids)
+    def _calculate_rewards(self, inputs: list, prompts: list, completions: list,
+                           completion_ids_list: list) -> torch.Tensor:
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
         self._rewards = torch.where(torch.isnan(rewards_per_func).all(dim=1), torch.nan, rewards)
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list) -> dict[str, Any]:
-        """TRL's batch, then the paper's advantages, the zero-variance mask, the global
-        loss weights and (without vLLM) log α of the sampled tokens from the copy α."""
+        """TRL's batch, then the step plan of the batch gathered over every process (the paper's
+        advantages, the zero-variance mask, the loss weights, the empty-step decision), this
+        process's rows of it, and (without vLLM) log α of the sampled tokens from the copy α."""
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
-        rewards = require_reward_groups(self._rewards.view(-1, G).cpu())  # [P_all, G], every process
-        n = output["completion_ids"].shape[0]
+        n, T = output["completion_ids"].shape
         rows = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
-        args, device = self.args, output["completion_ids"].device
-        advantages = whiten(rewards, args.eps_std, args.unbiased_std, args.eps_placement).view(-1)
-        self._logs["advantages"].extend(advantages.tolist())  # replaces TRL's in the completions table
-        keep = zero_variance_mask(rewards) if args.zero_variance_mask else torch.ones(len(rewards), dtype=torch.bool)
+        device = output["completion_ids"].device
         sampled = output["completion_mask"].bool()  # the tokens α sampled
         if "tool_mask" in output:
             sampled &= output["tool_mask"].bool()
-        mask = sampled & keep.repeat_interleave(G)[rows, None].to(device)
-        output["advantages"] = advantages[rows].to(device)
-        output["loss_mask"], output["sampled_mask"] = mask, sampled
-        denominator = sampled if args.mask_normalize == "batch" else None
-        output["loss_weights"] = self._global_loss_weights(mask, rows, denominator)
+        everywhere = self.accelerator.gather(self.accelerator.pad_across_processes(sampled.to(torch.int32), dim=1))
+        plan = plan_step(self._rewards.view(-1, G).cpu(), everywhere.bool(), self._plan_config, dtype=torch.float32)
+        self._logs["advantages"].extend(plan.advantages.tolist())  # replaces TRL's in the completions table
+        output["advantages"] = plan.advantages[rows].to(device)
+        output["loss_mask"], output["sampled_mask"] = plan.mask[rows, :T].to(device), sampled
+        output["loss_weights"] = self._global_loss_weights(plan, rows, T)
         if mode == "train":
-            self._all_masked = not bool(keep.any())
-        self._metrics[mode]["off_policy/masked_frac"].append(1.0 - float(zero_variance_mask(rewards).float().mean()))
-        self._metrics[mode]["off_policy/skipped"].append(float(self._all_masked))
+            self._plan = plan
+        self._metrics[mode]["off_policy/masked_frac"].append(plan.masked_frac)
+        self._metrics[mode]["off_policy/skipped"].append(float(plan.skipped))
         if not self.use_vllm:
             with torch.no_grad():
                 output["sampling_per_token_logps"] = self._logps(self.alpha_model, output)
         return output
 
-    def _global_loss_weights(self, mask: torch.Tensor, rows: slice,
-                             denominator_mask: torch.Tensor | None) -> torch.Tensor:
-        """:func:`loss_weights` of the generation batch of *all* processes, sliced to this
-        one's rows, times the number of processes (DDP averages the gradients)."""
-        def gather(m: torch.Tensor) -> torch.Tensor:
-            return self.accelerator.gather(self.accelerator.pad_across_processes(m.to(torch.int32), dim=1)).bool()
-
-        everything = gather(mask)
-        denominator = None if denominator_mask is None else gather(denominator_mask)
-        weights = loss_weights(everything, self.loss_type, self.max_completion_length, denominator_mask=denominator)
-        return weights[rows, : mask.shape[1]].to(mask.device) * self.accelerator.num_processes
+    def _global_loss_weights(self, plan: StepPlan, rows: slice, T: int) -> torch.Tensor:
+        """This process's rows of the plan's weights (normalised over the generation batch of *all*
+        processes), times the number of processes: DDP averages the gradients over them."""
+        return plan.weights[rows, :T] * self.accelerator.num_processes
 
     def _logps(self, model: torch.nn.Module, inputs: dict[str, Any],
                compute_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -370,7 +346,7 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         logps, entropies, _ = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, inputs["completion_ids"].shape[1],
             batch_size=self.args.per_device_train_batch_size, compute_entropy=compute_entropy,
-            **{key: inputs[key] for key in _FORWARD_KEYS if key in inputs})
+            **{key: inputs[key] for key in FORWARD_KEYS if key in inputs})
         return (logps, entropies) if compute_entropy else logps
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -392,11 +368,10 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         logp_alpha = inputs["sampling_per_token_logps"]
         logp_alpha = torch.where(torch.isnan(logp_alpha), logp_k, logp_alpha)
         loss, metrics = grpo_objective(
-            logp, logp_alpha, inputs["advantages"], inputs["loss_mask"], logp_k=logp_k,
+            logp, logp_alpha, inputs["advantages"], inputs["loss_weights"], logp_k=logp_k,
             logp_ref=inputs.get("ref_per_token_logps"), beta=self.beta, eps_low=self.epsilon_low,
-            eps_high=self.epsilon_high, band=self.args.clip_band, loss_type=self.loss_type,
-            kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level,
-            weights=inputs["loss_weights"])
+            eps_high=self.epsilon_high, band=self.args.clip_band,
+            kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level)
         tv = tv_terms(logp_k, logp_alpha, inputs["sampled_mask"])
         self._log_loss_metrics(metrics, entropies, inputs["loss_mask"], tv)
         return loss

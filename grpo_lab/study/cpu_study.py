@@ -11,41 +11,46 @@ arm                       what changes against the task's base config
 ``masked``                v = 1, i = 1, mask, masked groups leave the denominator
                           (``mask_normalize="unmasked"``: the step grows by 1/(1 − masked))
 ``lr_matched``            no mask, learning rate × 1/(1 − m̄), m̄ the mean masked fraction
-                          of the same seed's ``masked`` run: the mask's step-size effect alone
+                          of the same seed's ``masked`` run (all-masked steps included): a
+                          control sized for SGD without clipping, see below
 ``lagged_v8``             v = 8 with the mask (a lagged server)
 ``reuse_i4``              i = 4 with the mask (sample reuse: 4× the training per step)
 ========================= ============================================================
 
-With β = 0 a masked group has A = 0 and no gradient, so the mask with the paper's
-normalisation (``mask_normalize="batch"``) gives the on-policy run's gradient exactly;
-the only thing the mask can change is the step size, which ``lr_matched`` controls for.
+With β = 0 a masked group has A = 0 and no gradient, so the mask changes a step's gradient
+only by the factor 1/(1 − masked) of ``mask_normalize="unmasked"``. These runs use AdamW with
+``max_grad_norm``, and the clip cuts both gradients to the same norm whenever they exceed it,
+which erases that factor: the learning rate that matches the mask's step is the base one, and
+``lr_matched`` measures a larger AdamW step, not the mask. What remains between the masked and
+no-mask arms is the step whose groups all agree: the mask skips it, and without the mask it is
+taken on AdamW's momentum under ``empty_step="optimizer_step"`` (docs/theory.md §2).
 
 :func:`run_study` trains and scores the runs, resumably (each run keeps its checkpoint, a
 finished run is skipped); ``summary.json`` and ``metrics/<arm>_s<seed>.jsonl`` are what the
 notebook reads through :func:`load_study`. The statistics (mean ± 95 % CI over seeds, paired
-differences) are in :mod:`grpo_lab.stats`.
+differences) are in :mod:`grpo_lab.study.results`.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..checks import require_int_at_least
+from ..files import atomic_write
 from ..lm.build import build_loop
 from ..lm.evaluate import EvalResult, evaluate
 from ..lm.text_task import eval_problems, train_problems
 from ..lm.train_config import DTYPES, TrainConfig
 from ..lm.training import train
 
-STUDY_DIR = Path(__file__).resolve().parent.parent / "results" / "cpu_study"
+STUDY_DIR = Path(__file__).resolve().parents[2] / "results" / "cpu_study"
 """Where ``experiments/cpu_study.py`` writes the committed study (notebook 02 reads it)."""
-SCAN_PATH = Path(__file__).resolve().parent.parent / "results" / "task_scan" / "scan.json"
+SCAN_PATH = Path(__file__).resolve().parents[2] / "results" / "task_scan" / "scan.json"
 """The task scan of ``experiments/task_scan.py`` (base Pass@1 per task and token budget)."""
 METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac", "clip_low_frac",
                  "clip_high_frac", "ratio_k_max", "log_ratio_k_abs", "tv_estimate", "grad_norm", "num_tokens",
@@ -83,14 +88,13 @@ def run_key(arm: str, seed: int) -> str:
 # ----------------------------------------------------------------------------- running
 
 def _write_json(path: Path, data: Any) -> None:
-    """Write, then rename: a study killed mid-write keeps its previous summary."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    """Write, then rename: a study killed mid-write (or out of disk) keeps its previous file."""
+    atomic_write(path, json.dumps(data, indent=1), what="the study's results")
 
 
 def _eval_entry(result: EvalResult) -> dict[str, Any]:
-    return {"pass_at_1": result.pass_at(1), "truncated_frac": result.truncated_frac(),
+    return {"pass_at_1": result.pass_at(1), "pass_at_1_lenient": result.pass_at(1, "lenient"),
+            "truncated_frac": result.truncated_frac(),
             "examples": [list(e) for e in result.examples]}
 
 
@@ -154,8 +158,9 @@ def run_study(base: TrainConfig, out_dir: str | Path, seeds: Sequence[int], runs
             run.update(name=arm.name, v=arm.v, i=arm.i, mask=arm.mask, seed=seed, lr=config.lr,
                        pass_at_1_before=summary["before"]["pass_at_1"])
             metrics = [json.loads(line) for line in (runs_dir / key / "metrics.jsonl").read_text().splitlines()]
-            (out / "metrics" / f"{key}.jsonl").write_text(
-                "".join(json.dumps({f: m[f] for f in METRIC_FIELDS}) + "\n" for m in metrics))
+            atomic_write(out / "metrics" / f"{key}.jsonl",
+                         "".join(json.dumps({f: m[f] for f in METRIC_FIELDS}) + "\n" for m in metrics),
+                         what=f"the metrics of run {key}")
             summary["runs"].append(run)
             _write_json(path, summary)
             log(f"run {key}: Pass@1 {run['pass_at_1_before']:.3f} -> {run['pass_at_1_after']:.3f} "

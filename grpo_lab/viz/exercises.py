@@ -12,7 +12,8 @@ exercise            signature                                     checked agains
 =================== ============================================= =========================
 
 The first three are notebook 01's (bandit), the last three notebook 02's (logged log-probs of
-a language model's completions).
+a language model's completions). :func:`check_prediction` scores notebook 02's "predict, then run"
+answers against values observed in the run.
 
 A stub that raises ``NotImplementedError`` is not a failure: the check then
 verifies the reference solution instead (so the notebook runs unattended) and
@@ -28,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from ..advantages import whiten
-from ..checks import require_choice
+from ..checks import require_choice, require_number_in
 from ..exact.bandit import improvement_lower_bound
 from ..lm.group_view import token_ratios
 from ..objective import clipped_surrogate, tv_terms
@@ -37,7 +38,7 @@ from ..schedules import make_sync_schedule
 
 def solution_whiten(rewards: torch.Tensor, eps_std: float) -> torch.Tensor:
     mu = rewards.mean(dim=1, keepdim=True)                          # μ per group
-    var = ((rewards - mu) ** 2).mean(dim=1, keepdim=True)           # population variance (/G)
+    var = ((rewards - mu) ** 2).mean(dim=1, keepdim=True)           # plug-in variance of the G samples (/G)
     return (rewards - mu) / (var + eps_std).sqrt()                  # ε_std under the square root
 
 
@@ -81,7 +82,7 @@ SOLUTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "whiten": solution_whiten, "f_eps": solution_f_eps, "bound": solution_bound,
     "r_prime": solution_r_prime, "tv": solution_tv, "sync_schedule": solution_sync_schedule}
 HINTS = {
-    "whiten": "per row: subtract the mean, divide by sqrt(population variance + eps_std)",
+    "whiten": "per row: subtract the mean, divide by sqrt(variance of the row, dividing by G, + eps_std)",
     "f_eps": "clip r into [max(r′ − ε, 0), r′ + ε], then take the smaller of r·A and clipped·A",
     "bound": "L_α(π) = (J(π) − μ_α)/σ with σ = sqrt(μ_α(1 − μ_α) + ε_std); TV = ½ Σ |difference|",
     "r_prime": "r′ = exp(log π_k − log α) per token; set padding (mask False) to 0",
@@ -142,7 +143,7 @@ def loop_lags(steps: int, v: int) -> torch.Tensor:
     """The lags the loop's fixed sync schedule gives, step by step."""
     schedule, lags = make_sync_schedule("fixed", v, threshold=0.0), []
     for k in range(steps):
-        if schedule.should_sync(k):
+        if schedule.begin(k):
             schedule.mark_synced(k)
         lags.append(schedule.lag(k))
     return torch.tensor(lags)
@@ -192,3 +193,20 @@ def show_solution(name: str) -> None:
     """Print the reference solution of exercise ``name``."""
     require_choice("name", name, SOLUTIONS)
     print(inspect.getsource(SOLUTIONS[name]))
+
+
+def check_prediction(question: str, guess: float | None, observed: float, rel_tol: float = 0.25,
+                     show: bool = True) -> str:
+    """Score a prediction against what the run observed: ``"✓"`` within ``rel_tol`` of it (relative),
+    ``"✗"`` otherwise, ``"no prediction"`` for ``None``. With ``show``, print the verdict, and the
+    observed value only once a prediction is given, so that writing one comes first."""
+    require_number_in("rel_tol", rel_tol, 0.0, low_open=True)
+    if guess is None:
+        verdict = "no prediction"
+        message = f"{question}: no prediction yet (write one in `predictions`, then run the cell again)"
+    else:
+        verdict = "✓" if abs(guess - observed) <= rel_tol * abs(observed) else "✗"
+        message = f"{question}: you said {guess:g}, the run gave {observed:.3g} {verdict}"
+    if show:
+        print(message)
+    return verdict

@@ -6,11 +6,14 @@ responsive) and **Stop** ends the run after the step in progress; the loop, its 
 the figure keep everything done so far, and **Run** with the same knobs continues it. Changing a
 knob starts a new run. Without a front end, :meth:`LivePanel.run` trains synchronously; a
 kernel interrupt (Ctrl-C) there also finishes the step, saves the checkpoint and returns.
+A disk too full (or read-only) for the checkpoint stops the run with one line in the status,
+and the kernel stays usable.
 """
 
 from __future__ import annotations
 
 import copy
+import html
 import threading
 import time
 from pathlib import Path
@@ -19,8 +22,10 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
+from ..files import DiskError
 from ..lm.build import build_loop
 from ..lm.checkpoint import save_checkpoint
+from ..lm.memory import guard_disk
 from ..lm.recipes import run_dir
 from ..lm.train_config import TrainConfig
 from ..loop import GRPOLoop
@@ -90,19 +95,26 @@ class LivePanel:
 
     def run(self, steps: int | None = None) -> GRPOLoop:
         """Train up to ``steps`` more steps (default: to the panel's total), redrawing after each.
-        Stops early on Stop or an interrupt; always leaves a checkpoint of whole steps."""
-        loop = self._loop_for(self.config())
+        Stops early on Stop or an interrupt; always leaves a checkpoint of whole steps. A disk that
+        cannot hold the checkpoint (:class:`~grpo_lab.files.DiskError`, checked before the first step)
+        ends the run with the error's one line in the status; the last checkpoint stays."""
+        config, checkpoint = self.config(), self.out_dir / "checkpoint.pt"
+        loop = self._loop_for(config)
         self._stop.clear()
         last = self.steps if steps is None else min(self.steps, loop.k + steps)
         start = time.perf_counter()
         try:
-            while loop.k < last and not self._stop.is_set():
-                record = loop.step()
-                self._draw(loop, time.perf_counter() - start, record.lag)
-        except KeyboardInterrupt:
-            self.status.value += " · interrupted: the run keeps its finished steps"
-        finally:
-            save_checkpoint(loop, self.out_dir / "checkpoint.pt")
+            guard_disk(config, loop, checkpoint)
+            try:
+                while loop.k < last and not self._stop.is_set():
+                    record = loop.step()
+                    self._draw(loop, time.perf_counter() - start, record.lag)
+            except KeyboardInterrupt:
+                self.status.value += " · interrupted: the run keeps its finished steps"
+            finally:
+                save_checkpoint(loop, checkpoint)
+        except DiskError as exc:
+            self.status.value = f"stopped: {html.escape(str(exc))}"
         return loop
 
     def _draw(self, loop: GRPOLoop, seconds: float, lag: int) -> None:

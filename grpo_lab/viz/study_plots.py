@@ -42,31 +42,33 @@ def ci_traces(x: np.ndarray, Y: np.ndarray, name: str, color: str, showlegend: b
 
 def study_curves_figure(study: Study, arms: Sequence[str] | None = None, smooth: int = 4) -> go.Figure:
     """Training reward (moving mean over ``smooth`` steps) and held-out Pass@1 against the
-    step (top) and the training wall clock (bottom), mean ± 95 % CI over seeds."""
+    step (top) and the optimiser passes made (bottom: i per step that trained, the cost measure
+    that machine load does not move), mean ± 95 % CI over seeds."""
     arms = list(arms or study.arms)
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.09, vertical_spacing=0.16, subplot_titles=(
-        f"training reward (mean of {smooth} steps)", "held-out Pass@1", "training reward vs wall clock",
-        "held-out Pass@1 vs wall clock"))
+        f"training reward (mean of {smooth} steps)", "held-out Pass@1", "training reward vs optimiser passes",
+        "held-out Pass@1 vs optimiser passes"))
     for arm in arms:
         color, name = arm_color(study, arm), ARM_LABELS.get(arm, arm)
         reward = study.steps_matrix(arm, "reward_mean")
         kernel = np.ones(smooth) / smooth
         smoothed = np.stack([np.convolve(col, kernel, mode="valid") for col in reward.T], axis=1)
         steps = np.arange(smooth - 1, reward.shape[0])
-        seconds = study.seconds_matrix(arm).mean(axis=1)
+        trained = 1 - study.steps_matrix(arm, "skipped").astype(float)
+        cost = np.cumsum(study.runs(arm)[0]["i"] * trained, axis=0).mean(axis=1)     # passes after each step
         pass_steps, passes = study.pass_curve(arm)
-        pass_seconds = np.concatenate([[0.0], seconds[pass_steps[1:] - 1]])
+        pass_cost = np.concatenate([[0.0], cost[pass_steps[1:] - 1]])
         for trace in ci_traces(steps, smoothed, name, color):
             fig.add_trace(trace, row=1, col=1)
         for trace in ci_traces(pass_steps, passes, name, color, showlegend=False):
             fig.add_trace(trace, row=1, col=2)
-        for trace in ci_traces(seconds[smooth - 1:], smoothed, name, color, showlegend=False):
+        for trace in ci_traces(cost[smooth - 1:], smoothed, name, color, showlegend=False):
             fig.add_trace(trace, row=2, col=1)
-        for trace in ci_traces(pass_seconds, passes, name, color, showlegend=False):
+        for trace in ci_traces(pass_cost, passes, name, color, showlegend=False):
             fig.add_trace(trace, row=2, col=2)
     for col in (1, 2):
         fig.update_xaxes(title_text="step k", row=1, col=col)
-        fig.update_xaxes(title_text="training seconds (sample + train + sync)", row=2, col=col)
+        fig.update_xaxes(title_text="optimiser passes (mean over seeds)", row=2, col=col)
     fig.update_layout(height=2 * HEIGHT, title=f"CPU study: {study.summary['model']} on {study.summary['task']}, "
                       f"mean ± 95 % CI over seeds")
     return fig

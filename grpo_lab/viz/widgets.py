@@ -3,8 +3,9 @@
 Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.exact.closed_form.run_bandit_closed_form`
 (the loop's steps with the gradient in closed form: the same curves as
 :func:`~grpo_lab.exact.bandit.run_bandit` without autograd's per-step overhead; ``benchmarks/bandit_rerun.py``
-times both) and replaces the traces of the figure inside ``batch_update``. Without a front
-end the same code runs: the figure is a plain ``go.Figure`` and
+times both), through :func:`~grpo_lab.exact.studies.train_runs` (under AdamW or clipping each run
+trains alone, so that it clips its own gradient), and replaces the traces of the figure inside
+``batch_update``. Without a front end the same code runs: the figure is a plain ``go.Figure`` and
 :meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
 """
 
@@ -17,18 +18,27 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 
-from ..config import GRPOConfig
+from ..config import EMPTY_STEPS, GRPOConfig
 from ..exact.bandit import MAX_EPS_STD, BanditProblem, BanditRun
-from ..exact.closed_form import run_bandit_closed_form
-from ..exact.studies import lab_config, lab_problem, lab_size
+from ..exact.studies import OPTIMIZER_SETTINGS, lab_config, lab_problem, lab_size, train_runs
 from ..objective import BANDS, MASK_NORMALIZATIONS
 from .display import display_mode, new_figure, show_panel
 from .plots import COLORS, HEIGHT, band_traces
 
 
+def optimizer_setting(config: GRPOConfig) -> str:
+    """The :data:`~grpo_lab.exact.studies.OPTIMIZER_SETTINGS` entry whose optimiser and clip ``config`` has."""
+    for name, setting in OPTIMIZER_SETTINGS.items():
+        if (config.optimizer, config.max_grad_norm) == (setting["optimizer"], setting["max_grad_norm"]):
+            return name
+    raise ValueError(f"the panel offers {list(OPTIMIZER_SETTINGS)}; got optimizer = {config.optimizer!r} with "
+                     f"max_grad_norm = {config.max_grad_norm!r}")
+
+
 def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
-    """One widget per knob, named as the :class:`~grpo_lab.GRPOConfig` field it sets
-    (``runs`` is the number of stacked runs); they fire on release, not while dragging."""
+    """One widget per knob, named as the :class:`~grpo_lab.GRPOConfig` field it sets (``optimizer`` picks
+    a setting of :data:`~grpo_lab.exact.studies.OPTIMIZER_SETTINGS`: optimiser and clip; ``runs`` is the
+    number of runs); they fire on release, not while dragging."""
     style: dict[str, Any] = dict(style={"description_width": "70px"})
     common: dict[str, Any] = dict(continuous_update=False, **style)
     return {
@@ -42,9 +52,13 @@ def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
         "mask_zero_variance": W.Checkbox(config.mask_zero_variance, description="zero-variance mask", indent=False),
         "mask_normalize": W.Dropdown(options=list(MASK_NORMALIZATIONS), value=config.mask_normalize,
                                      description="mask norm.", **style),
+        "empty_step": W.Dropdown(options=list(EMPTY_STEPS), value=config.empty_step, description="empty step",
+                                 **style),
         "band": W.Dropdown(options=list(BANDS), value=config.band, description="band", **style),
         "ref_period": W.IntSlider(config.ref_period, 0, 100, step=5, description="ref period", **common),
-        "lr": W.FloatLogSlider(config.lr, base=10, min=-1, max=1.5, step=0.1, description="lr (SGD)", **common),
+        "optimizer": W.Dropdown(options=list(OPTIMIZER_SETTINGS), value=optimizer_setting(config),
+                                description="optimiser", **style),
+        "lr": W.FloatLogSlider(config.lr, base=10, min=-3, max=1.5, step=0.1, description="lr", **common),
         "runs": W.IntSlider(runs, 1, 16, description="runs", **common),
         "seed": W.IntSlider(config.seed, 0, 99, description="seed", **common),
     }
@@ -66,29 +80,39 @@ class BanditPanel:
         self.status = W.HTML()
         self.figure = new_figure(self.mode, height=HEIGHT, xaxis_title="step k", yaxis_title="J(π_θ)",
                                  title="Live bandit: change a knob, the runs re-train")
-        baseline = run_bandit_closed_form(self.problem, self.base, runs=self.controls["runs"].value)
+        baseline = train_runs(self.problem, self.base, runs=self.controls["runs"].value)
         x = np.arange(len(baseline.J))
         for trace in band_traces(x, baseline.J, "baseline: v = 1, i = 1, mask", "grey", dash="dot"):
             self.figure.add_trace(trace)
         for trace in band_traces(x, baseline.J, "current knobs", COLORS[0]):
             self.figure.add_trace(trace)
         self.last: BanditRun | None = None
-        for control in self.controls.values():
-            control.observe(lambda change: self.rerun(), names="value")
+        for name, control in self.controls.items():
+            control.observe(self._optimizer_changed if name == "optimizer" else lambda change: self.rerun(),
+                            names="value")
         self.rerun()
+
+    def _optimizer_changed(self, change: dict[str, Any]) -> None:
+        """A new optimiser brings its own learning rate; setting it re-runs (once), else re-run here."""
+        lr = float(OPTIMIZER_SETTINGS[change["new"]].get("lr", self.base.lr))
+        if self.controls["lr"].value != lr:
+            self.controls["lr"].value = lr
+        else:
+            self.rerun()
 
     def config(self) -> GRPOConfig:
         """The config the knobs describe (a reference reset needs β > 0, so β = 0 turns it off)."""
-        values = {name: c.value for name, c in self.controls.items() if name != "runs"}
+        values = {name: c.value for name, c in self.controls.items() if name not in ("runs", "optimizer")}
         if values["beta"] == 0:
             values["ref_period"] = 0
-        return self.base.replace(**values)
+        setting = OPTIMIZER_SETTINGS[self.controls["optimizer"].value]
+        return self.base.replace(**values, optimizer=setting["optimizer"], max_grad_norm=setting["max_grad_norm"])
 
     def rerun(self) -> BanditRun:
         """Train ``runs`` runs with the current knobs and replace the 'current' traces."""
         config, runs = self.config(), self.controls["runs"].value
         start = time.perf_counter()
-        result = run_bandit_closed_form(self.problem, config, runs=runs)
+        result = train_runs(self.problem, config, runs=runs)
         seconds = time.perf_counter() - start
         band, line = band_traces(np.arange(len(result.J)), result.J, "current knobs", COLORS[0])
         with self.figure.batch_update():

@@ -1,0 +1,137 @@
+"""The knobs of Algorithm 1 on the TRL route, spelled once: :data:`KNOBS` pairs each
+:class:`~grpo_lab.config.GRPOConfig` field with its :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` field
+(TRL's name where the concept is TRL's, e.g. G → ``num_generations``).
+
+The table drives all three places a knob appears on this route, so a new knob is one row (and, where TRL
+has no field of its name, a one-line ``lab_field`` declaration in OffPolicyGRPOConfig, which the test asks
+for):
+
+================================ ============================================================================
+:func:`trl_values`               a GRPOConfig's values under their TRL names (:func:`~.launch.trl_args`)
+:func:`validate_trl_values`      OffPolicyGRPOConfig's values checked by GRPOConfig's own rules
+:func:`lab_field`                an OffPolicyGRPOConfig field mirroring a knob: GRPOConfig's default, and its
+                                 field docstring as the help
+================================ ============================================================================
+
+A GRPOConfig field with no TRL field of its own is listed in :data:`NOT_ONE_TO_ONE` with the reason;
+:func:`~.launch.trl_args` derives its TRL values explicitly. ``tests/test_knobs.py`` fails on a field in
+neither.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import GRPOConfig
+
+TRL_OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd"}
+"""GRPOConfig ``optimizer`` → TRL ``optim``."""
+
+
+def _trl_max_grad_norm(norm: float | None) -> float:
+    """No clipping is None in GRPOConfig and 0 in TRL."""
+    return 0.0 if norm is None else norm
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """GRPOConfig field ``lab_name`` is OffPolicyGRPOConfig field ``trl_name``. ``to_trl`` maps the value where
+    TRL spells it differently; None means the same value, which GRPOConfig's rules then validate on the TRL
+    side too (a mapped value is in TRL's vocabulary, so TRL validates it)."""
+
+    lab_name: str
+    trl_name: str
+    to_trl: Callable[[Any], Any] | None = None
+
+    def trl_value(self, config: GRPOConfig) -> Any:
+        value = getattr(config, self.lab_name)
+        return value if self.to_trl is None else self.to_trl(value)
+
+
+KNOBS: tuple[KnobSpec, ...] = (
+    KnobSpec("G", "num_generations"),
+    KnobSpec("v", "vllm_sync_interval"),
+    KnobSpec("i", "num_iterations"),
+    KnobSpec("sync", "sync"),
+    KnobSpec("sync_threshold", "sync_threshold"),
+    KnobSpec("eps_low", "epsilon"),
+    KnobSpec("eps_high", "epsilon_high"),
+    KnobSpec("band", "clip_band"),
+    KnobSpec("beta", "beta"),
+    KnobSpec("kl_importance_weighted", "use_bias_correction_kl"),
+    KnobSpec("eps_std", "eps_std"),
+    KnobSpec("unbiased_std", "unbiased_std"),
+    KnobSpec("eps_placement", "eps_placement"),
+    KnobSpec("mask_zero_variance", "zero_variance_mask"),
+    KnobSpec("mask_normalize", "mask_normalize"),
+    KnobSpec("empty_step", "empty_step"),
+    KnobSpec("loss_type", "loss_type"),
+    KnobSpec("level", "importance_sampling_level"),
+    KnobSpec("lr", "learning_rate"),
+    KnobSpec("optimizer", "optim", TRL_OPTIMIZERS.__getitem__),
+    KnobSpec("weight_decay", "weight_decay"),
+    KnobSpec("max_grad_norm", "max_grad_norm", _trl_max_grad_norm),
+    KnobSpec("max_completion_length", "max_completion_length"),
+    KnobSpec("temperature", "temperature"),
+    KnobSpec("seed", "seed"),
+)
+
+NOT_ONE_TO_ONE: dict[str, str] = {
+    "prompts_per_step": "batch geometry: P·G rows per step = per_device_train_batch_size × processes × "
+                        "gradient_accumulation_steps (= steps_per_generation)",
+    "micro_batch_size": "batch geometry: per_device_train_batch_size (None: P·G rows / processes)",
+    "steps": "max_steps = steps · i: TRL counts optimiser passes, i per step k",
+    "ref_period": "sync_ref_model = ref_period > 0 and ref_model_sync_steps = ref_period · i (optimiser passes)",
+    "kl_kind": "TRL computes the k3 estimator only: trl_args refuses any other",
+}
+"""GRPOConfig fields :func:`~.launch.trl_args` maps by hand, and why no row can."""
+
+_BY_LAB = {knob.lab_name: knob for knob in KNOBS}
+
+
+def trl_values(config: GRPOConfig) -> dict[str, Any]:
+    """Every row's value of ``config``, keyed by its TRL name."""
+    return {knob.trl_name: knob.trl_value(config) for knob in KNOBS}
+
+
+def validate_trl_values(config: Any) -> GRPOConfig:
+    """The GRPOConfig of the same-valued knobs of ``config`` (an OffPolicyGRPOConfig; what
+    :func:`grpo_lab.plan.plan_step` reads on the TRL route), so checked by GRPOConfig's own rules, all
+    together (rules joining several apply). The error names the TRL field: checks.py's messages start with
+    the field's name."""
+    lab_values = {knob.lab_name: getattr(config, knob.trl_name) for knob in KNOBS if knob.to_trl is None}
+    try:
+        return GRPOConfig(**lab_values)
+    except ValueError as error:
+        knob = _BY_LAB.get(next(iter(str(error).split()), ""))
+        if knob is None or knob.trl_name == knob.lab_name:
+            raise
+        raise ValueError(f"{knob.trl_name} (GRPOConfig.{knob.lab_name}): {error}") from error
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of the dataclass ``cls`` (Python keeps none at run time), on one
+    line."""
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    body = node.body
+    return {field.target.id: " ".join(doc.value.value.split()) for field, doc in zip(body, body[1:], strict=False)
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+            and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
+
+
+def lab_field(lab_name: str) -> Any:
+    """The ``dataclasses.field`` of the OffPolicyGRPOConfig field that mirrors GRPOConfig's ``lab_name``: the
+    same default, and GRPOConfig's docstring of it as the help (``%`` doubled: argparse formats help)."""
+    if lab_name not in _BY_LAB:
+        raise ValueError(f"lab_name = {lab_name!r} has no row in KNOBS")
+    (default,) = (f.default for f in dataclasses.fields(GRPOConfig) if f.name == lab_name)
+    help_text = f"GRPOConfig.{lab_name}: {field_docs(GRPOConfig)[lab_name]}".replace("%", "%%")
+    return dataclasses.field(default=default, metadata={"help": help_text})
