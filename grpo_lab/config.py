@@ -10,7 +10,7 @@ from typing import Any
 
 from .advantages import EPS_PLACEMENTS
 from .checks import require_choice, require_int_at_least, require_number_in
-from .objective import BANDS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS
+from .objective import BANDS, IS_CORRECTIONS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS
 from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
@@ -78,6 +78,16 @@ class GRPOConfig:
     """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
     level: str = "token"
     """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``)."""
+    is_correction: str = "ratio"
+    """How the surrogate corrects for sampling from α (docs/theory.md §3, *The correction knob*): ``ratio``
+    (the paper) r = π_θ/α with the band around r′ = π_k/α; ``truncated`` (TRL's and verl's truncated
+    importance sampling, TRL ``vllm_importance_sampling_mode="token_truncate"``) min(r′, C) times PPO's
+    clipped surrogate of π_θ/π_k; ``none`` PPO's surrogate of π_θ/π_k, α ignored: the samples are
+    treated as on-policy, as a naive asynchronous trainer does."""
+    is_cap: float = 2.0
+    """C > 1, the cap of ``is_correction="truncated"`` on r′ = π_k/α (verl's default 2; TRL's
+    ``vllm_importance_sampling_clip_max`` defaults to 3). Under ``truncated`` the step's ``cap_frac`` is the
+    share of sampled tokens with r′ outside [1/C, C]."""
     lr: float = 1e-6
     """Learning rate."""
     optimizer: str = "adamw"
@@ -117,6 +127,8 @@ class GRPOConfig:
         require_choice("empty_step", self.empty_step, EMPTY_STEPS)
         require_choice("loss_type", self.loss_type, LOSS_TYPES)
         require_choice("level", self.level, LEVELS)
+        require_choice("is_correction", self.is_correction, IS_CORRECTIONS)
+        require_number_in("is_cap", self.is_cap, 1.0, low_open=True)
         require_number_in("lr", self.lr, 0.0, low_open=True)
         require_choice("optimizer", self.optimizer, OPTIMIZERS)
         require_number_in("weight_decay", self.weight_decay, 0.0)

@@ -38,7 +38,7 @@ import torch
 
 from .checks import require_reward_groups
 from .config import RESUME_FREE_FIELDS, GRPOConfig
-from .objective import NO_TOKEN_METRICS, grpo_objective, tv_terms
+from .objective import NO_TOKEN_METRICS, RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from .plan import StepPlan, plan_step
 from .schedules import RefResetSchedule, make_sync_schedule
 
@@ -130,6 +130,14 @@ class StepRecord:
     train_seconds: float
     sync_seconds: float
     ref_reset: bool
+    ess_token: float = 1.0
+    ess_seq: float = 1.0
+    log_ratio_k_p50: float = 0.0
+    log_ratio_k_p99: float = 0.0
+    log_ratio_k_max: float = 0.0
+    cap_frac: float = 0.0
+    """The :func:`~grpo_lab.objective.ratio_diagnostics` of the step's sampled tokens (defaults: an on-policy
+    step's values, for histories saved before these fields existed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -252,7 +260,8 @@ class GRPOLoop:
                 kl=metrics.get("kl", 0.0),
                 grad_norm=grad_norm, num_tokens=metrics["num_tokens"], sync_bytes=sync_bytes,
                 sample_seconds=sample_seconds, train_seconds=train_seconds,
-                sync_seconds=sync_seconds, ref_reset=ref_reset)
+                sync_seconds=sync_seconds, ref_reset=ref_reset,
+                **{name: metrics[name] for name in RATIO_DIAGNOSTICS})
             self.history.append(record)
             self.k = k + 1
         return record
@@ -267,19 +276,22 @@ class GRPOLoop:
         is False.
 
         Returns the metrics averaged over the passes (clip fractions are 0 at
-        pass 0, where π_θ = π_k), the mean loss and the last gradient norm (0 when
-        nothing trained).
+        pass 0, where π_θ = π_k) with ``tv_estimate`` and the :func:`ratio_diagnostics` of every
+        sampled token, the mean loss and the last gradient norm (0 when nothing trained).
         """
         cfg = self.config
-        sampled = rollout.mask.bool()
         B = rollout.completions.shape[0]
         size = cfg.micro_batch_size or B
         chunks = [slice(s, min(s + size, B)) for s in range(0, B, size)]
         # Rows whose every weight is 0 (masked groups) need no gradient: one no-grad forward gives their log π_k.
         trained = [rows for rows in chunks if bool((plan.weights[rows] > 0).any())] if plan.trains else []
-        tv = [self._tv_terms(rollout, rows) for rows in chunks if rows not in trained]
+        all_logp_k = torch.empty_like(rollout.logp_alpha)  # log π_k of every sampled row, for the diagnostics
+        for rows in chunks:
+            if rows not in trained:
+                with torch.no_grad():
+                    all_logp_k[rows] = self.policy.logprobs(rollout, rows)
         if not plan.trains:
-            return {**NO_TOKEN_METRICS, "tv_estimate": float(torch.cat(tv).mean())}, 0.0, 0.0
+            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, all_logp_k)}, 0.0, 0.0
 
         logp_ref = None
         if self.reference is not None:
@@ -293,13 +305,13 @@ class GRPOLoop:
             for c, rows in enumerate(trained):
                 logp = self.policy.logprobs(rollout, rows)
                 if pass_index == 0:
-                    logp_k[c] = logp.detach()  # π_θ = π_k before the first optimiser step
-                    tv.append(tv_terms(logp_k[c], rollout.logp_alpha[rows], sampled[rows]))
+                    logp_k[c] = all_logp_k[rows] = logp.detach()  # π_θ = π_k before the first optimiser step
                 loss, metrics = grpo_objective(
                     logp, rollout.logp_alpha[rows], plan.advantages[rows], plan.weights[rows], logp_k=logp_k[c],
                     logp_ref=None if logp_ref is None else logp_ref[c], beta=cfg.beta,
                     eps_low=cfg.eps_low, eps_high=cfg.eps_high, band=cfg.band, kl_kind=cfg.kl_kind,
-                    kl_importance_weighted=cfg.kl_importance_weighted, level=cfg.level)
+                    kl_importance_weighted=cfg.kl_importance_weighted, level=cfg.level,
+                    is_correction=cfg.is_correction, is_cap=cfg.is_cap)
                 loss_value = float(loss.detach())
                 if not math.isfinite(loss_value):
                     raise FloatingPointError(f"non-finite loss {loss_value} at step {self.k}, pass {pass_index}")
@@ -311,14 +323,14 @@ class GRPOLoop:
                     param.grad = torch.zeros_like(param)
             grad_norm = self._optimizer_step()
         metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
-        metrics["tv_estimate"] = float(torch.cat(tv).mean())
-        return metrics, loss_sum / cfg.i, grad_norm
+        return {**metrics, **self._sample_diagnostics(rollout, all_logp_k)}, loss_sum / cfg.i, grad_norm
 
-    def _tv_terms(self, rollout: Rollout, rows: slice) -> torch.Tensor:
-        """:func:`tv_terms` of rows that train nothing (masked groups): log π_k by a no-grad forward."""
-        with torch.no_grad():
-            logp_k = self.policy.logprobs(rollout, rows)
-        return tv_terms(logp_k, rollout.logp_alpha[rows], rollout.mask[rows])
+    def _sample_diagnostics(self, rollout: Rollout, logp_k: torch.Tensor) -> dict[str, float]:
+        """``tv_estimate`` and the :func:`ratio_diagnostics` over every sampled token (masked groups
+        included); ``cap_frac`` counts against C only under ``is_correction="truncated"``."""
+        cap = self.config.is_cap if self.config.is_correction == "truncated" else None
+        tv = float(tv_terms(logp_k, rollout.logp_alpha, rollout.mask).mean())
+        return {"tv_estimate": tv, **ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, cap)}
 
     def _optimizer_step(self) -> float:
         """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
@@ -350,8 +362,12 @@ class GRPOLoop:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`. A config field the checkpoint lacks (it predates the field) counts
+        as the field's default, and history records lacking :class:`StepRecord` fields get theirs."""
         current = self.config.to_dict()
-        changed = {k: (v, current.get(k)) for k, v in state["config"].items()
+        defaults = {f.name: f.default for f in dataclasses.fields(self.config) if f.default is not dataclasses.MISSING}
+        saved = {**defaults, **state["config"]}
+        changed = {k: (v, current.get(k)) for k, v in saved.items()
                    if current.get(k) != v and k not in RESUME_FREE_FIELDS}
         if changed:
             raise ValueError(f"checkpoint was written with a different config (saved, current): {changed}")

@@ -17,9 +17,12 @@ KL_KINDS = ("k1", "k2", "k3")
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
 LEVELS = ("token", "sequence")
 MASK_NORMALIZATIONS = ("batch", "unmasked")
+IS_CORRECTIONS = ("ratio", "truncated", "none")
 NO_TOKEN_METRICS: dict[str, float] = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0,
                                       "ratio_k_max": 0.0, "log_ratio_k_abs": 0.0, "num_tokens": 0}
 """The metrics of :func:`grpo_objective` over no counted token."""
+RATIO_DIAGNOSTICS = ("ess_token", "ess_seq", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max", "cap_frac")
+"""The names of :func:`ratio_diagnostics`' values."""
 
 
 def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
@@ -70,6 +73,91 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
     low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
     clipped = torch.clamp(ratio, low, high)  # clamp passes the gradient at the bounds (ε = 0 keeps r′·A)
     return torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_correction: str = "ratio",
+                        is_cap: float = 2.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one rule of ``GRPOConfig.is_correction`` (docs/theory.md §3, *The correction knob*): what the
+    ratios are taken against, and the detached weight c that multiplies the surrogate.
+
+    ============== ============ ============================= =============================================
+    is_correction  base         c                             surrogate, maximised
+    ============== ============ ============================= =============================================
+    ``ratio``      log α        1                             f_ε(π_θ/α, π_k/α, A)          (the paper)
+    ``truncated``  log π_k      min(r′, C), r′ = π_k/α        c · f_ε(π_θ/π_k, 1, A)  (TRL/verl ``token_truncate``)
+    ``none``       log π_k      1                             f_ε(π_θ/π_k, 1, A)      (α ignored: treated as on-policy)
+    ============== ============ ============================= =============================================
+
+    At the first pass (π_θ = π_k) the gradient is c·r·A·∇log π with r = π_k/base: r′·A·∇log π,
+    min(r′, C)·A·∇log π and A·∇log π. With r′ = 1 both bands are PPO's [1 − ε_low, 1 + ε_high].
+    The same base weights the KL term when ``kl_importance_weighted`` (π_θ/base, TRL's ``coef_1``
+    for ``truncated`` and ``none``).
+
+    ============== ========== ===============================================
+    symbol         shape      meaning
+    ============== ========== ===============================================
+    log π_k        ``[B, T]`` ``logp_k``, detached
+    log α          ``[B, T]`` ``logp_alpha``
+    C              scalar     ``is_cap`` > 1 (read by ``truncated`` only)
+    base           ``[B, T]`` returned: log of the ratios' denominator
+    c              ``[B, T]`` returned: the detached weight; None means c = 1
+    ============== ========== ===============================================
+    """
+    require_choice("is_correction", is_correction, IS_CORRECTIONS)
+    is_cap = require_number_in("is_cap", is_cap, 1.0, low_open=True)
+    require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha)
+    if is_correction == "ratio":
+        return logp_alpha, None
+    logp_k = logp_k.detach()
+    if is_correction == "none":
+        return logp_k, None
+    return logp_k, torch.exp(logp_k - logp_alpha).clamp(max=is_cap)
+
+
+def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_mask: torch.Tensor,
+                      cap: float | None = None) -> dict[str, float]:
+    """Statistics of the importance weights w = r′ = π_k/α before any clip, cap or mask (docs/metrics.md).
+
+    Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence b's sampled tokens)::
+
+        ess_token = (Σ_t w_t)² / (n_tok · Σ_t w_t²)      ess_seq likewise over the n_seq sequences w_b
+        log_ratio_k_p50 / _p99 / _max = median / 99th percentile / max of log r′ over sampled tokens
+        cap_frac = share of sampled tokens with r′ outside [1/C, C]   (0 when ``cap`` is None)
+
+    ESS/n lies in (0, 1], = 1 exactly when all weights are equal (on-policy: every r′ = 1).
+
+    ================ ========== =================================================
+    argument         shape      meaning
+    ================ ========== =================================================
+    ``logp_k``       ``[B, T]`` log π_k of the sampled tokens
+    ``logp_alpha``   ``[B, T]`` log α of the same tokens
+    ``sampled_mask`` ``[B, T]`` the tokens α sampled (padding False), every group
+    ``cap``          scalar     C of ``is_correction="truncated"``, or None
+    ================ ========== =================================================
+
+    With no sampled token the values are an on-policy batch's: ESS 1, quantiles 0, cap_frac 0.
+    """
+    require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, sampled_mask=sampled_mask)
+    if cap is not None:
+        cap = require_number_in("cap", cap, 1.0, low_open=True)
+    sampled = sampled_mask.bool()
+    log_ratio = (logp_k.detach() - logp_alpha.detach()).to(torch.float64)
+    tokens = log_ratio[sampled]
+    rows = sampled.any(dim=1)
+    if tokens.numel() == 0:
+        return dict(zip(RATIO_DIAGNOSTICS, (1.0, 1.0, 0.0, 0.0, 0.0, 0.0), strict=True))
+    sequences = torch.where(sampled, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)[rows]
+    quantiles = torch.quantile(tokens, torch.tensor([0.5, 0.99], dtype=torch.float64))
+    outside = (tokens.abs() > torch.log(torch.tensor(cap, dtype=torch.float64))) if cap is not None else None
+    values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences), *quantiles, tokens.max(),
+                          outside.to(torch.float64).mean() if outside is not None else tokens.new_zeros(())])
+    return dict(zip(RATIO_DIAGNOSTICS, values.tolist(), strict=True))
+
+
+def _normalised_ess(log_w: torch.Tensor) -> torch.Tensor:
+    """(Σw)² / (n·Σw²) of w = exp(``log_w``), shifted by max log w first (the ratio is scale-free)."""
+    w = torch.exp(log_w - log_w.max())
+    return w.sum() ** 2 / (w.numel() * (w * w).sum())
 
 
 def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -209,13 +297,16 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    weights: torch.Tensor, *, logp_k: torch.Tensor | None = None,
                    logp_ref: torch.Tensor | None = None, beta: float = 0.0, eps_low: float = 0.2,
                    eps_high: float | None = None, band: str = "additive", kl_kind: str = "k3",
-                   kl_importance_weighted: bool = False,
-                   level: str = "token") -> tuple[torch.Tensor, dict[str, float]]:
+                   kl_importance_weighted: bool = False, level: str = "token", is_correction: str = "ratio",
+                   is_cap: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
     Equation::
 
-        loss = Σ_{b,t} w_{b,t} · ( −f_ε(r, r′, A_b) + β · KL̂_{b,t} )
+        loss = Σ_{b,t} w_{b,t} · ( −c_{b,t} · f_ε(r, r′, A_b) + β · KL̂_{b,t} )
+
+    with r, r′ taken against the base of :func:`is_correction_terms` and c its weight
+    (``is_correction="ratio"``, the default: r = π_θ/α, r′ = π_k/α, c = 1).
 
     The β term is a loss term: its gradient, not its value, is what acts. With
     the default k3 that gradient follows KL(π_ref ‖ π_θ), not KL(π_θ ‖ π_ref); k1's
@@ -240,7 +331,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     micro-batch passes its rows ``weights[rows]`` and the losses add up.
 
     ``level="sequence"`` (GSPO-style) replaces per-token ratios by the ratio of
-    length-normalised sequence log-probabilities, broadcast to the tokens.
+    length-normalised sequence log-probabilities, broadcast to the tokens; the correction
+    (``is_correction``, ``is_cap``) then acts on those sequence ratios.
 
     Metrics (floats, over counted tokens): ``clip_low_frac`` (r below the band
     with A < 0), ``clip_high_frac`` (r above with A > 0), ``ratio_k_mean`` /
@@ -269,33 +361,38 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
         ratio_logp, ratio_logp_k, ratio_logp_alpha = seq_mean(logp), seq_mean(logp_k), seq_mean(logp_alpha)
     else:
         ratio_logp, ratio_logp_k, ratio_logp_alpha = logp, logp_k, logp_alpha
+    base, correction = is_correction_terms(ratio_logp_k, ratio_logp_alpha, is_correction, is_cap)
+    token_base = base if level == "token" else is_correction_terms(logp_k, logp_alpha, is_correction, is_cap)[0]
     adv = advantages[:, None].to(logp.dtype)
-    surrogate = clipped_surrogate(ratio_logp, ratio_logp_k, ratio_logp_alpha, adv, eps_low, eps_high, band)
-    per_token = -surrogate
+    surrogate = clipped_surrogate(ratio_logp, ratio_logp_k, base, adv, eps_low, eps_high, band)
+    per_token = -surrogate if correction is None else -correction.to(surrogate.dtype) * surrogate
     kl = None
     if logp_ref is not None:
         kl = kl_estimate(logp, logp_ref, kl_kind)
         if kl_importance_weighted:
-            kl = kl * torch.exp(logp - logp_alpha).detach()
+            kl = kl * torch.exp(logp - token_base).detach()
         if beta > 0:
             per_token = per_token + beta * kl
     loss = weighted_sum(per_token, weights)
 
     with torch.no_grad():
-        metrics = _metrics(ratio_logp - ratio_logp_alpha, ratio_logp_k - ratio_logp_alpha, logp_k - logp_alpha,
-                           adv, kl, mask, eps_low, eps_low if eps_high is None else eps_high, band)
+        metrics = _metrics(ratio_logp - base, ratio_logp_k - base, ratio_logp_k - ratio_logp_alpha,
+                           logp_k - logp_alpha, adv, kl, mask, eps_low, eps_low if eps_high is None else eps_high,
+                           band)
     return loss, metrics
 
 
-def _metrics(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, token_log_ratio_k: torch.Tensor,
-             adv: torch.Tensor, kl: torch.Tensor | None, counted: torch.Tensor, eps_low: float, eps_high: float,
-             band: str) -> dict[str, float]:
-    """The step's diagnostics over counted tokens, read out with one conversion to Python floats."""
+def _metrics(log_ratio: torch.Tensor, log_ratio_band: torch.Tensor, log_ratio_k: torch.Tensor,
+             token_log_ratio_k: torch.Tensor, adv: torch.Tensor, kl: torch.Tensor | None, counted: torch.Tensor,
+             eps_low: float, eps_high: float, band: str) -> dict[str, float]:
+    """The step's diagnostics over counted tokens, read out with one conversion to Python floats: the clip
+    fractions of r against the band around ``log_ratio_band`` (r′ against the correction's base), the
+    r′ = π_k/α statistics against α whatever the correction."""
     n = int(counted.sum())
     if n == 0:
         return {**NO_TOKEN_METRICS, **({"kl": 0.0} if kl is not None else {})}
     ratio, ratio_k = log_ratio.exp(), log_ratio_k.exp()
-    low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
+    low, high = clip_bounds(log_ratio_band.exp(), eps_low, eps_high, band)
     weight = counted.to(torch.float64) / n
     values = [((ratio < low) & (adv < 0)), ((ratio > high) & (adv > 0)), ratio_k, token_log_ratio_k.abs()]
     values += [kl] if kl is not None else []

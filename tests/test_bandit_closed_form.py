@@ -37,6 +37,12 @@ KNOBS = {
     "TRL whitening": dict(eps_placement="added_to_std", unbiased_std=True, eps_std=0.0),
     "SGD with clipping and weight decay": dict(max_grad_norm=0.3, weight_decay=0.1, v=2),
     "AdamW, clipped": dict(optimizer="adamw", lr=0.05, max_grad_norm=0.5, v=4),
+    "truncated correction, C = 1.2, v = 8, i = 2": dict(is_correction="truncated", is_cap=1.2, v=8, i=2),
+    "truncated correction, multiplicative band, beta k2 weighted, v = 5, i = 3": dict(
+        is_correction="truncated", band="multiplicative", beta=0.3, kl_kind="k2", kl_importance_weighted=True,
+        v=5, i=3),
+    "no correction, v = 8, i = 2": dict(is_correction="none", v=8, i=2),
+    "no correction, beta k3 weighted, v = 4": dict(is_correction="none", beta=0.3, kl_importance_weighted=True, v=4),
 }
 
 
@@ -93,3 +99,17 @@ def test_kl_gradient_is_the_estimators_derivative(kind):
 def test_runs_below_one_is_rejected():
     with pytest.raises(ValueError, match="runs"):
         run_bandit_closed_form(PROBLEM, bandit_config(steps=1), runs=0)
+
+
+def test_the_corrections_agree_on_policy_and_part_under_lag():
+    """At v = 1, α = π_k: r′ = 1, so ratio, truncated and none take the same steps. At v = 8 they differ,
+    and in both engines alike (the parametrised test above)."""
+    curves = {}
+    for v in (1, 8):
+        for correction in ("ratio", "truncated", "none"):
+            config = bandit_config(steps=60, lr=1.0, v=v, i=2, seed=4, is_correction=correction, is_cap=1.2)
+            curves[v, correction] = run_bandit_closed_form(PROBLEM, config, runs=3).J
+    np.testing.assert_allclose(curves[1, "truncated"], curves[1, "ratio"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(curves[1, "none"], curves[1, "ratio"], rtol=0, atol=1e-12)
+    for a, b in (("ratio", "truncated"), ("ratio", "none"), ("truncated", "none")):
+        assert np.abs(curves[8, a] - curves[8, b]).max() > 1e-3, (a, b)

@@ -70,3 +70,24 @@ def test_load_refuses_arbitrary_pickles(tmp_path):
 def test_load_missing_path_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         load_checkpoint(make_loop(), tmp_path / "nope.pt")
+
+
+def test_a_checkpoint_from_before_the_correction_knob_resumes(tmp_path):
+    """Saved without is_correction / is_cap and without the ratio diagnostics in its history: it loads with
+    the defaults (the behaviour it was trained with), and a run with another correction is refused."""
+    part = make_loop()
+    list(part.run(3))
+    state = part.state_dict()
+    for name in ("is_correction", "is_cap"):
+        del state["config"][name]
+    for record in state["history"]:
+        for name in ("ess_token", "ess_seq", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max", "cap_frac"):
+            del record[name]
+    resumed = make_loop()
+    resumed.load_state_dict(state)
+    assert resumed.k == 3 and resumed.history[0].ess_token == 1.0 and resumed.history[0].cap_frac == 0.0
+    list(resumed.run(1))
+    other = build_bandit_loop(BanditProblem.random(contexts=5, arms=4, seed=1),
+                              make_loop().config.replace(is_correction="none"), runs=3)
+    with pytest.raises(ValueError, match="is_correction"):
+        other.load_state_dict(state)

@@ -241,3 +241,29 @@ def test_skipped_step_keeps_the_measured_drift():
     record = loop.step()
     assert record.skipped and not record.synced
     assert loop.schedule.last_drift == 0.3      # not reset to the 0 of an empty measurement
+
+
+def test_ess_falls_as_the_lag_grows_on_the_bandit():
+    """ESS/n of r′ = π_k/α, per token and per sequence, mean over steps: 1 at v = 1 (α = π_k), lower at v = 4,
+    lower still at v = 16; the log r′ quantiles grow the other way."""
+    from grpo_lab.exact.bandit import run_bandit
+
+    problem = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
+    runs = {v: run_bandit(problem, bandit_config(steps=48, lr=1.0, v=v, seed=2), runs=3).records for v in (1, 4, 16)}
+    ess = {v: sum(r.ess_token for r in records) / len(records) for v, records in runs.items()}
+    assert ess[1] == pytest.approx(1.0, abs=1e-12)
+    assert ess[1] > ess[4] > ess[16]
+    assert all(r.ess_seq == r.ess_token for records in runs.values() for r in records)  # one-token responses
+    p99 = {v: max(r.log_ratio_k_p99 for r in records) for v, records in runs.items()}
+    assert p99[1] == 0 and p99[16] > p99[4] > 0
+    assert all(r.cap_frac == 0 for records in runs.values() for r in records)  # is_correction = "ratio"
+
+
+def test_cap_frac_counts_ratios_outside_the_cap_under_truncated():
+    from grpo_lab.exact.bandit import run_bandit
+
+    problem = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
+    config = bandit_config(steps=30, lr=2.0, v=10, seed=2, is_correction="truncated", is_cap=1.1)
+    records = run_bandit(problem, config, runs=2).records
+    assert all(r.cap_frac == 0 for r in records if r.lag == 0)
+    assert max(r.cap_frac for r in records) > 0.05

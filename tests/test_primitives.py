@@ -401,3 +401,112 @@ def test_importance_weighted_kl_is_unbiased_off_policy(seed):
     kl = (pi * (pi / ref).log()).sum()
     weighted = (alpha * (pi / alpha) * kl_estimate(pi.log(), ref.log(), "k3")).sum()
     assert weighted.item() == pytest.approx(kl.item(), rel=1e-9)
+
+
+# The correction knob (docs/theory.md §3) and the ratio diagnostics (docs/metrics.md)
+
+ALPHA, PI_K = torch.tensor([[0.5, 0.2, 0.4]]), torch.tensor([[0.4, 0.5, 0.1]])  # r′ = π_k/α = [0.8, 2.5, 0.25]
+
+
+def correction_loss(is_correction, shift=(0.0, 0.0, 0.0), band="additive", is_cap=2.0):
+    """One sequence of 3 tokens, A = 1.5, grpo weights 1/3; log π_θ = log π_k + shift (with gradient)."""
+    logp = (PI_K.log() + torch.tensor([shift])).requires_grad_(True)
+    weights = torch.full((1, 3), 1 / 3)
+    from grpo_lab.objective import grpo_objective as objective
+    loss, metrics = objective(logp, ALPHA.log(), torch.tensor([1.5]), weights, logp_k=PI_K.log(), eps_low=0.2,
+                              band=band, is_correction=is_correction, is_cap=is_cap)
+    loss.backward()
+    return float(loss.detach()), logp.grad[0], metrics
+
+
+@pytest.mark.parametrize("is_correction, weight", [("ratio", [0.8, 2.5, 0.25]), ("truncated", [0.8, 2.0, 0.25]),
+                                                   ("none", [1.0, 1.0, 1.0])])
+def test_each_correction_gradient_at_pi_k_hand_computed(is_correction, weight):
+    """At π_θ = π_k, ∂loss/∂log π_t = −w·c_t·r_t·A with c·r = r′, min(r′, C = 2) or 1."""
+    loss, grad, _ = correction_loss(is_correction)
+    expected = -(1 / 3) * 1.5 * torch.tensor(weight)
+    torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-7)
+    assert loss == pytest.approx(float(expected.sum()), rel=1e-6)
+
+
+@pytest.mark.parametrize("band", ["additive", "multiplicative"])
+def test_truncated_and_none_clip_pi_theta_over_pi_k_hand_computed(band):
+    """Off π_k (a second pass): r = π_θ/π_k = e^shift, clipped to PPO's [0.8, 1.2] whatever the band;
+    token 2 (r = e^0.5 > 1.2, A > 0) is clipped. truncated scales each token by min(r′, 2)."""
+    shift = (0.1, 0.5, -0.05)
+    r = torch.tensor(shift).exp()
+    for is_correction, c in (("truncated", torch.tensor([0.8, 2.0, 0.25])), ("none", torch.ones(3))):
+        loss, grad, metrics = correction_loss(is_correction, shift, band)
+        clipped = torch.tensor([r[0], 1.2, r[2]])
+        assert loss == pytest.approx(float(-(1 / 3) * 1.5 * (c * clipped).sum()), rel=1e-6)
+        torch.testing.assert_close(grad, -(1 / 3) * 1.5 * c * r * torch.tensor([1.0, 0.0, 1.0]), rtol=1e-6, atol=1e-7)
+        assert metrics["clip_high_frac"] == pytest.approx(1 / 3)
+        assert metrics["ratio_k_max"] == pytest.approx(2.5)  # r′ against α, whatever the correction
+
+
+def test_truncated_is_trls_token_truncate():
+    """TRL 1.16 ``_compute_loss`` with ``vllm_importance_sampling_mode="token_truncate"``, written out:
+    −min(coef_1·A, clamp(coef_1, 1 − ε, 1 + ε)·A) · clamp(π_old/α, max=C), + β·k3·coef_1, grpo mean.
+    (TRL's KL weight coef_1 keeps its gradient; the lab's π_θ/base is detached, so the replica detaches it.)"""
+    g = torch.Generator().manual_seed(0)
+    B, T, C, eps, beta = 4, 5, 1.5, 0.2, 0.04
+    logp_alpha, logp_k, logp_ref = (-1 - torch.rand(3, B, T, generator=g)).unbind()
+    logp = (logp_k + 0.3 * torch.randn(B, T, generator=g)).requires_grad_(True)
+    adv = torch.randn(B, generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, 3:] = False
+    coef_1 = torch.exp(logp - logp_k)
+    coef_2 = torch.clamp(coef_1, 1 - eps, 1 + eps)
+    per_token = -torch.min(coef_1 * adv[:, None], coef_2 * adv[:, None])
+    per_token = per_token * torch.clamp(torch.exp(logp_k - logp_alpha), max=C)
+    kl = torch.exp(logp_ref - logp) - (logp_ref - logp) - 1
+    per_token = per_token + beta * kl * coef_1.detach()
+    trl_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    (trl_grad,) = torch.autograd.grad(trl_loss, logp)
+    from grpo_lab.objective import grpo_objective as objective
+    from grpo_lab.objective import loss_weights
+    loss, _ = objective(logp, logp_alpha, adv, loss_weights(mask), logp_k=logp_k, logp_ref=logp_ref, beta=beta,
+                        eps_low=eps, band="multiplicative", kl_importance_weighted=True, is_correction="truncated",
+                        is_cap=C)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert float(loss) == pytest.approx(float(trl_loss), rel=1e-6)
+    torch.testing.assert_close(grad, trl_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_bad_correction_and_cap_are_named():
+    from grpo_lab.objective import is_correction_terms
+    with pytest.raises(ValueError, match="is_correction must be one of .* got 'tis'"):
+        GRPOConfig(is_correction="tis")
+    for bad in (1.0, 0.5, float("inf"), "2"):
+        with pytest.raises(ValueError, match=r"is_cap must be a finite number in \(1.0"):
+            GRPOConfig(is_cap=bad)
+    with pytest.raises(ValueError, match="is_correction must be one of"):
+        is_correction_terms(PI_K.log(), ALPHA.log(), "clipped")
+
+
+def test_ratio_diagnostics_hand_computed():
+    """Sequence 0: r′ = [1, 2] (+ a padded token); sequence 1: r′ = [0.5, 4, 1.5]."""
+    from grpo_lab.objective import ratio_diagnostics
+    ratio = torch.tensor([[1.0, 2.0, 100.0], [0.5, 4.0, 1.5]], dtype=torch.float64)
+    logp_alpha = torch.full((2, 3), -2.0, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    d = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, cap=3.0)
+    assert d["ess_token"] == pytest.approx(9.0 ** 2 / (5 * 23.5))      # Σw = 9, Σw² = 23.5
+    assert d["ess_seq"] == pytest.approx(5.0 ** 2 / (2 * (4 + 9)))       # w_b = 2, 3
+    assert d["log_ratio_k_p50"] == pytest.approx(math.log(1.5))
+    assert d["log_ratio_k_p99"] == pytest.approx(math.log(2) + 0.96 * (math.log(4) - math.log(2)))
+    assert d["log_ratio_k_max"] == pytest.approx(math.log(4))
+    assert d["cap_frac"] == pytest.approx(1 / 5)                         # only 4 lies outside [1/3, 3]
+    assert ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask)["cap_frac"] == 0
+
+
+def test_ess_is_one_when_every_ratio_is_one_and_scale_free():
+    from grpo_lab.objective import ratio_diagnostics
+    logp = -torch.rand(6, 4, generator=torch.Generator().manual_seed(2)) * 3
+    mask = torch.rand(6, 4, generator=torch.Generator().manual_seed(3)) > 0.3
+    d = ratio_diagnostics(logp, logp.clone(), mask, cap=2.0)
+    assert d == {"ess_token": pytest.approx(1.0), "ess_seq": pytest.approx(1.0), "log_ratio_k_p50": 0.0,
+                 "log_ratio_k_p99": 0.0, "log_ratio_k_max": 0.0, "cap_frac": 0.0}
+    # a constant shift of every log r′ leaves ESS/n unchanged, even one that would overflow exp
+    shifted = ratio_diagnostics(logp + 800.0, logp, torch.ones(6, 4, dtype=torch.bool))
+    assert shifted["ess_token"] == pytest.approx(1.0) and shifted["ess_seq"] == pytest.approx(1.0)

@@ -1,4 +1,5 @@
-"""The CPU study: confidence intervals, paired differences, and a tiny resumable study end to end."""
+"""The CPU study: confidence intervals, the verdict rule (TOST / worse / not resolved), bounded intervals,
+power, the balanced unit order, and a tiny study run unit by unit end to end."""
 
 import json
 import math
@@ -10,24 +11,49 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from grpo_lab.lm.models import bundled_model_dir
 from grpo_lab.lm.train_config import TrainConfig
-from grpo_lab.study.cpu_study import ARMS, METRIC_FIELDS, run_study
-from grpo_lab.study.results import format_table, load_study, mean_ci, paired, t_975, table
+from grpo_lab.study.cpu_study import (
+    ARM_BY_NAME,
+    ARMS,
+    METRIC_FIELDS,
+    PRIMARY,
+    SECONDARY,
+    drift_by_lag,
+    pilot_report,
+    run_units,
+    unit_order,
+)
+from grpo_lab.study.results import (
+    bounded_mean_ci,
+    format_table,
+    load_study,
+    mean_ci,
+    paired,
+    paired_test,
+    power,
+    seeds_for_power,
+    study_tests,
+    t_975,
+    t_cdf,
+    t_quantile,
+    table,
+    wilson_interval,
+)
 
 
 def test_mean_ci_is_students_t():
     mean, half = mean_ci([1.0, 2.0, 3.0])
-    assert mean == 2.0 and half == pytest.approx(4.303 / math.sqrt(3))     # s = 1, t_{0.975, 2} = 4.303
+    assert mean == 2.0 and half == pytest.approx(4.303 / math.sqrt(3), rel=1e-4)     # s = 1, t_{0.975, 2} = 4.303
     mean, half = mean_ci(np.array([[0.0, 2.0], [1.0, 1.0]]), axis=1)
-    assert mean.tolist() == [1.0, 1.0] and half[1] == 0.0 and half[0] == pytest.approx(12.706 * 1.0)
+    assert mean.tolist() == [1.0, 1.0] and half[1] == 0.0 and half[0] == pytest.approx(12.706 * 1.0, rel=1e-4)
     assert math.isnan(float(mean_ci([0.5])[1]))
     # NaN = a seed without that point: the statistics of the others
     mean, half = mean_ci(np.array([[1.0, 2.0, 3.0], [1.0, math.nan, 3.0], [math.nan, 4.0, math.nan]]), axis=1)
     assert mean.tolist() == [2.0, 2.0, 4.0] and math.isnan(half[2])
-    assert half[0] == pytest.approx(4.303 / math.sqrt(3))
-    assert half[1] == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2))
+    assert half[0] == pytest.approx(4.303 / math.sqrt(3), rel=1e-4)
+    assert half[1] == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2), rel=1e-4)
     with pytest.raises(ValueError, match="not NaN"):
         mean_ci([math.nan, math.nan])
-    assert t_975(100) == 1.96
+    assert t_975(100) == pytest.approx(1.984, abs=1e-3)
     with pytest.raises(ValueError, match="df must be >= 1"):
         t_975(0)
 
@@ -93,47 +119,6 @@ def tiny_model(tokenizer):
                                         tie_word_embeddings=True))
 
 
-def test_tiny_study_runs_pairs_and_resumes(tmp_path, tokenizer):
-    base = TrainConfig(G=4, prompts_per_step=2, steps=4, lr=1e-3, max_completion_length=4, train_problems=20,
-                       eval_problems=3, eval_samples=2, checkpoint_every=2, temperature=1.0)
-    arms = [a for a in ARMS if a.name in ("onpolicy", "reuse_i4")]
-    model = tiny_model(tokenizer)
-    untouched = {k: v.clone() for k, v in model.state_dict().items()}
-    logs = []
-    kwargs = dict(arms=arms, eval_steps=[2], model=model, tokenizer=tokenizer, log=logs.append)
-    summary = run_study(base, tmp_path / "study", [0, 1], tmp_path / "runs", **kwargs)
-    assert all(torch.equal(v, untouched[k]) for k, v in model.state_dict().items())   # runs train copies
-    assert [(r["name"], r["seed"]) for r in summary["runs"]] == [("onpolicy", 0), ("reuse_i4", 0),
-                                                                 ("onpolicy", 1), ("reuse_i4", 1)]
-    for run in summary["runs"]:
-        assert {"name", "v", "i", "mask", "seed", "pass_at_1_before", "pass_at_1_after", "wall_seconds"} <= set(run)
-        assert run["pass_at_1_before"] == summary["before"]["pass_at_1"] and run["wall_seconds"] > 0
-        assert sorted(run["pass_at_1_curve"]) == ["2", "4"] and 0 <= run["pass_at_1_after"] <= 1
-        lines = (tmp_path / "study" / "metrics" / f"{run['name']}_s{run['seed']}.jsonl").read_text().splitlines()
-        assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3]
-    assert (summary["runs"][0]["i"], summary["runs"][1]["i"]) == (1, 4)
-    saved = json.loads((tmp_path / "study" / "summary.json").read_text())
-    assert saved == json.loads(json.dumps(summary))
-
-    # a second sitting skips what is finished; a run lost from the summary after it trained is re-read
-    # from its checkpoint and scores, not retrained
-    logs.clear()
-    again = run_study(base, tmp_path / "study", [0, 1], tmp_path / "runs", **kwargs)
-    assert not [line for line in logs if line.startswith("run ")] and again == saved
-    lost = dict(saved, runs=saved["runs"][:-1])
-    (tmp_path / "study" / "summary.json").write_text(json.dumps(lost))
-    redone = run_study(base, tmp_path / "study", [0, 1], tmp_path / "runs", **kwargs)
-    old, new = saved["runs"][-1], redone["runs"][-1]
-    assert {k: new[k] for k in ("pass_at_1_after", "pass_at_1_curve", "wall_seconds")} == \
-           {k: old[k] for k in ("pass_at_1_after", "pass_at_1_curve", "wall_seconds")}
-    with pytest.raises(ValueError, match="use another out_dir"):
-        run_study(base.replace(steps=8), tmp_path / "study", [0], tmp_path / "runs", **kwargs)
-    with pytest.raises(ValueError, match="eval_steps must lie strictly between"):
-        run_study(base, tmp_path / "other", [0], tmp_path / "runs", **{**kwargs, "eval_steps": [4]})
-    study = load_study(tmp_path / "study")
-    assert study.arms == ["onpolicy", "reuse_i4"] and study.steps_matrix("reuse_i4", "reward_mean").shape == (4, 2)
-
-
 def test_live_panel_continues_stops_and_restarts_and_group_view(tmp_path, tokenizer):
     from grpo_lab.lm.group_view import group_view, token_ratios
     from grpo_lab.lm.tasks import load_problems
@@ -161,3 +146,150 @@ def test_live_panel_continues_stops_and_restarts_and_group_view(tmp_path, tokeni
     assert all(len(tokens) == int((row > 0).sum()) for tokens, row in zip(view.tokens, view.ratios, strict=True))
     r = token_ratios(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.tensor([[True, False]]))
     assert r.tolist() == [[1.0, 0.0]]
+
+
+def test_t_distribution_in_closed_form():
+    assert t_cdf(0.0, 3) == 0.5 and t_cdf(1.0, 1) == pytest.approx(0.75)            # Cauchy: 1/2 + atan(1)/π
+    assert t_cdf(-2.0, 4) == pytest.approx(1 - t_cdf(2.0, 4))
+    assert t_quantile(0.975, 2) == pytest.approx(4.3027, abs=1e-4)                   # printed tables
+    assert t_quantile(0.95, 4) == pytest.approx(2.1318, abs=1e-4)
+    assert t_quantile(0.975, 29) == pytest.approx(2.0452, abs=1e-4)
+    with pytest.raises(ValueError, match="p must lie strictly between 0 and 1"):
+        t_quantile(1.0, 3)
+
+
+@pytest.mark.parametrize("diffs, finding, equivalence, difference", [
+    ((0.01, -0.01, 0.005, -0.005, 0.0), "equivalent", "equivalent", "not resolved"),
+    ((-0.10, -0.12, -0.08, -0.11, -0.09), "worse", "not resolved", "worse"),
+    ((0.10, 0.12, 0.08, 0.11, 0.09), "better", "not resolved", "better"),
+    ((0.10, -0.10, 0.05, -0.08, 0.02), "not resolved", "not resolved", "not resolved"),
+    ((-0.010, -0.011, -0.009, -0.010, -0.010), "equivalent", "equivalent", "worse"),   # real, inside the margin
+    ((-0.05,), "not resolved", "not resolved", "not resolved"),                      # one seed: no interval
+])
+def test_verdict_rule_on_constructed_differences(diffs, finding, equivalence, difference):
+    reference = {s: 0.5 for s in range(len(diffs))}
+    arm = {s: 0.5 + d for s, d in enumerate(diffs)} | {99: 0.9}                      # seed 99 has no partner
+    test = paired_test(arm, reference, "v8_none", "v1")
+    assert test.n == len(diffs) and test.verdict == finding and test.comparison == "v8_none - v1"
+    eq, diff = test.entries()
+    assert (eq["kind"], eq["verdict"], eq["margin"], diff["kind"], diff["verdict"]) == \
+           ("equivalence", equivalence, 0.03, "difference", difference)
+    assert eq["finding"] == diff["finding"] == finding and eq["estimate"] == pytest.approx(np.mean(diffs))
+    if len(diffs) >= 2:                      # the 90 % / 95 % t intervals by hand: t_{0.95, 4}, t_{0.975, 4}
+        mean, se = float(np.mean(diffs)), float(np.std(diffs, ddof=1)) / len(diffs) ** 0.5
+        assert eq["ci"] == pytest.approx([mean - 2.1318 * se, mean + 2.1318 * se], abs=1e-5)
+        assert diff["ci"] == pytest.approx([mean - 2.7764 * se, mean + 2.7764 * se], abs=1e-5)
+    else:
+        assert eq["ci"] is None and diff["ci"] is None
+
+
+def test_study_tests_pair_by_seed():
+    runs = [{"name": "v1", "seed": s, "pass_at_1_after": 0.4 + 0.01 * s} for s in range(3)]
+    runs += [{"name": "v8_ratio", "seed": s, "pass_at_1_after": 0.2 + 0.01 * s} for s in (0, 1)]
+    tests = study_tests(runs, [("v8_ratio", "v1"), ("v32_ratio", "v1")])
+    assert [t["kind"] for t in tests] == ["equivalence", "difference"]                # v32_ratio has no run: no row
+    assert tests[0]["seeds"] == [0, 1] and tests[0]["diffs"] == pytest.approx([-0.2, -0.2])
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        paired_test({0: 0.1}, {0: 0.1}, "a", "b", margin=0.0)
+
+
+def test_wilson_and_bounded_intervals_stay_in_the_unit_interval():
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)     # the textbook value
+    low, high = wilson_interval(0, 10)
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(1.96 ** 2 / (10 + 1.96 ** 2), abs=1e-4)
+    for k in range(0, 21):
+        low, high = wilson_interval(k, 20)
+        assert 0.0 <= low <= k / 20 <= high <= 1.0
+    mean, low, high = bounded_mean_ci([0.9, 1.0, 0.97])                              # t interval alone passes 1
+    assert mean_ci([0.9, 1.0, 0.97])[1] + mean > 1.0 and high == 1.0 and 0.0 <= low < mean
+    with pytest.raises(ValueError, match="successes must be an integer in"):
+        wilson_interval(11, 10)
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
+        wilson_interval(0, 0)
+
+
+def test_power_of_the_rule():
+    # issue 24: a paired SD of 0.096 with 3 seeds gives 80 % power only for an effect of about 0.31
+    assert power(0.096, 3, 0.31) == pytest.approx(0.8, abs=0.03)
+    assert power(0.096, 5, 0.0) == pytest.approx(0.05, abs=0.01)                    # the 95 % CI's false alarms
+    assert power(0.02, 5, 0.03, "equivalence") <= 0.05 + 0.01                        # TOST's, at the margin
+    assert power(0.02, 10, 0.0, "equivalence") > power(0.02, 5, 0.0, "equivalence") > 0.5
+    n = seeds_for_power(0.096, 0.05)
+    assert 29 <= n <= 34                                                             # normal approximation: 28.9 + t
+    assert power(0.096, n, 0.05) >= 0.8 > power(0.096, n - 1, 0.05)
+    assert seeds_for_power(0.5, 0.01, n_max=5) is None
+    with pytest.raises(ValueError, match="n must be an integer >= 2"):
+        power(0.1, 1)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        power(0.1, 3, kind="superiority")
+
+
+def test_unit_order_balances_seeds_primary_first():
+    order = unit_order(ARMS, seeds=5, secondary_seeds=3)
+    assert len(order) == 5 * len(PRIMARY) + 3 * len(SECONDARY)
+    assert [a.name for a, _ in order[:len(ARMS)]] == [a.name for a in PRIMARY + SECONDARY]
+    assert all(seed == 0 for _, seed in order[:len(ARMS)])
+    for k, (_, seed) in enumerate(order):       # an arm's seed n comes after seed n − 1 of every arm that has one
+        assert all((other, seed - 1) in order[:k] for other in ARMS if 1 <= seed <= (5 if other.primary else 3))
+    assert order[-1] == (PRIMARY[-1], 4)
+    assert unit_order([ARM_BY_NAME["v1_i4"]], seeds=5, secondary_seeds=0) == []
+
+
+def test_drift_by_lag_pools_trained_steps():
+    unit = {"metrics": [{"lag": 0, "skipped": False, "log_ratio_k_abs": 0.0},
+                        {"lag": 1, "skipped": False, "log_ratio_k_abs": 0.2},
+                        {"lag": 1, "skipped": True, "log_ratio_k_abs": 9.0},
+                        {"lag": 8, "skipped": False, "log_ratio_k_abs": 0.5}]}
+    other = {"metrics": [{"lag": 1, "skipped": False, "log_ratio_k_abs": 0.4}]}
+    assert drift_by_lag([unit, other]) == {1: pytest.approx(0.3), 8: 0.5, 31: None}
+
+
+def test_tiny_study_unit_by_unit(tmp_path, tokenizer):
+    base = TrainConfig(G=4, prompts_per_step=2, steps=4, lr=1e-3, max_completion_length=4, train_problems=20,
+                       eval_problems=3, eval_samples=2, checkpoint_every=2, temperature=1.0)
+    arms = [ARM_BY_NAME["v1"], ARM_BY_NAME["v32_ratio"]]
+    model = tiny_model(tokenizer)
+    untouched = {k: v.clone() for k, v in model.state_dict().items()}
+    logs = []
+    out, runs = tmp_path / "study", tmp_path / "runs"
+    kwargs = dict(arms=arms, seeds=2, secondary_seeds=0, model=model, tokenizer=tokenizer, log=logs.append)
+    summary = run_units(base, out, runs, units=1, **kwargs)
+    assert sorted(p.name for p in (out / "units").iterdir()) == ["untrained_e1234.json", "v1_s0.json"]
+    assert not (runs / "v1_s0" / "checkpoint.pt").exists()                           # the unit keeps what counts
+    assert all(torch.equal(v, untouched[k]) for k, v in model.state_dict().items())   # runs train copies
+    assert {"task", "model", "scoring", "steps", "prompts_per_step", "G", "eval_questions", "eval_samples", "runs",
+            "tests"} <= set(summary)
+    assert [summary[k] for k in ("scoring", "steps", "eval_questions", "eval_samples")] == ["strict", 4, 3, 2]
+    run = summary["runs"][0]
+    assert {"name", "v", "i", "mask", "beta", "is_correction", "seed", "pass_at_1_before", "pass_at_1_after",
+            "pass_at_1_lenient_after", "pass_at_1_curve", "wall_seconds"} <= set(run)
+    assert sorted(run["pass_at_1_curve"], key=int) == ["0", "2", "4"]
+    assert run["pass_at_1_after"] == run["pass_at_1_curve"]["4"] and run["wall_seconds"] > 0
+    assert run["pass_at_1_before"] == run["pass_at_1_curve"]["0"] == summary["untrained"]["pass_at_1"]
+    unit = json.loads((out / "units" / "v1_s0.json").read_text())
+    assert [m["step"] for m in unit["metrics"]] == [0, 1, 2, 3] and set(METRIC_FIELDS) <= set(unit["metrics"][0])
+    assert 0.0 <= unit["eval"]["4"]["pass_at_1_ci"][0] <= run["pass_at_1_after"] <= unit["eval"]["4"]["pass_at_1_ci"][1]
+    assert summary["tests"] == []                                                    # one arm so far
+
+    # a later sitting runs the rest in balanced order and skips what is finished
+    logs.clear()
+    summary = run_units(base, out, runs, **kwargs)
+    started = [line.split(":")[0] for line in logs if line.startswith("unit ") and "v = " in line]
+    assert started == ["unit v32_ratio_s0", "unit v1_s1", "unit v32_ratio_s1"]
+    assert [(r["name"], r["seed"]) for r in summary["runs"]] == [("v1", 0), ("v1", 1), ("v32_ratio", 0),
+                                                                 ("v32_ratio", 1)]
+    assert [(t["comparison"], t["kind"], t["n"]) for t in summary["tests"]] == \
+           [("v32_ratio - v1", "equivalence", 2), ("v32_ratio - v1", "difference", 2)]
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    lagged = [json.loads((out / "units" / f"v32_ratio_s{s}.json").read_text()) for s in (0, 1)]
+    assert [m["lag"] for m in lagged[0]["metrics"]] == [0, 1, 2, 3] and lagged[0]["run"]["v"] == 32
+    report = pilot_report(out)
+    assert report["drift_by_lag"] == {str(k): v for k, v in drift_by_lag(lagged).items()}
+    assert report["drift_by_lag"]["8"] is None and report["pass_at_1_after"]["v1"].keys() == {"0", "1"}
+
+    logs.clear()
+    assert run_units(base, out, runs, **kwargs) == summary and logs == ["no unit to run"]
+    with pytest.raises(ValueError, match="use another out_dir"):
+        run_units(base.replace(lr=2e-3), out, runs, **kwargs)
+    summary = run_units(base, tmp_path / "late", runs, until=0.0, **kwargs)           # past the deadline: nothing
+    assert summary == {} and not (tmp_path / "late" / "units").exists()

@@ -52,7 +52,9 @@ CASES = [dict(clip_band=band, zero_variance_mask=mask) for band in ("additive", 
          for mask in (True, False)]
 CASES += [dict(mask_normalize="unmasked"), dict(mask_normalize="unmasked", loss_type="bnpo"),
           dict(loss_type="bnpo"), dict(loss_type="dr_grpo"), dict(importance_sampling_level="sequence", epsilon=0.05),
-          dict(beta=0.0, zero_variance_mask=False)]
+          dict(beta=0.0, zero_variance_mask=False), dict(is_correction="truncated", is_cap=1.3),
+          dict(is_correction="truncated", clip_band="multiplicative", use_bias_correction_kl=True),
+          dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence")]
 
 
 def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):
@@ -68,6 +70,7 @@ def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):
         assert result["grad_error"] < 1e-5, (case, result)
         assert result["grad_scale"] > 1e-3, (case, result)  # the gradient is not trivially zero
         assert result["tv_error"] < 1e-5 and result["lab_tv_estimate"] > 0.05, (case, result)
+        assert result["diagnostics_error"] < 1e-9 and result["ess_token"] < 0.99, (case, result)
         assert result["lab_clip_low_frac"] + result["lab_clip_high_frac"] > 0, (case, result)  # the band bites
         losses.append(result["loss"])
     assert len({round(x, 6) for x in losses}) == len(losses)  # band, mask, aggregation each change the loss
@@ -101,8 +104,11 @@ def test_lagged_copy_generates_and_syncs_every_v(model_dir, tmp_path):
         if h["off_policy/lag"] == 0:
             assert abs(h["off_policy/ratio_k_mean"] - 1) < 1e-5 and abs(h["off_policy/ratio_k_max"] - 1) < 1e-5
             assert h["off_policy/tv_estimate"] < 1e-5
+            assert abs(h["off_policy/ess_token"] - 1) < 1e-9 and abs(h["off_policy/log_ratio_k_max"]) < 1e-5
         else:
             assert h["off_policy/ratio_k_max"] > 1 + 1e-3 and h["off_policy/tv_estimate"] > 1e-4
+            assert h["off_policy/ess_seq"] < 1 - 1e-6 and h["off_policy/log_ratio_k_max"] > 1e-3
+        assert h["off_policy/cap_frac"] == 0  # is_correction = "ratio": no cap
     for p, ref in zip(trainer.model.parameters(), trainer.ref_model.parameters(), strict=True):
         assert torch.equal(p, ref)  # reset after the last step
     assert any(not torch.equal(p, p0) for p, p0 in zip(trainer.model.parameters(), initial, strict=True))

@@ -34,6 +34,7 @@ from datasets import Dataset
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from grpo_lab import GRPOConfig, grpo_objective, plan_step, tv_terms
+from grpo_lab.objective import RATIO_DIAGNOSTICS, ratio_diagnostics
 from grpo_lab.scale.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
 
 FIXED_PROMPTS = ("a b", "c d", "e f")  # rewards: all 1 (masked), mixed (split between 2 processes), all 0 (masked)
@@ -114,9 +115,15 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
     out["ref_per_token_logps"] = logp_now + noise_ref[:, :T]  # π_ref ≠ π_θ: the KL has a gradient
     batches = split_tensor_dict(shuffle_sequence_dict(out), trainer.args.gradient_accumulation_steps)
     model.zero_grad()
-    trainer._metrics["train"]["off_policy/tv_estimate"].clear()
+    for name in ("tv_estimate", *RATIO_DIAGNOSTICS):
+        trainer._metrics["train"][f"off_policy/{name}"].clear()
     loss = sum(trainer.compute_loss(model, batch) for batch in batches)
     tv_logged = trainer._metrics["train"]["off_policy/tv_estimate"]  # one per equal-sized micro-batch
+    cap = trainer.args.is_cap if trainer.args.is_correction == "truncated" else None
+    expected = [ratio_diagnostics(*(acc.gather(acc.pad_across_processes(b[k], dim=1).contiguous()) for k in (
+        "old_per_token_logps", "sampling_per_token_logps", "completion_mask")), cap) for b in batches]
+    diagnostics_error = max(abs(trainer._metrics["train"][f"off_policy/{name}"][j] - e[name])
+                            for j, e in enumerate(expected) for name in RATIO_DIAGNOSTICS)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     loss = acc.reduce(loss.detach(), reduction="mean")
@@ -130,6 +137,7 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
             "loss_error": abs(float(loss) - float(lab_loss)),
             "grad_error": float((grads - lab_grads).abs().max()), "grad_scale": float(lab_grads.abs().max()),
             "tv_error": abs(sum(tv_logged) / len(tv_logged) - metrics["tv_estimate"]),
+            "diagnostics_error": diagnostics_error, "ess_token": min(e["ess_token"] for e in expected),
             **{f"lab_{k}": v for k, v in metrics.items()}}
 
 
@@ -153,7 +161,9 @@ def lab_reference(trainer: OffPolicyGRPOTrainer, batch: dict[str, torch.Tensor])
     loss, metrics = grpo_objective(
         logp, batch["sampling_per_token_logps"], plan.advantages, plan.weights, logp_k=batch["old_per_token_logps"],
         logp_ref=batch.get("ref_per_token_logps"), beta=args.beta, eps_low=args.epsilon, eps_high=args.epsilon_high,
-        band=args.clip_band, level=args.importance_sampling_level)
+        band=args.clip_band, level=args.importance_sampling_level, is_correction=args.is_correction,
+        kl_importance_weighted=args.use_bias_correction_kl,
+        is_cap=args.is_cap)
     metrics["masked_frac"] = plan.masked_frac
     metrics["tv_estimate"] = float(tv_terms(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
                                             batch["completion_mask"]).mean())

@@ -12,8 +12,14 @@ draws, schedules, step plan of :func:`~grpo_lab.plan.plan_step`, clip band and o
 ∂loss/∂logits by hand and records only the curves (no per-step :class:`StepRecord`). For a softmax table,
 ∂ log π(y|x) / ∂ logits[x] = onehot(y) − π(·|x), so with
 
-    g_j = ∂loss/∂ log π(y_j|x_j) = w_j · ( −r_j A_j · u_j + β · ∂KL̂_j/∂ log π )
+    g_j = ∂loss/∂ log π(y_j|x_j) = w_j · ( −c_j r_j A_j · u_j + β · ∂KL̂_j/∂ log π )
     u_j = 0 if (A_j > 0 and r_j > hi(r′_j)) or (A_j < 0 and r_j < lo(r′_j)), else 1
+
+with r = π_θ/base, r′ = π_k/base and the weight c of ``is_correction``
+(:func:`~grpo_lab.objective.is_correction_terms`, called here as in the loop): ``ratio`` base = α,
+c = 1; ``truncated`` base = π_k, c = min(π_k/α, C); ``none`` base = π_k, c = 1. So at the
+first pass g_j = −w_j A_j times r′_j, min(r′_j, C) or 1. The KL weight (``kl_importance_weighted``) is
+π_θ/base.
 
 the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
@@ -31,7 +37,7 @@ import torch
 from ..checks import require_int_at_least
 from ..config import GRPOConfig
 from ..loop import make_optimizer
-from ..objective import clip_bounds
+from ..objective import clip_bounds, is_correction_terms
 from ..plan import plan_step
 from ..schedules import RefResetSchedule, make_sync_schedule
 from .bandit import (
@@ -151,17 +157,20 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
         shifted = logits - logits.max(1, keepdims=True)
         logp_table = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
         logp = np.take_along_axis(logp_table, arms, 1)                # [N, G]
-        log_ratio = logp - logp_alpha
-        ratio = np.exp(log_ratio)                                     # r = π_θ/α
-        if pass_index == 0:                                           # π_θ = π_k: r′ = r
-            low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(ratio), cfg.eps_low,
+        if pass_index == 0:                                           # π_θ = π_k
+            base, correction = is_correction_terms(torch.from_numpy(logp), torch.from_numpy(logp_alpha),
+                                                   cfg.is_correction, cfg.is_cap)
+            base = base.numpy().copy()                                # log α, or log π_k
+            minus_cwa = minus_wa if correction is None else correction.numpy() * minus_wa
+            low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(np.exp(logp - base)), cfg.eps_low,
                                                         cfg.eps_low if cfg.eps_high is None else cfg.eps_high,
                                                         cfg.band))
             # u = 0 where the band clipped r on the side A pushes towards: above hi if A > 0, below lo if not
             upper, lower = np.where(positive, high, np.inf), np.where(positive, -np.inf, low)
-            drift = float(np.abs(log_ratio)[counted].mean()) if counted.any() else None
-        # w·∂(−f_ε)/∂ log π = −r·w·A·u
-        g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_wa)
+            drift = float(np.abs(logp - logp_alpha)[counted].mean()) if counted.any() else None
+        ratio = np.exp(logp - base)                                   # r = π_θ/base
+        # w·∂(−c·f_ε)/∂ log π = −c·r·w·A·u
+        g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_cwa)
         if logp_ref is not None:
             dkl = kl_gradient(torch.from_numpy(logp_ref.numpy() - logp), cfg.kl_kind).numpy()
             g = g + (cfg.beta * weights.numpy()) * (dkl * ratio if cfg.kl_importance_weighted else dkl)

@@ -74,6 +74,8 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("empty_step", "empty_step"),
     KnobSpec("loss_type", "loss_type"),
     KnobSpec("level", "importance_sampling_level"),
+    KnobSpec("is_correction", "is_correction"),
+    KnobSpec("is_cap", "is_cap"),
     KnobSpec("lr", "learning_rate"),
     KnobSpec("optimizer", "optim", TRL_OPTIMIZERS.__getitem__),
     KnobSpec("weight_decay", "weight_decay"),

@@ -44,7 +44,11 @@ Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
 not), ``skipped``, ``ratio_k_mean`` / ``ratio_k_max`` (r′ over counted tokens),
 ``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
 whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
-:func:`grpo_lab.grpo_objective`); and TRL's ``kl``, ``entropy``.
+:func:`grpo_lab.grpo_objective`), the ratio diagnostics ``ess_token``, ``ess_seq``, ``log_ratio_k_p50`` /
+``_p99`` / ``_max`` and ``cap_frac`` (:func:`grpo_lab.objective.ratio_diagnostics`, per micro-batch of all
+processes); and TRL's ``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
+(docs/theory.md §3): ``truncated`` is TRL's ``vllm_importance_sampling_mode="token_truncate"`` with
+``vllm_importance_sampling_clip_max`` = C, applied by the adapter, so TRL's own switch still stays off.
 Evaluation samples from α too and never syncs (it would move α off its schedule).
 """
 
@@ -62,7 +66,7 @@ import trl
 from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
-from ..objective import grpo_objective, tv_terms
+from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from ..plan import StepPlan, plan_step
 from ..schedules import make_sync_schedule
 from .knobs import lab_field, validate_trl_values
@@ -101,6 +105,8 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     eps_placement: str = lab_field("eps_placement")
     loss_type: str = lab_field("loss_type")
     use_bias_correction_kl: bool = lab_field("kl_importance_weighted")
+    is_correction: str = lab_field("is_correction")
+    is_cap: float = lab_field("is_cap")
     ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
     disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
     vllm_importance_sampling_correction: bool = field(default=False, metadata={
@@ -371,10 +377,24 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             logp, logp_alpha, inputs["advantages"], inputs["loss_weights"], logp_k=logp_k,
             logp_ref=inputs.get("ref_per_token_logps"), beta=self.beta, eps_low=self.epsilon_low,
             eps_high=self.epsilon_high, band=self.args.clip_band,
-            kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level)
+            kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level,
+            is_correction=self.args.is_correction, is_cap=self.args.is_cap)
         tv = tv_terms(logp_k, logp_alpha, inputs["sampled_mask"])
         self._log_loss_metrics(metrics, entropies, inputs["loss_mask"], tv)
+        self._log_ratio_diagnostics(logp_k, logp_alpha, inputs["sampled_mask"])
         return loss
+
+    def _log_ratio_diagnostics(self, logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled: torch.Tensor) -> None:
+        """:func:`grpo_lab.objective.ratio_diagnostics` of this micro-batch gathered over all processes
+        (the step's when one micro-batch holds it), before any clip, cap or mask."""
+        mode = "train" if self.model.training else "eval"
+        acc = self.accelerator
+        gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
+                    for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
+        cap = self.args.is_cap if self.args.is_correction == "truncated" else None
+        diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), cap)
+        for name in RATIO_DIAGNOSTICS:
+            self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 
     def _log_loss_metrics(self, metrics: dict[str, float], entropies: torch.Tensor, mask: torch.Tensor,
                           tv: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from ..config import EMPTY_STEPS, GRPOConfig
 from ..exact.bandit import MAX_EPS_STD, BanditProblem, BanditRun
 from ..exact.studies import OPTIMIZER_SETTINGS, lab_config, lab_problem, lab_size, train_runs
-from ..objective import BANDS, MASK_NORMALIZATIONS
+from ..objective import BANDS, IS_CORRECTIONS, MASK_NORMALIZATIONS
 from .display import display_mode, new_figure, show_panel
 from .plots import COLORS, HEIGHT, band_traces
 
@@ -55,6 +55,8 @@ def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
         "empty_step": W.Dropdown(options=list(EMPTY_STEPS), value=config.empty_step, description="empty step",
                                  **style),
         "band": W.Dropdown(options=list(BANDS), value=config.band, description="band", **style),
+        "is_correction": W.Dropdown(options=list(IS_CORRECTIONS), value=config.is_correction,
+                                    description="correction", **style),
         "ref_period": W.IntSlider(config.ref_period, 0, 100, step=5, description="ref period", **common),
         "optimizer": W.Dropdown(options=list(OPTIMIZER_SETTINGS), value=optimizer_setting(config),
                                 description="optimiser", **style),
