@@ -98,9 +98,8 @@ binder-check:
 bench: setup
 	$(PY) benchmarks/bandit_rerun.py
 	$(PY) benchmarks/sync_copy.py
-	$(PY) benchmarks/decode_gemm.py
-	$(PY) benchmarks/lean_decoder.py
-	$(PY) benchmarks/trl_step_ratio.py
+	$(PY) benchmarks/decoding.py
+	$(PY) benchmarks/trl_step_ratio.py --decoder auto model
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .hypothesis

@@ -1,4 +1,4 @@
-"""P2: does ``HFSampler.sync`` cost what copying its bytes costs?
+"""Sync cost: does ``HFSampler.sync`` (α ← π_θ) cost what copying its bytes costs?
 
 A sync (α ← π_θ) is what v amortises (docs/theory.md §5, §7). In process it should be
 nothing but a memory copy; this measures it side by side with two plain

@@ -1,4 +1,4 @@
-"""P1: grpo_lab's loop against TRL's GRPOTrainer on the same work, side by side in one run.
+"""P1, the step ratio: grpo_lab's loop against TRL's GRPOTrainer on the same work, side by side in one run.
 
 Same model (bundled SmolLM2-135M, float32, CPU), same problems (add1), G, prompts per step P,
 max completion tokens, β and i = 1, temperature 1. The loop runs v = 1 (it syncs α every step,
@@ -18,7 +18,10 @@ position where logits are taken; backward costs twice the forward; the β > 0 re
 forward once more. Attention scores (under 2 % at these lengths) are left out.
 
     .venv/bin/python benchmarks/trl_step_ratio.py [--steps 5] [--G 8] [--prompts 2] [--tokens 32]
-                                                   [--beta 0.04] [--mask off|on]
+                                                   [--beta 0.04] [--mask off|on] [--decoder auto model]
+
+``--decoder`` takes one or more of HFSampler's decoders (``auto``: the default): one loop per decoder,
+all stepping in turn with TRL, each with its own ratio.
 
 Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 """
@@ -34,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from side_by_side import timed_once
 
 PARTS = ("sample", "reward", "sync", "train")
 
@@ -60,6 +62,13 @@ def timed(function: Callable[..., Any], seconds: list[float]) -> Callable[..., A
     return wrapper
 
 
+def timed_once(function: Callable[[], Any]) -> float:
+    """Seconds one call of ``function`` took."""
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
 def weight_counts(model: torch.nn.Module) -> tuple[int, int]:
     """(N_body, N_head): weights outside the input embedding, and the LM head's (tied or not)."""
     embedding = model.get_input_embeddings().weight
@@ -80,15 +89,18 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
     return 2.0 * size**3 / best
 
 
-def lab_side(args: argparse.Namespace) -> Side:
+def lab_side(args: argparse.Namespace, decoder: str) -> Side:
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
+    from grpo_lab.lm.sampling import HFSampler
     from grpo_lab.lm.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
                          temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6,
                          mask_zero_variance=args.mask == "on")
     loop = build_loop(config)
+    if decoder != "auto":  # α with another decoder; build_loop's (auto) is dropped
+        loop.sampler = HFSampler(loop.policy, loop.sampler.tokenizer, args.tokens, decoder=decoder)
     side = Side(step=lambda: None)
     n_body, n_head = weight_counts(loop.policy.model)
     rewards: list[float] = []
@@ -127,7 +139,7 @@ def trl_side(args: argparse.Namespace) -> Side:
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_lab.lm.models import bundled_model_dir
-    from grpo_lab.lm.rewards import correctness_reward
+    from grpo_lab.lm.rewards import lenient_reward
     from grpo_lab.lm.tasks import build_prompt, load_problems
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
@@ -136,7 +148,7 @@ def trl_side(args: argparse.Namespace) -> Side:
                               "gold": [p.answer for p in problems]})
 
     def reward(completions: list[str], gold: list[str], **kwargs: Any) -> list[float]:
-        return [correctness_reward(c, g) for c, g in zip(completions, gold, strict=True)]
+        return [lenient_reward(c, g) for c, g in zip(completions, gold, strict=True)]
 
     config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.G * args.prompts,
                         num_generations=args.G, max_completion_length=args.tokens, beta=args.beta,
@@ -196,9 +208,12 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--mask", choices=("off", "on"), default="off",
                         help="the loop's zero-variance mask (off: every group trains, as in TRL)")
+    parser.add_argument("--decoder", nargs="+", choices=("auto", "model", "lean"), default=["auto"],
+                        help="HFSampler's decoder; several: one loop each, stepping in turn")
     args = parser.parse_args()
     torch.manual_seed(0)
-    sides = {"grpo_lab": lab_side(args), "trl": trl_side(args)}
+    sides = {f"grpo_lab ({decoder})": lab_side(args, decoder) for decoder in dict.fromkeys(args.decoder)}
+    sides["trl"] = trl_side(args)
     for side in sides.values():  # a warm-up step each, not kept
         side.step()
         for values in (*side.parts.values(), side.tokens, side.flops):
@@ -211,19 +226,21 @@ def main() -> None:
     print(f"G={args.G}, P={args.prompts}, tokens={args.tokens}, beta={args.beta}, mask={args.mask}, "
           f"{args.steps} steps each, {torch.get_num_threads()} torch threads; float32 GEMM peak "
           f"{peak / 1e9:.1f} GFLOP/s")
-    print(f"{'':9s} " + " ".join(f"{p:>7s}" for p in (*PARTS, "total")) + "   s/token  tokens  train GFLOP/s (of peak)")
+    print(f"{'':18s} " + " ".join(f"{p:>7s}" for p in (*PARTS, "total"))
+          + "   s/token  tokens  train GFLOP/s (of peak)")
     for name, side in sides.items():
         parts = {p: median(v) for p, v in side.parts.items()}
         per_token = median(t / n for t, n in zip(side.parts["total"], side.tokens, strict=True))
         rate = median(f / t for f, t in zip(side.flops, side.parts["train"], strict=True))
-        print(f"{name:9s} " + " ".join(f"{parts[p]:7.2f}" for p in (*PARTS, "total"))
+        print(f"{name:18s} " + " ".join(f"{parts[p]:7.2f}" for p in (*PARTS, "total"))
               + f"   {per_token:7.4f}  {median(side.tokens):6.0f}  {rate / 1e9:8.1f} ({rate / peak:.0%})")
-    lab, trl = sides["grpo_lab"], sides["trl"]
-    step_ratio = median(lab.parts["total"]) / median(trl.parts["total"])
-    token_ratio = (median(t / n for t, n in zip(lab.parts["total"], lab.tokens, strict=True))
-                   / median(t / n for t, n in zip(trl.parts["total"], trl.tokens, strict=True)))
-    print(f"P1 ratio grpo_lab / trl: {step_ratio:.2f} per step, {token_ratio:.2f} per completion token "
-          f"(target <= 0.5 per step)")
+    trl = sides.pop("trl")
+    for name, lab in sides.items():
+        step_ratio = median(lab.parts["total"]) / median(trl.parts["total"])
+        token_ratio = (median(t / n for t, n in zip(lab.parts["total"], lab.tokens, strict=True))
+                       / median(t / n for t, n in zip(trl.parts["total"], trl.tokens, strict=True)))
+        print(f"P1 ratio {name} / trl: {step_ratio:.2f} per step, {token_ratio:.2f} per completion token "
+              f"(target <= 0.5 per step)")
 
 
 if __name__ == "__main__":

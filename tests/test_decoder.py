@@ -9,7 +9,6 @@ import torch
 from tiny_lm import PAD, PROMPTS, VOCAB, perturb, word_tokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_lab.lm.decoding import kernels as decode_kernels
 from grpo_lab.lm.decoding.decoder import LeanDecoder, pack_weights
 from grpo_lab.lm.policy import LMPolicy, positions_from_mask
 from grpo_lab.lm.sampling import HFSampler
@@ -18,7 +17,6 @@ from grpo_lab.lm.sampling import HFSampler
 def model_of(kind: str, seed: int = 0) -> torch.nn.Module:
     """Tiny random models of the families LeanDecoder supports, each with what sets it apart."""
     torch.manual_seed(seed)
-    # head size 16: the decoding attention kernel's smallest (it takes D = 16, 32, ..., 128)
     common = dict(vocab_size=VOCAB, hidden_size=96, intermediate_size=80, num_hidden_layers=2,
                   max_position_embeddings=128, initializer_range=0.3, pad_token_id=PAD)
     if kind == "llama, GQA, tied":
@@ -51,18 +49,14 @@ def left_padded(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.
     return ids, mask
 
 
-@pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("kind", ["llama, GQA, tied", "llama, MHA, biases, untied, rope scaling", "qwen2"])
-def test_lean_decoder_gives_the_model_forwards_logits(kind, kernels, monkeypatch):
+def test_lean_decoder_gives_the_model_forwards_logits(kind):
     """Prefill of left-padded prompts of different lengths, each prompt's cache repeated G times, then
     steps of one token per row: at every step the logits equal the model's forward over the whole
-    sequence so far (float32 rounding, 1e-5 of the logits' scale). With ``kernels`` the steps'
-    attention runs in the kernel (torch's is made to fail), without it in torch's."""
+    sequence so far (float32 rounding, 1e-5 of the logits' scale)."""
     model = model_of(kind)
-    if kernels:
-        monkeypatch.setattr(decode_kernels, "sdpa_attention", lambda *args: pytest.fail("sdpa, not the kernel"))
     reference = {name: t.clone() for name, t in model.state_dict().items()}
-    decoder, _ = LeanDecoder.from_model(model, kernels=kernels)
+    decoder = LeanDecoder.from_model(model)
     assert all(torch.equal(model.state_dict()[name], t) for name, t in reference.items())  # packing moved, kept
     G, steps = 3, 6
     ids, mask = left_padded([5, 9, 2])
@@ -76,7 +70,7 @@ def test_lean_decoder_gives_the_model_forwards_logits(kind, kernels, monkeypatch
             whole = whole[::G]  # the prefill's rows are the prompts
         scale = float(whole.abs().max())
         gap = float((logits - whole).abs().max())
-        print(f"{kind}, kernels={kernels}, step {t}: max |Δ logit| = {gap:.2e} (scale {scale:.1f})")
+        print(f"{kind}, step {t}: max |Δ logit| = {gap:.2e} (scale {scale:.1f})")
         assert gap <= 1e-5 * scale
         if t == steps:
             break
@@ -86,13 +80,12 @@ def test_lean_decoder_gives_the_model_forwards_logits(kind, kernels, monkeypatch
 
 
 @pytest.mark.parametrize("kind", ["llama, GQA, tied", "llama, MHA, biases, untied, rope scaling", "qwen2"])
-def test_sampler_on_the_lean_decoder_draws_log_alpha_of_the_policy(kind, monkeypatch):
-    """HFSampler decoding with LeanDecoder and its kernels: after a sync, log α of the drawn tokens is
-    log π of LMPolicy's whole forward (1e-4, as for the model's own forward)."""
-    monkeypatch.setattr(decode_kernels, "sdpa_attention", lambda *args: pytest.fail("sdpa, not the kernel"))
+def test_sampler_on_the_lean_decoder_draws_log_alpha_of_the_policy(kind):
+    """HFSampler decoding with LeanDecoder (its default for these models): after a sync, log α of the
+    drawn tokens is log π of LMPolicy's whole forward (1e-4, as for the model's own forward)."""
     policy = LMPolicy(model_of(kind).requires_grad_(True), temperature=0.8)
     sampler = HFSampler(policy, word_tokenizer(), max_completion_length=12)
-    assert isinstance(sampler.decoder, LeanDecoder) and sampler.fast_decode
+    assert isinstance(sampler.decoder, LeanDecoder)
     perturb(policy)
     sampler.sync(policy)
     rollout = sampler.sample(PROMPTS, 4, torch.Generator().manual_seed(0))
@@ -107,7 +100,7 @@ def test_lean_decoder_reads_the_weights_in_place():
     """The fused q/k/v and gate/up products are views of the model's weights: an in-place copy into
     the model (α's sync) changes what the decoder computes, with no rebuild."""
     model, other = model_of("qwen2", seed=0), model_of("qwen2", seed=5)
-    decoder, _ = LeanDecoder.from_model(model)
+    decoder = LeanDecoder.from_model(model)
     with torch.no_grad():
         for target, source in zip(model.parameters(), other.parameters(), strict=True):
             target.copy_(source)
@@ -130,7 +123,11 @@ def test_supports_only_what_it_computes():
     half = model_of("llama, GQA, tied").to(torch.bfloat16)
     for model in (gpt2, sliding, mlp_bias, gelu, half):
         assert not LeanDecoder.supports(model)
-    with pytest.raises(ValueError, match="GPT2LMHeadModel.*'gpt2'"):
+    reasons = [LeanDecoder.unsupported(model) for model in (gpt2, sliding, mlp_bias, gelu, half)]
+    for reason, says in zip(reasons, ["model_type 'gpt2'", "full attention", "mlp_bias True", "'gelu'", "bfloat16"],
+                            strict=True):
+        assert says in reason, reason
+    with pytest.raises(ValueError, match="GPT2LMHeadModel: model_type 'gpt2'"):
         LeanDecoder.from_model(gpt2)
 
 

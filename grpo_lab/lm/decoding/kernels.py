@@ -1,23 +1,17 @@
-"""The decoding step's kernels on a CPU: y = x·Wᵀ for a few rows x, and attention of one query per row.
+"""The lean decoder's products on a CPU: y = x·Wᵀ for a few rows x (a skinny GEMM), in C++.
 
-**Products.** Decoding feeds the model one token per row, so each linear layer multiplies P·G rows (16 in the
-P1 benchmark) by a weight matrix it reads whole. MKL's float32 GEMM runs those skinny products at
-~11 GB/s of weights here (51 ms per SmolLM2 step at 16 rows) where a plain read streams 26 GB/s.
-The kernel below keeps 8 rows × 2 weight rows of partial sums in registers, reads each weight row
-from memory once (the second block of 8 rows finds it in cache), prefetches the next weight rows,
-and splits the weight rows across torch's threads: 39 ms for the same step, 28 ms at 8 rows
-against MKL's 50 (``benchmarks/decode_gemm.py``).
+Decoding feeds the model one token per row, so each linear layer multiplies P·G rows by a weight matrix
+it reads whole: the step is bound by reading the weights, and MKL's GEMM reads them well below the
+machine's memory bandwidth at so few rows. :func:`linear` keeps 8 rows × 2 weight rows of partial sums
+in registers, reads each weight row from memory once (the second block of 8 rows finds it in cache),
+prefetches the next weight rows, and splits the weight rows across torch's threads
+(``benchmarks/decoding.py`` measures it against ``F.linear``; docs/benchmarks.md has the figures).
 
-**Attention.** A decoding step attends one query per row and head to the few hundred cached keys at
-most: ~2.8 MFLOP for SmolLM2's 30 blocks at 16 rows. :func:`attention` makes one pass per (row,
-head): scores of 16 keys at a time, softmax, weighted values, with q and the output in registers.
-Timed inside SmolLM2 decoding steps of 16 rows (each block's keys and values cold in cache after the
-products stream the weights): 130 µs a block against ``scaled_dot_product_attention``'s 165, i.e.
-3.9 against 4.9 ms a step.
-
-Both are compiled on first use with the machine's C++ compiler (``torch.utils.cpp_extension``,
-~45 s, then cached); where that fails, or for other dtypes, devices and shapes, :func:`linear` is
-``torch.nn.functional.linear`` and :func:`attention` is ``scaled_dot_product_attention``.
+It is compiled on first use with the machine's C++ compiler (``torch.utils.cpp_extension``, about a
+minute, then cached under a name that holds the compiler flags and the CPU, so a binary built with
+``-march=native`` on one CPU is never loaded on another). It is built and run only for float32 CPU
+tensors on Linux x86-64 without a gradient; everywhere else, and where the build fails, :func:`linear`
+is ``torch.nn.functional.linear``.
 
 ============ ============ ===============================================
 symbol       shape        meaning
@@ -26,45 +20,36 @@ x            ``[..., K]`` the inputs; M = their rows (x.numel() / K)
 W            ``[N, K]``   an ``nn.Linear`` weight (contiguous, float32)
 b            ``[N]``      its bias, or None
 returned     ``[..., N]`` x·Wᵀ + b, summed in float32 in another order
-                          than MKL's (relative gap ~1e-6)
+                          than MKL's (equal up to float32 rounding)
 ============ ============ ===============================================
-
-Attention (GQA: query head h reads key/value head h // (H / H_kv), as ``repeat_kv`` does):
-
-============ ======================== ============================================
-symbol       shape                    meaning
-============ ======================== ============================================
-q            ``[B, H, 1, D]``         one query per row and head
-K, V         ``[B, H_kv, S_max, D]``  the cache; the first S positions are read
-key_mask     ``[B, S]``               True on the keys a row attends to
-returned     ``[B, H, 1, D]``         softmax(scale · q·Kᵀ over allowed keys) · V
-============ ======================== ============================================
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import os
 import platform
 import shutil
 import sys
-import types
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+FLAGS = ("-O3", "-march=native", "-fopenmp")
+LOG = logging.getLogger(__name__)
+
 DECODE_ROWS = 16
-"""The most rows M for which the kernel runs: 0.65x MKL's time at 8 rows, 0.82x at 16; at 24 and 32 the
-kernel measured no faster (``benchmarks/decode_gemm.py``), so F.linear runs there."""
+"""The most rows M for which the kernel runs (P·G decoding rows); more rows (a prefill, larger groups) go to
+MKL's blocked GEMM, which reads each weight once for many rows (docs/benchmarks.md, the decoding row)."""
 
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 typedef float vec __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register or two AVX2 ones
 typedef int ivec __attribute__((vector_size(64)));
@@ -152,117 +137,33 @@ torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
   });
   return y;
 }
-
-// e^x for x <= 0 (scores minus their maximum): 2^n · p(r), Cephes' expf polynomial; relative error ~2e-7
-static inline vec exp_nonpositive(vec x) {
-  x = x < -87.f ? -87.f : x;
-  const vec t = x * 1.44269504088896341f + 0.5f;
-  ivec n = __builtin_convertvector(t, ivec);
-  n += (t < __builtin_convertvector(n, vec)) ? -1 : 0;  // floor, not truncation
-  const vec fn = __builtin_convertvector(n, vec);
-  const vec r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
-  vec y = 1.9875691500e-4f * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.f;
-  const ivec bits = (n + 127) << 23;
-  vec scale;
-  __builtin_memcpy(&scale, &bits, sizeof(vec));
-  return y * scale;
-}
-
-// One (row, head): p = softmax over allowed keys of scale · q·k_s, out = Σ_s p_s v_s; D = 16·C, q and the
-// output held in C registers each.
-template <int C>
-static void attend(const float* q, const float* k, const float* v, const bool* allowed, int64_t S, int64_t ss,
-                   float scale, float* p, float* out) {
-  vec qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = load(q + c * L);
-  int64_t s = 0;
-  for (; s + L <= S; s += L) {  // 16 keys: a vector of partial sums each, folded together
-    vec acc[L];
-    for (int j = 0; j < L; ++j) {
-      acc[j] = qv[0] * load(k + (s + j) * ss);
-      for (int c = 1; c < C; ++c) acc[j] += qv[c] * load(k + (s + j) * ss + c * L);
-    }
-    const vec r = sum_lanes16(acc) * scale;
-    __builtin_memcpy(p + s, &r, sizeof(vec));
-  }
-  for (; s < S; ++s) {
-    vec lanes = qv[0] * load(k + s * ss);
-    for (int c = 1; c < C; ++c) lanes += qv[c] * load(k + s * ss + c * L);
-    float dot = 0.f;
-    for (int l = 0; l < L; ++l) dot += lanes[l];
-    p[s] = dot * scale;
-  }
-  float top = -INFINITY;
-  for (int64_t t = 0; t < S; ++t) top = allowed[t] ? std::max(top, p[t]) : top;
-  if (top == -INFINITY) return;  // no key allowed: zeros
-  vec sums = {};
-  for (s = 0; s + L <= S; s += L) {
-    vec e = exp_nonpositive(load(p + s) - top);
-    for (int l = 0; l < L; ++l) e[l] = allowed[s + l] ? e[l] : 0.f;
-    sums += e;
-    __builtin_memcpy(p + s, &e, sizeof(vec));
-  }
-  float total = 0.f;
-  for (int l = 0; l < L; ++l) total += sums[l];
-  for (; s < S; ++s) total += (p[s] = allowed[s] ? std::exp(p[s] - top) : 0.f);
-  vec o[C] = {};
-  for (int64_t t = 0; t < S; ++t)
-    for (int c = 0; c < C; ++c) o[c] += load(v + t * ss + c * L) * p[t];
-  for (int c = 0; c < C; ++c) {
-    const vec r = o[c] * (1.f / total);
-    __builtin_memcpy(out + c * L, &r, sizeof(vec));
-  }
-}
-
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor key_mask,
-                               double scale) {
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && k.dim() == 4 && v.sizes() == k.sizes(), "q [B,H,1,D], K,V [B,Hkv,S,D]");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat,
-              "float32 only");
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.strides() == v.strides(), "K and V: same strides, rows dense");
-  q = q.contiguous();
-  auto mask = key_mask.to(torch::kBool).contiguous();
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), S = mask.size(1);
-  TORCH_CHECK(H % Hkv == 0 && k.size(0) == B && k.size(3) == D && mask.size(0) == B && S <= k.size(2), "shapes");
-  TORCH_CHECK(D % L == 0 && D / L <= 8, "head size D must be 16, 32, ..., 128");
-  auto out = torch::zeros_like(q);
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const bool* mp = mask.data_ptr<bool>();
-  float* op = out.data_ptr<float>();
-  const int64_t sb = k.stride(0), sh = k.stride(1), ss = k.stride(2), group = H / Hkv;
-  at::parallel_for(0, B * H, 8, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(S);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / H, offset = b * sb + (i % H) / group * sh;
-      const float *qi = qp + i * D, *ki = kp + offset, *vi = vp + offset;
-      const bool* allowed = mp + b * S;
-      float* oi = op + i * D;
-      switch (D / L) {
-        case 1: attend<1>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 2: attend<2>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 3: attend<3>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 4: attend<4>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 5: attend<5>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 6: attend<6>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 7: attend<7>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-        case 8: attend<8>(qi, ki, vi, allowed, S, ss, scale, p.data(), oi); break;
-      }
-    }
-  });
-  return out;
-}
 """
+
+
+def build_name() -> str:
+    """The extension's name: the torch version, and a hash of the compiler flags and of this CPU's model
+    and instruction-set flags (``/proc/cpuinfo``), since ``-march=native`` builds for this CPU alone."""
+    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    cpu = next((line for line in cpuinfo if line.startswith("model name")), ""), next(
+        (line for line in cpuinfo if line.startswith("flags")), "")
+    digest = hashlib.sha256("\n".join([*FLAGS, *cpu]).encode()).hexdigest()[:12]
+    version = torch.__version__.replace(".", "_").replace("+", "_")
+    return f"grpo_lab_decode_gemm_{version}_{digest}"
+
+
+def built_before(name: str) -> bool:
+    """Whether torch's extension folder (``TORCH_EXTENSIONS_DIR``, else its default) holds a build of ``name``."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    return any(root.glob(f"*/{name}/{name}.so"))
 
 
 @functools.cache
 def kernel() -> Any:
     """The compiled extension (built once per machine, torch version and source), or None where it
-    cannot be built here (not Linux on x86-64, no compiler, a build error), with a warning saying why."""
+    cannot be built here (not Linux on x86-64, no compiler, a build error), with a warning saying why.
+    Called only for float32 CPU tensors (:func:`built_for`), so a CUDA run never builds it."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None
     try:
@@ -272,22 +173,21 @@ def kernel() -> Any:
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        capability = torch.backends.cpu.get_cpu_capability().lower()
-        version = torch.__version__.replace(".", "_").replace("+", "_")
-        return load_inline(f"grpo_lab_decode_kernels_{capability}_{version}", cpp_sources=SOURCE,
-                           functions=["skinny_linear", "decode_attention"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        name = build_name()
+        if not built_before(name):
+            LOG.warning("grpo_lab.lm.decoding.kernels: compiling the decoding GEMM kernel %s for this CPU "
+                        "(about a minute, once; later runs load it)", name)
+        return load_inline(name, cpp_sources=SOURCE, functions=["skinny_linear"], extra_cflags=list(FLAGS),
                            extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler or ninja, a failed build: the decoder keeps torch's own
-        warnings.warn(f"grpo_lab.lm.decoding.kernels: the decoding kernels could not be built ({type(exc).__name__}: "
-                      f"{str(exc)[:300]}); decoding uses torch's linear and scaled_dot_product_attention",
-                      stacklevel=2)
+        warnings.warn(f"grpo_lab.lm.decoding.kernels: the decoding GEMM kernel could not be built "
+                      f"({type(exc).__name__}: {str(exc)[:300]}); decoding uses torch's F.linear", stacklevel=2)
         return None
 
 
 def built_for(*tensors: torch.Tensor) -> Any:
     """:func:`kernel` where it may run on ``tensors``: all float32 on the CPU and no gradient wanted
-    through them (the kernels have no backward); else None."""
+    through them (the kernel has no backward); else None, without building it."""
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -306,38 +206,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], weight.shape[0])
-
-
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_mask: torch.Tensor,
-              scale: float) -> torch.Tensor:
-    """:func:`sdpa_attention`'s result for one query per row (shapes in the module docstring), through
-    the kernel when everything is float32 on the CPU, D is 16, 32, …, 128, no gradient is wanted and
-    the kernel is built."""
-    one_query = (q.shape[2] == 1 and q.shape[3] % 16 == 0 and q.shape[3] <= 128 and keys.stride(-1) == 1
-                 and keys.stride() == values.stride())
-    built = built_for(q, keys, values) if one_query else None
-    if built is None:
-        return sdpa_attention(q, keys, values, key_mask, scale)
-    return built.decode_attention(q, keys, values, key_mask, scale)
-
-
-def sdpa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_mask: torch.Tensor,
-                   scale: float) -> torch.Tensor:
-    """Attention of queries ``[B, H, 1, D]`` to the first S = ``key_mask.shape[-1]`` cached keys and values
-    through ``torch.nn.functional.scaled_dot_product_attention``."""
-    S = key_mask.shape[-1]
-    mask = key_mask[:, None, None, :].bool()
-    return F.scaled_dot_product_attention(q, keys[:, :, :S], values[:, :, :S], attn_mask=mask, scale=scale,
-                                          enable_gqa=q.shape[1] != keys.shape[1])
-
-
-def use_for_decoding(model: torch.nn.Module) -> None:
-    """Route every ``nn.Linear`` of ``model`` (a frozen sampler's copy decoding through its own
-    forward) through :func:`linear`."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.forward = types.MethodType(_linear_forward, module)
-
-
-def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias)
