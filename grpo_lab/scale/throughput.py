@@ -32,6 +32,7 @@ from ..lm.train_config import TrainConfig
 from ..loop import StepRecord
 from .costmodel import (
     PAPER_ITERS_PER_SECOND,
+    PAPER_ITERS_PER_SECOND_SPREAD,
     PAPER_PARAMS_7B,
     StepCostModel,
     fit_from_step_times,
@@ -48,7 +49,6 @@ ADAPTIVE_THRESHOLD = 0.3
 steps of SmolLM2 at lr 1e-5 (the measured drift per step is in docs/benchmarks.md), so the run syncs
 every few steps while the policy moves and waits longer (up to its v) while steps are skipped."""
 PAPER_FINAL_REWARD = 0.50
-PAPER_ITERS_PER_SECOND_STD = {1: 0.017, 10: 0.016}
 FIXED_VS = (1, 2, 4, 8)
 """The sync periods notebook 03 times, to fit step(v) = gen + train + sync / v on."""
 MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.7e9, "32B": 32.5e9, "72B": 72.7e9}
@@ -191,7 +191,7 @@ def colocate_table(results: Mapping[int, Mapping[str, float] | None]) -> list[di
     """The PAPER's iter/s and final reward per v, and the MEASURED ones where a run wrote them."""
     rows = []
     for v, ips in PAPER_ITERS_PER_SECOND.items():
-        rows.append({"v": v, "source": PAPER, "iter/s": ips, "± std": PAPER_ITERS_PER_SECOND_STD[v],
+        rows.append({"v": v, "source": PAPER, "iter/s": ips, "± std": PAPER_ITERS_PER_SECOND_SPREAD[v],
                      "final reward": PAPER_FINAL_REWARD})
         if results.get(v):
             rows.append({"v": v, "source": "MEASURED (8 GPUs)", "iter/s": results[v]["iters_per_second"],
