@@ -61,10 +61,11 @@ def train_config(kind: str, output_dir: Path | str, **changes: Any) -> TrainConf
     return TrainConfig(**{**base, "checkpoint_every": 2, "seed": 0, "output_dir": str(output_dir), **changes})
 
 
-def make_loop(kind: str, config: TrainConfig) -> Any:
+def make_loop(kind: str, config: TrainConfig, checkpoint: Path | None = None) -> Any:
+    """The run of ``kind`` on the tiny LM or the bandit; ``checkpoint``: the LM's disk guard checks room for it."""
     if kind == "bandit":
         return build_bandit_loop(BanditProblem.random(contexts=4, arms=3, seed=0), config, runs=2)
-    loop = build_loop(config, tiny_model(), tokenizer(), list(problems()))
+    loop = build_loop(config, tiny_model(), tokenizer(), list(problems()), checkpoint=checkpoint)
     loop.task.reward_fn = even_length
     return loop
 

@@ -17,8 +17,10 @@ from test_study import fake_study
 
 from grpo_lab.files import DiskError, append_line, atomic_write
 from grpo_lab.lm import cli
+from grpo_lab.lm.build import build_loop
 from grpo_lab.lm.checkpoint import save_checkpoint
-from grpo_lab.lm.memory import estimate_checkpoint, guard_disk
+from grpo_lab.lm.memory import estimate_checkpoint, estimate_run_checkpoint, guard_disk
+from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import CHECKPOINT_FILE
 
@@ -37,7 +39,7 @@ def fake_free(monkeypatch, free: int) -> None:
 def needed(config: TrainConfig, loop, tmp_path) -> int:
     """The bytes the disk guard asks for, read from its refusal with nothing free."""
     with pytest.raises(DiskError) as caught:
-        guard_disk(config, loop, tmp_path / CHECKPOINT_FILE, free=0)
+        guard_disk(config, estimate_checkpoint(loop, config.steps), tmp_path / CHECKPOINT_FILE, free=0)
     return int(re.search(r"the run needs (\d+) bytes", str(caught.value)).group(1))
 
 
@@ -71,17 +73,52 @@ def test_estimate_covers_the_written_checkpoint(changes, tmp_path):
     assert written <= estimate <= written + 2 * 2**20
 
 
+@pytest.mark.parametrize("changes", [{}, {"beta": 0.05}, {"optimizer": "sgd"}], ids=["adamw", "reference", "sgd"])
+def test_estimate_before_the_loop_equals_the_loops(changes, tmp_path):
+    """From π_θ and the config alone (before α is copied) the estimate covers the built loop's, at most
+    2 MiB over (α's packing slack, counted in full), with either decoder."""
+    config = train_config("lm", tmp_path, **changes)
+    model = tiny_model()
+    model.requires_grad_(True)
+    before = estimate_run_checkpoint(config, model, config.steps)
+    loop = build_loop(config, model, tokenizer(), list(problems()))
+    assert loop.sampler.decoder.__class__.__name__ == "LeanDecoder"
+    lean = estimate_checkpoint(loop, config.steps)
+    loop.sampler = HFSampler(loop.policy, tokenizer(), config.max_completion_length, decoder="model")
+    plain = estimate_checkpoint(loop, config.steps)                     # α's copy as the model holds it
+    assert plain < lean
+    assert lean <= before <= lean + 2**20 and plain <= before <= plain + 2 * 2**20 + 2**16
+
+
+def test_preflight_refuses_before_alpha_is_copied(tmp_path, monkeypatch):
+    """``train(config)`` builds its loop; a disk too small stops it once π_θ is loaded, before HFSampler
+    copies it into α (no second copy of the weights is ever made)."""
+    import grpo_lab.lm.models as models
+    import grpo_lab.lm.sampling as sampling
+    from grpo_lab.lm.training import train
+
+    config = train_config("lm", tmp_path / "run")
+    monkeypatch.setattr(models, "load_policy", lambda *args, **kwargs: (tiny_model(), tokenizer()))
+    monkeypatch.setattr("grpo_lab.lm.build.train_problems", lambda config: list(problems()))
+    copies = []
+    monkeypatch.setattr(sampling.HFSampler, "__init__", lambda self, *args, **kwargs: copies.append(args))
+    fake_free(monkeypatch, 2**16)
+    with pytest.raises(DiskError, match="disk guard: output_dir"):
+        train(config, progress=False)
+    assert copies == [] and sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.lock"]
+
+
 def test_guard_asks_for_two_checkpoints_with_periodic_saves_and_one_without(tmp_path):
     config = train_config("lm", tmp_path / "run")
     loop = make_loop("lm", config)
     one = estimate_checkpoint(loop, config.steps)
     periodic, final_only = needed(config, loop, tmp_path), needed(config.replace(checkpoint_every=0), loop, tmp_path)
     assert one <= final_only < one + 2**20 and 2 * one <= periodic < 2 * one + 2**20
-    guard_disk(config, loop, tmp_path / CHECKPOINT_FILE, free=periodic)                # exactly enough: runs
+    guard_disk(config, one, tmp_path / CHECKPOINT_FILE, free=periodic)                # exactly enough: runs
     with pytest.raises(DiskError, match="checkpoint_every = 0"):
-        guard_disk(config, loop, tmp_path / CHECKPOINT_FILE, free=periodic - 1)
+        guard_disk(config, one, tmp_path / CHECKPOINT_FILE, free=periodic - 1)
     with pytest.raises(DiskError) as caught:
-        guard_disk(config.replace(checkpoint_every=0), loop, tmp_path / CHECKPOINT_FILE, free=final_only - 1)
+        guard_disk(config.replace(checkpoint_every=0), one, tmp_path / CHECKPOINT_FILE, free=final_only - 1)
     assert "checkpoint_every" not in str(caught.value)          # already 0: not offered as the fix
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"\0" * one)        # the last run's checkpoint: replaced, so free
     assert needed(config, loop, tmp_path) == periodic - one
@@ -117,7 +154,7 @@ def cli_recipe(tmp_path) -> str:
 def test_cli_prints_one_line_and_exits_non_zero(fault, tmp_path, monkeypatch, capsys):
     import grpo_lab.lm.training as training
 
-    monkeypatch.setattr(training, "build_loop", lambda config: make_loop("lm", config))  # the tiny LM
+    monkeypatch.setattr(training, "build_loop", lambda config, checkpoint: make_loop("lm", config, checkpoint))
     out, stack, recipe = tmp_path / "run", contextlib.ExitStack(), cli_recipe(tmp_path)
     if fault == "preflight":
         fake_free(monkeypatch, 2**20)

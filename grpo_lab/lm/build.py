@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..loop import GRPOLoop
@@ -16,13 +17,16 @@ from .train_config import DTYPES, TrainConfig
 
 
 def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
-               problems: Sequence[Problem] | None = None, sampler: Any = None) -> GRPOLoop:
+               problems: Sequence[Problem] | None = None, sampler: Any = None,
+               checkpoint: Path | None = None) -> GRPOLoop:
     """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
 
-    The memory guard checks the run fits before α is copied (it may shrink ``micro_batch_size``).
+    Before α is copied, the memory guard checks the run fits (it may shrink ``micro_batch_size``)
+    and, given the ``checkpoint`` path the run will write, the disk guard that its checkpoints fit
+    (:func:`~grpo_lab.lm.memory.guard_disk`, a DiskError otherwise).
     A given ``sampler`` (e.g. another run's engine, built once) is synced to this run's π_θ first.
     """
-    from .memory import guard_memory, longest_prompt
+    from .memory import estimate_run_checkpoint, guard_disk, guard_memory, longest_prompt
     from .models import load_policy
     from .policy import LMPolicy
     from .sampling import HFSampler, stop_and_pad_ids
@@ -42,6 +46,8 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
     config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
+    if checkpoint is not None:
+        guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
     if sampler is not None:
         if (sampler.max_completion_length, sampler.temperature) != (config.max_completion_length, config.temperature):

@@ -46,9 +46,12 @@ The sampling term alone matches a measured ``generate`` (4.6 MiB per sequence
 measured, 5.1 estimated, SmolLM2, S = 54). On a GPU the caching allocator wastes
 less, so the CPU-fitted overhead makes the estimate conservative there.
 
-Disk guard: :func:`guard_disk` runs in :func:`grpo_lab.lm.training.train` (and
-the live panel's run) before the first step, where a full disk would otherwise
-stop the run at its first checkpoint write. It estimates one checkpoint's bytes C (:func:`estimate_checkpoint`) and
+Disk guard: :func:`guard_disk` runs in :func:`grpo_lab.lm.build.build_loop` once π_θ is
+loaded and before α is copied from it (when the caller names the checkpoint, as
+:func:`grpo_lab.lm.training.train` does), and before the first step of a loop built
+elsewhere (``train(config, loop)``, the live panel's run), where a full disk would
+otherwise stop the run at its first checkpoint write. It estimates one checkpoint's
+bytes C (:func:`estimate_run_checkpoint` from π_θ and the config, :func:`estimate_checkpoint` from a loop) and
 refuses (:class:`~grpo_lab.files.DiskError`) unless ``output_dir`` has room for
 what the saves need at once: a save writes C beside the previous checkpoint before
 renaming over it, so periodic checkpoints (``checkpoint_every`` > 0) need 2·C,
@@ -253,25 +256,49 @@ def estimate_checkpoint(loop: GRPOLoop, steps: int) -> int:
     Each storage counts once, as ``torch.save`` writes it (tied weights, α sharing π_θ's tensors);
     AdamW's moments count before its first step creates them.
     """
-    require_int_at_least("steps", steps, 0)
     tensors = [*loop.policy.state_dict().values(), *loop.sampler.state_dict().values()]
     if loop.reference is not None:
         tensors += loop.reference.state_dict().values()
-    storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
     trainable = [p for group in loop.optimizer.param_groups for p in group["params"]]
-    moments = 2 if loop.config.optimizer == "adamw" else 0
-    return (sum(storages.values()) + moments * sum(p.numel() * p.element_size() for p in trainable)
+    return _checkpoint_bytes(_storages(tensors), trainable, loop.config.optimizer, steps)
+
+
+def estimate_run_checkpoint(config: GRPOConfig, model: torch.nn.Module, steps: int) -> int:
+    """:func:`estimate_checkpoint` of the run ``config`` would build on ``model`` (π_θ), before α and
+    π_ref exist, at most 2 MiB over: α and π_ref (β > 0) are copies of ``model``'s tensors, its
+    trainable parameters those with ``requires_grad``. α may hold its copy in one packed buffer
+    (:class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`), whose page-alignment slack, up to
+    ``HUGE_PAGE_BYTES``, ``torch.save`` writes too: counted."""
+    from .decoding.decoder import HUGE_PAGE_BYTES
+
+    per_copy = _storages(model.state_dict().values())
+    copies = 2 + (config.beta > 0)
+    storages = [size for size in per_copy for _ in range(copies)] + [HUGE_PAGE_BYTES]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return _checkpoint_bytes(storages, trainable, config.optimizer, steps)
+
+
+def _storages(tensors: Any) -> list[int]:
+    """Bytes of each distinct storage under ``tensors`` (a storage shared by several tensors counts once)."""
+    return list({(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def _checkpoint_bytes(storages: list[int], trainable: list[torch.Tensor], optimizer: str, steps: int) -> int:
+    require_int_at_least("steps", steps, 0)
+    moments = 2 if optimizer == "adamw" else 0
+    return (sum(storages) + moments * sum(p.numel() * p.element_size() for p in trainable)
             + TENSOR_BYTES * (len(storages) + (moments + 1) * len(trainable))
             + RECORD_BYTES * steps + CHECKPOINT_REST)
 
 
-def guard_disk(config: TrainConfig, loop: GRPOLoop, checkpoint: Path, free: int | None = None) -> None:
-    """Return if ``config``'s run has room for its checkpoints at ``checkpoint`` (and ``metrics.jsonl``),
-    else raise :class:`~grpo_lab.files.DiskError` naming the folder, the bytes needed and free, and the
-    changes that help. ``free``: bytes free (default: :func:`~grpo_lab.files.free_bytes` of the folder)."""
+def guard_disk(config: TrainConfig, size: int, checkpoint: Path, free: int | None = None) -> None:
+    """Return if ``config``'s run, whose checkpoint takes ``size`` bytes (:func:`estimate_checkpoint`,
+    or :func:`estimate_run_checkpoint` before the loop exists), has room for its checkpoints at
+    ``checkpoint`` (and ``metrics.jsonl``), else raise :class:`~grpo_lab.files.DiskError` naming the
+    folder, the bytes needed and free, and the changes that help. ``free``: bytes free (default:
+    :func:`~grpo_lab.files.free_bytes` of the folder)."""
     folder = checkpoint.parent
     free = free_bytes(folder) if free is None else require_int_at_least("free", free, 0)
-    size = estimate_checkpoint(loop, config.steps)
     reclaimed = sum(p.stat().st_size for p in temp_files(checkpoint))  # a killed writer's, removed by the save
     existing = checkpoint.stat().st_size if checkpoint.is_file() else 0  # replaced by the first save
     metrics = 2 * RECORD_BYTES * config.steps  # metrics.jsonl, and its copy while it is rewritten on resume
@@ -279,7 +306,7 @@ def guard_disk(config: TrainConfig, loop: GRPOLoop, checkpoint: Path, free: int 
     need = max(2 * size - existing, size) - reclaimed + metrics if config.checkpoint_every else one_save
     if need <= free:
         return
-    parts = ", ".join(["π_θ", "α", *(["π_ref"] if loop.reference is not None else []),
+    parts = ", ".join(["π_θ", "α", *(["π_ref"] if config.beta > 0 else []),
                        *(["AdamW's m and v"] if config.optimizer == "adamw" else [])])
     held = "two on disk at once while a save replaces the last" if config.checkpoint_every else "one, at the end"
     fixes = ["choose another output_dir",

@@ -22,7 +22,7 @@ from ..files import append_line, atomic_write, disk_error
 from ..loop import GRPOLoop, StepRecord
 from .build import build_loop
 from .checkpoint import load_checkpoint, save_checkpoint
-from .memory import guard_disk
+from .memory import estimate_checkpoint, guard_disk
 from .train_config import TrainConfig
 
 
@@ -37,8 +37,9 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     Interrupting (Ctrl-C, a notebook's stop button) finishes the current step,
     saves a checkpoint and returns the loop, ready to continue. Raises :class:`RunDirInUse`
     at once, before any model loads, if another live process is training into ``output_dir``;
-    :class:`~grpo_lab.files.DiskError` before the first step if the checkpoints will not fit
-    (:func:`~grpo_lab.lm.memory.guard_disk`), or when a write fails anyway (the last checkpoint
+    :class:`~grpo_lab.files.DiskError` before α is copied (before the first step, for a given
+    ``loop``) if the checkpoints will not fit (:func:`~grpo_lab.lm.memory.guard_disk`), or when a
+    write fails anyway (the last checkpoint
     stays the one to resume from).
     """
     out = Path(config.output_dir)
@@ -47,8 +48,10 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     except OSError as exc:
         raise disk_error(out, exc) from exc
     with hold_run_dir(out):
-        loop = loop or build_loop(config)
-        guard_disk(config, loop, out / CHECKPOINT_FILE)
+        if loop is None:  # build_loop's disk guard runs before α is copied
+            loop = build_loop(config, checkpoint=out / CHECKPOINT_FILE)
+        else:
+            guard_disk(config, estimate_checkpoint(loop, config.steps), out / CHECKPOINT_FILE)
         return _train(config, loop, out, progress, resume)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from ..files import DiskError
 from ..lm.build import build_loop
 from ..lm.checkpoint import save_checkpoint
-from ..lm.memory import guard_disk
+from ..lm.memory import estimate_checkpoint, guard_disk
 from ..lm.recipes import run_dir
 from ..lm.train_config import TrainConfig
 from ..loop import GRPOLoop
@@ -104,7 +104,7 @@ class LivePanel:
         last = self.steps if steps is None else min(self.steps, loop.k + steps)
         start = time.perf_counter()
         try:
-            guard_disk(config, loop, checkpoint)
+            guard_disk(config, estimate_checkpoint(loop, config.steps), checkpoint)
             try:
                 while loop.k < last and not self._stop.is_set():
                     record = loop.step()
