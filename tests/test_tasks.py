@@ -175,3 +175,18 @@ def test_build_prompt_with_and_without_chat_template():
         "<user>Compute 1+1.\nThink step by step, then put the final answer in \\boxed{}.</user><assistant>"
     with pytest.raises(ValueError, match="answer_format"):
         build_prompt(Problem("q", "1", "x", answer_format="latex"), tiny_tokenizer(None))
+
+
+def test_disjoint_evaluation_holds_out_distinct_unseen_questions():
+    """eval_disjoint: every held-out question is distinct and none is a training question; without it
+    the other seed repeats training questions; a task too small for it is refused with its counts."""
+    from grpo_lab.lm.text_task import eval_problems, train_problems
+    from grpo_lab.lm.train_config import TrainConfig
+
+    config = TrainConfig(task="add12", train_problems=300, eval_problems=200, eval_disjoint=True)
+    seen = {p.question for p in train_problems(config)}
+    held_out = [p.question for p in eval_problems(config)]
+    assert len(held_out) == 200 == len(set(held_out)) and not seen & set(held_out)
+    assert seen & {p.question for p in eval_problems(config.replace(eval_disjoint=False))}
+    with pytest.raises(ValueError, match=r"task 'add1' gave 0 distinct questions outside its 2000 training"):
+        eval_problems(TrainConfig(task="add1", eval_problems=50, eval_disjoint=True))

@@ -74,6 +74,28 @@ def train_problems(config: TrainConfig) -> list[Problem]:
 
 
 def eval_problems(config: TrainConfig) -> list[Problem]:
-    """Held-out problems: another seed of a generated task, or a dataset's evaluation split."""
+    """Held-out problems: another seed of a generated task, or a dataset's evaluation split.
+
+    With ``config.eval_disjoint`` a generated task's questions are distinct and none is a training
+    question; a task too small for that raises a ValueError with its counts.
+    """
     name = config.eval_task or config.task
-    return _load(name, config.eval_problems, config.seed + 10_000, config.eval_split, config.eval_data_files)
+    n, seed = config.eval_problems, config.seed + 10_000
+    if not config.eval_disjoint:
+        return _load(name, n, seed, config.eval_split, config.eval_data_files)
+    from .tasks import GYM_TASKS
+
+    if name not in GYM_TASKS:
+        raise ValueError(f"eval_disjoint applies to generated tasks, not {name!r} (a dataset's splits are its own)")
+    seen = {p.question for p in train_problems(config)}
+    pool = _load(name, 20 * n, seed, None, None)
+    held_out = []
+    for problem in pool:
+        if problem.question not in seen:
+            seen.add(problem.question)
+            held_out.append(problem)
+    if len(held_out) < n:
+        raise ValueError(f"eval_disjoint: task {name!r} gave {len(held_out)} distinct questions outside its "
+                         f"{config.train_problems} training problems in {len(pool)} draws, not eval_problems = {n}: "
+                         "use a larger task, fewer eval_problems, or eval_disjoint = false")
+    return held_out[:n]

@@ -43,6 +43,9 @@ class TrainConfig(GRPOConfig):
     """Local files for the eval task, instead of the hub."""
     eval_problems: int = 64
     """Questions in an evaluation."""
+    eval_disjoint: bool = False
+    """Generated tasks: evaluate on distinct questions none of which is a training question. Off, the
+    evaluation draws another seed, which in a small task repeats training questions (add1 has 121 in all)."""
     eval_samples: int = 8
     """n, samples per question for Pass@1 (the paper uses 50 on GSM8K)."""
     eval_every: int = 0

@@ -139,6 +139,7 @@ def study_settings(base: TrainConfig, eval_questions: int) -> dict[str, Any]:
     return {"task": base.task, "model": base.model, "scoring": base.scoring, "steps": base.steps,
             "prompts_per_step": base.prompts_per_step, "G": base.G, "max_completion_length": base.max_completion_length,
             "temperature": base.temperature, "lr": base.lr, "eval_questions": eval_questions,
+            "eval_disjoint": base.eval_disjoint,
             "eval_samples": base.eval_samples, "eval_seed": EVAL_SEED}
 
 
