@@ -8,9 +8,12 @@ name             source                                          answer format
 ================ =============================================== ===============
 ``add1``         reasoning-gym ``basic_arithmetic``, a + b with  ``number``
                  "one-digit" a, b (reasoning-gym draws 0…10): the
-                 CPU default and the CPU study's task (the task
-                 scan in docs/benchmarks.md says why)
+                 CPU default (the task scan in docs/benchmarks.md
+                 says why); 121 questions in all
 ``add12``        the same with 1–2-digit a, b (0…99)             ``number``
+``sum3``         a + b + c, one-digit terms (0…10): 1331         ``number``
+                 questions, room for held-out ones (the CPU
+                 study's task)
 ``basic_arithmetic`` / ``chain_sum``  reasoning-gym, default    ``number``
                  settings (overridable)
 ``gsm_symbolic`` reasoning-gym GSM-style word problems           ``boxed``
@@ -93,6 +96,9 @@ GYM_TASKS = {
     "add12": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
                                               operators=("+",), allow_parentheses=False, allow_negation=False),
                      "number"),
+    "sum3": GymTask("basic_arithmetic", dict(min_terms=3, max_terms=3, min_digits=1, max_digits=1,
+                                             operators=("+",), allow_parentheses=False, allow_negation=False),
+                    "number"),
     "basic_arithmetic": GymTask("basic_arithmetic", {}, "number"),
     "chain_sum": GymTask("chain_sum", {}, "number"),
     "gsm_symbolic": GymTask("gsm_symbolic", {}, "boxed"),
