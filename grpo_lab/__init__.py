@@ -6,6 +6,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
 ``advantages``              whitening A_α and the zero-variance mask m(x)         (§2)
 ``objective``               ratios r, r′, clipped surrogate f_ε, KL, token weights (§3)
 ``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
+``sync_audit``              after each sync, did α take π_θ's weights? (``SyncError``)
 ``plan``                    the rules of one step: advantages, mask, token weights, empty-step decision
 ``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
 ``config``                  GRPOConfig, one field per knob
@@ -31,7 +32,7 @@ The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study
 
 from .advantages import whiten, zero_variance_mask
 from .config import GRPOConfig
-from .loop import GRPOLoop, Policy, Rollout, Sampler, StepRecord, Task
+from .loop import GRPOLoop, Policy, Rollout, Sampler, ScoringSampler, StepRecord, Task
 from .objective import (
     aggregate_loss,
     clip_bounds,
@@ -43,10 +44,12 @@ from .objective import (
 )
 from .plan import StepPlan, plan_step
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
+from .sync_audit import SyncError
 
 __all__ = [
     "whiten", "zero_variance_mask", "clipped_surrogate", "clip_bounds", "kl_estimate", "loss_weights",
     "aggregate_loss", "grpo_objective", "tv_terms", "SyncSchedule", "AdaptiveSyncSchedule", "RefResetSchedule",
-    "GRPOConfig", "GRPOLoop", "StepPlan", "plan_step", "Policy", "Sampler", "Task", "Rollout", "StepRecord",
+    "GRPOConfig", "GRPOLoop", "StepPlan", "plan_step", "Policy", "Sampler", "ScoringSampler", "Task", "Rollout",
+    "StepRecord", "SyncError",
 ]
 __version__ = "0.1.0"

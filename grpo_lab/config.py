@@ -16,9 +16,10 @@ from .schedules import SYNC_MODES
 SMOKE_ENV = "GRPO_LAB_SMOKE"
 OPTIMIZERS = ("adamw", "sgd")
 EMPTY_STEPS = ("skip", "optimizer_step")
-RESUME_FREE_FIELDS = ("micro_batch_size", "steps")
-"""Fields a resumed run may change: they set how far to go and in what pieces, not what any step computes
-(the memory guard may pick a different ``micro_batch_size`` on another machine)."""
+RESUME_FREE_FIELDS = ("micro_batch_size", "steps", "output_dir", "checkpoint_every")
+"""Fields a resumed run may change: they set how far to go, in what pieces and where and how often it saves,
+not what any step computes (the memory guard may pick a different ``micro_batch_size`` on another machine;
+a run folder may be moved)."""
 
 
 @dataclass
@@ -106,6 +107,18 @@ class GRPOConfig:
     """Number of steps k to run."""
     seed: int = 0
     """Seeds every random draw (prompts, samples, rewards)."""
+    sync_audit: bool = True
+    """After each sync, check that α now serves π_θ's weights (:mod:`grpo_lab.sync_audit`): a few tokens of the
+    first batch sampled after a sync (the probe) are scored by the sampler and by π_θ, one small forward each per
+    sync, and a sync that left α where it was raises :class:`~grpo_lab.sync_audit.SyncError`. A sampler without
+    ``score`` (see :class:`~grpo_lab.loop.ScoringSampler`) cannot be audited: the loop warns once and runs
+    without the audit. The TRL adapter runs the same audit (``sync_audit``)."""
+    offpolicy_split: bool = False
+    """Split log r′ = log(π_k/α) at π_sync, the trainer's forward at the weights of the last sync, into
+    staleness log(π_k/π_sync) and mismatch log(π_sync/α) (docs/metrics.md). Costs one no-grad forward of the
+    batch per step (through the sampler's ``synced_logprobs``: α's own copy for the in-process samplers, a
+    copy of the synced weights that VLLMSampler keeps anyway), no extra memory. Needs a sampler with
+    ``synced_logprobs``."""
 
     def __post_init__(self) -> None:
         require_int_at_least("G", self.G, 2)
@@ -141,6 +154,9 @@ class GRPOConfig:
         require_number_in("temperature", self.temperature, 0.0, low_open=True)
         require_int_at_least("steps", self.steps, 0)
         require_int_at_least("seed", self.seed, 0)
+        for name in ("sync_audit", "offpolicy_split"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.ref_period > 0 and self.beta == 0:
             raise ValueError(f"ref_period = {self.ref_period} resets π_ref, but beta = 0 keeps no reference")
 

@@ -11,9 +11,10 @@ The bandit, the language models and the benchmarks all run through
 
 One step k::
 
-    if schedule.begin(k): sampler.sync(π_θ)              α ← π_θ, lag = 0
+    if schedule.begin(k): sampler.sync(π_θ)              α ← π_θ, lag = 0; the sync audit checks it took
     prompts ~ task; rollout ~ α (G per prompt, with log α)
     plan = plan_step(rewards [P, G], rollout.mask)       A, m, token weights w, trains?
+    the first batch after a sync: the audit's probe      a few of its tokens, scored by π_θ and α
     schedule.mark_synced(k) if it synced                 the sync counts once the batch exists
     if plan.trains: log π_ref (if β > 0), once, no gradient;
         repeat i times: optimiser step on grpo_objective   (pass 0 also gives log π_k)
@@ -30,6 +31,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -38,9 +40,18 @@ import torch
 
 from .checks import require_reward_groups
 from .config import RESUME_FREE_FIELDS, GRPOConfig
-from .objective import NO_TOKEN_METRICS, RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
+from .objective import (
+    NO_TOKEN_METRICS,
+    OFFPOLICY_SPLIT,
+    RATIO_DIAGNOSTICS,
+    grpo_objective,
+    offpolicy_split,
+    ratio_diagnostics,
+    tv_terms,
+)
 from .plan import StepPlan, plan_step
 from .schedules import RefResetSchedule, make_sync_schedule
+from .sync_audit import SyncAudit, probe_of
 
 
 @dataclass
@@ -96,6 +107,20 @@ class Sampler(Protocol):
 
 
 @runtime_checkable
+class ScoringSampler(Sampler, Protocol):
+    """A sampler that also scores given tokens: what the sync audit (``score``, ``GRPOConfig.sync_audit``) and
+    the off-policy split (``synced_logprobs``, ``GRPOConfig.offpolicy_split``) need. Both return ``[b, T]``
+    without gradient, as :meth:`Policy.logprobs` lays them out."""
+
+    def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log α of ``rollout.completions[rows]`` from the engine that samples, at the sampling temperature,
+        untruncated (the audit checks weights, not the truncation)."""
+
+    def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log π_sync: the trainer's forward (as :meth:`Policy.logprobs`) at the weights of the last sync."""
+
+
+@runtime_checkable
 class Task(Protocol):
     """Prompts and a verifiable reward."""
 
@@ -138,6 +163,12 @@ class StepRecord:
     cap_frac: float = 0.0
     """The :func:`~grpo_lab.objective.ratio_diagnostics` of the step's sampled tokens (defaults: an on-policy
     step's values, for histories saved before these fields existed)."""
+    audit_seconds: float = 0.0
+    staleness_abs: float = 0.0
+    mismatch_abs: float = 0.0
+    staleness_share: float = 0.0
+    """The sync audit's time and the :func:`~grpo_lab.objective.offpolicy_split` (0 with
+    ``offpolicy_split`` off; defaults for histories saved before these fields existed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -199,6 +230,16 @@ class GRPOLoop:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.k = 0
         self.history: list[StepRecord] = []
+        if config.offpolicy_split and not callable(getattr(sampler, "synced_logprobs", None)):
+            raise ValueError(f"offpolicy_split = True needs log π_sync, but {type(sampler).__name__} has no "
+                             "synced_logprobs (see grpo_lab.loop.ScoringSampler)")
+        self.audit: SyncAudit | None = None
+        if config.sync_audit and callable(getattr(sampler, "score", None)):
+            self.audit = SyncAudit.for_dtype(next(iter(policy.parameters())).dtype)
+        elif config.sync_audit:
+            warnings.warn(f"{type(sampler).__name__} has no score(rollout, rows), so the sync audit cannot run: "
+                          "this run's syncs are not checked (sync_audit=False silences this)", stacklevel=2)
+        self._probe: Rollout | None = None  # the audit's probe: a few tokens of a batch sampled after a sync
 
     @staticmethod
     def _frozen_copy(policy: Policy) -> Policy:
@@ -217,11 +258,12 @@ class GRPOLoop:
         cfg, k = self.config, self.k
         rng_state = self.generator.get_state()
         try:
-            synced, sync_bytes, sync_seconds = self.schedule.begin(k), 0, 0.0
+            synced, sync_bytes, sync_seconds, audit_seconds = self.schedule.begin(k), 0, 0.0, 0.0
             if synced:
                 start = time.perf_counter()
                 sync_bytes = self.sampler.sync(self.policy)
                 sync_seconds = time.perf_counter() - start
+                audit_seconds = self._audit(k)
 
             start = time.perf_counter()
             prompts = self.task.prompts(cfg.prompts_per_step, self.generator)
@@ -234,6 +276,9 @@ class GRPOLoop:
                                  f"got {tuple(rewards.shape)}")
             sample_seconds = time.perf_counter() - start
             plan = self.plan(rollout, rewards)
+            if self.audit is not None and self._probe is None and synced:  # the audit's probe and reference
+                self._probe = probe_of(rollout)
+                audit_seconds += self._audit(k)
         except BaseException:
             self.generator.set_state(rng_state)
             raise
@@ -260,11 +305,25 @@ class GRPOLoop:
                 kl=metrics.get("kl", 0.0),
                 grad_norm=grad_norm, num_tokens=metrics["num_tokens"], sync_bytes=sync_bytes,
                 sample_seconds=sample_seconds, train_seconds=train_seconds,
-                sync_seconds=sync_seconds, ref_reset=ref_reset,
-                **{name: metrics[name] for name in RATIO_DIAGNOSTICS})
+                sync_seconds=sync_seconds, ref_reset=ref_reset, audit_seconds=audit_seconds,
+                **{name: metrics[name] for name in RATIO_DIAGNOSTICS},
+                **{name: metrics[name] for name in OFFPOLICY_SPLIT if name in metrics})
             self.history.append(record)
             self.k = k + 1
         return record
+
+    def _audit(self, k: int) -> float:
+        """The sync audit on the probe (:class:`~grpo_lab.sync_audit.SyncAudit`; raises its ``SyncError``): one
+        no-grad forward of π_θ and one of the sampler. Returns its seconds (0 with no audit or no probe yet)."""
+        if self.audit is None or self._probe is None:
+            return 0.0
+        start = time.perf_counter()
+        probe, everything = self._probe, slice(None)
+        with torch.no_grad():
+            logp_policy = self.policy.logprobs(probe, everything)
+            logp_alpha = self.sampler.score(probe, everything)
+        self.audit.check(logp_policy[probe.mask], logp_alpha[probe.mask], k)
+        return time.perf_counter() - start
 
     def plan(self, rollout: Rollout, rewards: torch.Tensor) -> StepPlan:
         """:func:`~grpo_lab.plan.plan_step` of a sampled batch: this loop's config and stacked runs,
@@ -291,7 +350,7 @@ class GRPOLoop:
                 with torch.no_grad():
                     all_logp_k[rows] = self.policy.logprobs(rollout, rows)
         if not plan.trains:
-            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, all_logp_k)}, 0.0, 0.0
+            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, all_logp_k, chunks)}, 0.0, 0.0
 
         logp_ref = None
         if self.reference is not None:
@@ -323,14 +382,20 @@ class GRPOLoop:
                     param.grad = torch.zeros_like(param)
             grad_norm = self._optimizer_step()
         metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
-        return {**metrics, **self._sample_diagnostics(rollout, all_logp_k)}, loss_sum / cfg.i, grad_norm
+        return {**metrics, **self._sample_diagnostics(rollout, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
 
-    def _sample_diagnostics(self, rollout: Rollout, logp_k: torch.Tensor) -> dict[str, float]:
+    def _sample_diagnostics(self, rollout: Rollout, logp_k: torch.Tensor, chunks: list[slice]) -> dict[str, float]:
         """``tv_estimate`` and the :func:`ratio_diagnostics` over every sampled token (masked groups
-        included); ``cap_frac`` counts against C only under ``is_correction="truncated"``."""
+        included); ``cap_frac`` counts against C only under ``is_correction="truncated"``. With
+        ``offpolicy_split``, the :func:`offpolicy_split` too: log π_sync from the sampler, by micro-batch."""
         cap = self.config.is_cap if self.config.is_correction == "truncated" else None
         tv = float(tv_terms(logp_k, rollout.logp_alpha, rollout.mask).mean())
-        return {"tv_estimate": tv, **ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, cap)}
+        split = {}
+        if self.config.offpolicy_split:
+            with torch.no_grad():
+                logp_sync = torch.cat([self.sampler.synced_logprobs(rollout, rows) for rows in chunks])
+            split = offpolicy_split(logp_k, logp_sync, rollout.logp_alpha, rollout.mask)
+        return {"tv_estimate": tv, **ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, cap), **split}
 
     def _optimizer_step(self) -> float:
         """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
@@ -380,6 +445,9 @@ class GRPOLoop:
         self.generator.set_state(state["generator"])
         self.history = [StepRecord(**r) for r in state["history"]]
         self.k = int(state["k"])
+        self._probe = None  # α was restored, not synced: the audit starts again after the next sync
+        if self.audit is not None:
+            self.audit.reset()
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -23,6 +23,8 @@ NO_TOKEN_METRICS: dict[str, float] = {"clip_low_frac": 0.0, "clip_high_frac": 0.
 """The metrics of :func:`grpo_objective` over no counted token."""
 RATIO_DIAGNOSTICS = ("ess_token", "ess_seq", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max", "cap_frac")
 """The names of :func:`ratio_diagnostics`' values."""
+OFFPOLICY_SPLIT = ("staleness_abs", "mismatch_abs", "staleness_share")
+"""The names of :func:`offpolicy_split`'s values."""
 
 
 def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
@@ -158,6 +160,30 @@ def _normalised_ess(log_w: torch.Tensor) -> torch.Tensor:
     """(Σw)² / (n·Σw²) of w = exp(``log_w``), shifted by max log w first (the ratio is scale-free)."""
     w = torch.exp(log_w - log_w.max())
     return w.sum() ** 2 / (w.numel() * (w * w).sum())
+
+
+def offpolicy_split(logp_k: torch.Tensor, logp_sync: torch.Tensor, logp_alpha: torch.Tensor,
+                    sampled_mask: torch.Tensor) -> dict[str, float]:
+    """log r′ split at π_sync, the trainer's forward at the weights of the last sync (docs/metrics.md)::
+
+        log(π_k/α) = log(π_k/π_sync) + log(π_sync/α)
+                      staleness          mismatch
+        staleness_abs   = mean_t |log π_k − log π_sync|      π_θ moved since the last sync (0 at lag 0)
+        mismatch_abs    = mean_t |log π_sync − log α|        the engine's numerics (and any truncation) at
+                                                             the same weights (0 when α is the trainer's own)
+        staleness_share = staleness_abs / (staleness_abs + mismatch_abs)     (0 when both are 0)
+
+    Means over the sampled tokens (``sampled_mask [B, T]``, every group); the other arguments ``[B, T]``.
+    With no sampled token every value is 0.
+    """
+    require_same_shape(logp_k=logp_k, logp_sync=logp_sync, logp_alpha=logp_alpha, sampled_mask=sampled_mask)
+    sampled = sampled_mask.bool()
+    if not sampled.any():
+        return dict.fromkeys(OFFPOLICY_SPLIT, 0.0)
+    k, sync, alpha = (x.detach().to(torch.float64)[sampled] for x in (logp_k, logp_sync, logp_alpha))
+    staleness, mismatch = float((k - sync).abs().mean()), float((sync - alpha).abs().mean())
+    total = staleness + mismatch
+    return dict(zip(OFFPOLICY_SPLIT, (staleness, mismatch, staleness / total if total > 0 else 0.0), strict=True))
 
 
 def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") -> torch.Tensor:

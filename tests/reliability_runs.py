@@ -23,7 +23,7 @@ from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics, train
 
 REPO = Path(__file__).resolve().parent.parent
-TIMING = ("sample_seconds", "train_seconds", "sync_seconds")
+TIMING = ("sample_seconds", "train_seconds", "sync_seconds", "audit_seconds")
 """Wall-clock fields of a record: the only ones two identical runs may differ in."""
 
 

@@ -23,8 +23,8 @@ def test_resume_from_file_equals_uninterrupted_run(tmp_path):
     resumed = load_checkpoint(make_loop(), tmp_path / "ckpt.pt")
     assert resumed.k == 6
     list(resumed.run())
-    assert [r.to_dict() | {"sample_seconds": 0, "train_seconds": 0, "sync_seconds": 0} for r in resumed.history] == \
-           [r.to_dict() | {"sample_seconds": 0, "train_seconds": 0, "sync_seconds": 0} for r in full.history]
+    timing = dict.fromkeys(("sample_seconds", "train_seconds", "sync_seconds", "audit_seconds"), 0)
+    assert [r.to_dict() | timing for r in resumed.history] == [r.to_dict() | timing for r in full.history]
     for a, b in [(resumed.policy.logits, full.policy.logits), (resumed.sampler.logits, full.sampler.logits),
                  (resumed.reference.logits, full.reference.logits)]:
         assert torch.equal(a, b)
@@ -91,3 +91,19 @@ def test_a_checkpoint_from_before_the_correction_knob_resumes(tmp_path):
                               make_loop().config.replace(is_correction="none"), runs=3)
     with pytest.raises(ValueError, match="is_correction"):
         other.load_state_dict(state)
+
+
+def test_a_moved_run_resumes_and_another_config_does_not(tmp_path):
+    """Where and how often a run saves may change on resume (a moved run folder); what a step computes may not."""
+    from reliability_runs import make_loop as make_run
+    from reliability_runs import train_config
+
+    config = train_config("bandit", tmp_path / "run")
+    part = make_run("bandit", config)
+    list(part.run(4))
+    save_checkpoint(part, tmp_path / "ckpt.pt")
+    moved = make_run("bandit", config.replace(output_dir=str(tmp_path / "moved"), checkpoint_every=7))
+    assert load_checkpoint(moved, tmp_path / "ckpt.pt").k == 4
+    other = make_run("bandit", config.replace(eps_low=0.3))
+    with pytest.raises(ValueError, match=r"different config \(saved, current\): \{'eps_low': \(0.2, 0.3\)\}"):
+        load_checkpoint(other, tmp_path / "ckpt.pt")

@@ -79,6 +79,24 @@ def test_trl_args_map_every_row(tmp_path):
     assert set(TRL_OPTIMIZERS) == {"adamw", "sgd"} and args.max_steps == 14 and args.ref_model_sync_steps == 10
 
 
+def test_trl_args_pass_alphas_truncation(tmp_path):
+    """TrainConfig's top_p / top_k (α's truncation: fields of an LM run, not knobs of GRPOConfig) reach TRL's
+    fields of the same names, untruncated by default; OffPolicyGRPOConfig refuses what TrainConfig refuses."""
+    for top_p, top_k in ((1.0, 0), (0.9, 20)):
+        config = TrainConfig(G=4, prompts_per_step=4, top_p=top_p, top_k=top_k, device="cpu",
+                             output_dir=str(tmp_path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = trl_args(config, {}, num_processes=1)
+        assert (args.top_p, args.top_k) == (top_p, top_k)
+    for bad in ({"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"top_k": 2.5}):
+        (name,) = bad
+        with pytest.raises(ValueError, match=rf"^{name} must"):
+            TrainConfig(**bad)
+        with pytest.raises(ValueError, match=rf"^{name} must"):
+            off_policy_config(tmp_path, **bad)
+
+
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.to_trl is None], ids=lambda k: k.trl_name)
 def test_off_policy_config_refuses_what_grpo_config_refuses(tmp_path, knob):
     """Every value GRPOConfig refuses for a knob, OffPolicyGRPOConfig refuses under the TRL name, and the

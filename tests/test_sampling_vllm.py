@@ -1,9 +1,9 @@
 """VLLMSampler against a fake ``vllm`` module (CPU, seconds): the fake engine honours the
 documented ``LLM.generate`` output (``RequestOutput.outputs[g].token_ids / .logprobs /
 .finish_reason``, ``Logprob(logprob, rank, decoded_token)``), samples from a tiny random
-Llama loaded from the path it is given, and returns processed (after temperature) or raw
-log-probs as its ``logprobs_mode`` says — so log α here is real, and wrong if the sampler
-asked for the wrong thing."""
+Llama loaded from the path it is given, and returns processed (after temperature and, by
+Hugging Face's warpers, top-k and top-p) or raw log-probs as its ``logprobs_mode`` says — so
+log α here is real, and wrong if the sampler asked for the wrong thing."""
 
 import os
 import sys
@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, perturb, tiny_model, truncated_scores, word_tokenizer
+from transformers import AutoModelForCausalLM, LogitsProcessorList, PreTrainedTokenizerFast
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 import grpo_lab.lm.sampling_vllm as sampling_vllm
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
@@ -22,6 +23,7 @@ from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.sampling_vllm import VLLMSampler, load_weights_into_vllm
+from grpo_lab.sync_audit import SyncError
 
 # ----------------------------------------------------------------------------- the fake vllm
 
@@ -76,9 +78,12 @@ class FakeLLM:
     @torch.no_grad()
     def _complete(self, prompt: list[int], sp: FakeSamplingParams) -> list[CompletionOutput]:
         """The n completions of one prompt, advanced together (one forward per step)."""
-        plain = (sp.top_k in (0, -1) and sp.top_p == 1.0 and sp.min_p == 0.0 and sp.repetition_penalty == 1.0
-                 and sp.presence_penalty == 0.0 and sp.frequency_penalty == 0.0 and sp.logprobs == 0)
-        assert plain, f"sampling must be untruncated, with the sampled token's log-prob only: {sp}"
+        requested = list(getattr(sp, "logprob_token_ids", None) or [])  # their log-probs too, as vLLM's
+        plain = (sp.min_p == 0.0 and sp.repetition_penalty == 1.0 and sp.presence_penalty == 0.0
+                 and sp.frequency_penalty == 0.0 and sp.logprobs == len(requested))
+        assert plain, f"sampling must be truncated by top_k / top_p only, with the sampled token's log-prob: {sp}"
+        warpers = LogitsProcessorList(([TopKLogitsWarper(sp.top_k)] if sp.top_k > 0 else [])
+                                      + ([TopPLogitsWarper(sp.top_p)] if sp.top_p < 1.0 else []))
         stop = set(sp.stop_token_ids) | (set() if sp.ignore_eos else {self.model.config.eos_token_id})
         generators = [torch.Generator().manual_seed(sp.seed + g) for g in range(sp.n)]
         tokens, logprobs = [[] for _ in range(sp.n)], [[] for _ in range(sp.n)]
@@ -87,14 +92,15 @@ class FakeLLM:
         ids = torch.tensor([prompt] * sp.n)
         for _ in range(steps):
             logits = self.model(ids, use_cache=False).logits[:, -1]
-            processed = torch.log_softmax(logits / sp.temperature, dim=-1)
+            processed = torch.log_softmax(warpers(ids, logits / sp.temperature), dim=-1)
             shown = processed if self.kwargs["logprobs_mode"] == "processed_logprobs" else logits.log_softmax(-1)
             drawn = [int(torch.multinomial(p.exp(), 1, generator=gen)) for p, gen in zip(processed, generators)]
             for g, token in enumerate(drawn):
                 if finish[g] == "length" and len(tokens[g]) < steps:
                     tokens[g].append(token)
                     rank = int((shown[g] > shown[g, token]).sum()) + 1
-                    logprobs[g].append({token: Logprob(float(shown[g, token]), rank)})
+                    logprobs[g].append({token: Logprob(float(shown[g, token]), rank),
+                                        **{i: Logprob(float(shown[g, i])) for i in requested if i != token}})
                     if token in stop:
                         finish[g] = "stop"
             if all(f == "stop" for f in finish):
@@ -215,6 +221,22 @@ def test_log_alpha_matches_policy_logprobs_after_sync(fake_vllm, tmp_path, token
     assert float(logp[rollout.mask].std()) > 0.5  # sharp: a raw (pre-temperature) log-prob would show
 
 
+def test_truncation_reaches_the_engine_and_log_alpha_is_the_truncated_one(fake_vllm, tmp_path, tokenizer):
+    """top_p / top_k go into SamplingParams; the fake engine cuts with Hugging Face's warpers and returns
+    processed log-probs, which equal log α′ recomputed apart, and exceed log π by −log α(S) ≥ 0."""
+    policy = LMPolicy(tiny_model(seed=2), 0.8)
+    sampler = make_sampler(tmp_path, policy, tokenizer, 10, top_p=0.7, top_k=20)
+    rollout = sample(sampler)
+    sp = sampler.llm.params_seen[-1][0]
+    assert (sp.top_p, sp.top_k, sp.temperature) == (0.7, 20, 0.8)
+    log_alpha, log_kept = truncated_scores(policy.model, rollout, 0.8, 0.7, 20)
+    mask = rollout.mask
+    assert float((rollout.logp_alpha - log_alpha)[mask].abs().max()) < 1e-4
+    with torch.no_grad():
+        gap = (rollout.logp_alpha - policy.logprobs(rollout, slice(None)))[mask]
+    assert torch.allclose(gap, -log_kept[mask], atol=1e-4) and float(gap.max()) > 0.05
+
+
 # ----------------------------------------------------------------------------- sync, lag, state
 
 def test_adapter_reloads_weights_and_resets_the_prefix_cache(fake_vllm, tmp_path, tokenizer):
@@ -324,6 +346,53 @@ def test_resume_from_a_checkpoint_mid_lag_is_exact(fake_vllm, tmp_path, tokenize
         assert torch.allclose(a, b, atol=1e-7)
 
 
+# ----------------------------------------------------------------------------- the sync audit and the split
+
+def test_score_is_the_engines_and_synced_logprobs_the_synced_copys(fake_vllm, tmp_path, tokenizer):
+    """score: the engine's log α of given tokens (one processed request per token) = the log α it sampled them
+    with, and it lags until a sync; synced_logprobs: the kept copy of the last sync's weights = log π_k at lag 0."""
+    policy = LMPolicy(tiny_model(), 0.7)
+    sampler = make_sampler(tmp_path, policy, tokenizer)
+    rollout, rows = sample(sampler), slice(1, 6)
+    scored, mask = sampler.score(rollout, rows), rollout.mask[rows]
+    assert scored.shape == mask.shape and (scored[~mask] == 0).all()
+    assert float((scored - rollout.logp_alpha[rows])[mask].abs().max()) < 1e-4
+    with torch.no_grad():
+        assert torch.equal(sampler.synced_logprobs(rollout, rows), policy.logprobs(rollout, rows))
+        perturb(policy)
+        assert torch.equal(sampler.score(rollout, rows), scored)                  # α lags ...
+        lagged = sampler.synced_logprobs(rollout, rows)
+        assert not torch.equal(lagged, policy.logprobs(rollout, rows))
+        sampler.sync(policy)                                                      # ... until the sync
+        assert float((sampler.score(rollout, rows) - scored)[mask].abs().mean()) > 1e-2
+        assert torch.equal(sampler.synced_logprobs(rollout, rows), policy.logprobs(rollout, rows))
+
+
+def test_loop_catches_a_push_that_does_nothing(fake_vllm, tmp_path, tokenizer, monkeypatch):
+    """The sampler copies π_θ into its own buffers, but the engine keeps the old weights: the audit, which
+    asks the engine, stops the run at the first sync after π_θ moved."""
+    config = GRPOConfig(G=4, prompts_per_step=2, max_completion_length=6, lr=1e-2, steps=3, seed=0, v=1)
+    policy = LMPolicy(tiny_model(), config.temperature)
+    loop = GRPOLoop(policy, make_sampler(tmp_path, policy, tokenizer, 6), EvenTokenTask(), config)
+    monkeypatch.setattr(sampling_vllm, "load_weights_into_vllm", lambda llm, named_tensors: None)
+    with pytest.raises(SyncError, match="step 1 did not take"):
+        list(loop.run())
+    assert loop.k == 1
+
+
+def test_loop_splits_log_r_prime_and_passes_the_audit(fake_vllm, tmp_path, tokenizer):
+    config = GRPOConfig(G=4, prompts_per_step=2, max_completion_length=6, lr=1e-2, steps=4, seed=0, v=2,
+                        offpolicy_split=True)
+    policy = LMPolicy(tiny_model(), config.temperature)
+    loop = GRPOLoop(policy, make_sampler(tmp_path, policy, tokenizer, 6), EvenTokenTask(), config)
+    records = list(loop.run())
+    assert loop.audit.reference[2] == 2  # the sync of step 2 was judged, and passed
+    assert [r.lag for r in records] == [0, 1, 0, 1]
+    for r in records:
+        assert r.mismatch_abs < 1e-4  # a float32 engine: its numerics, ~1e-6
+        assert (r.staleness_abs == 0) if r.lag == 0 else (r.staleness_abs > 1e-3 and r.staleness_share > 0.9)
+
+
 # ----------------------------------------------------------------------------- bad input and guards
 
 def test_import_guard_without_vllm(monkeypatch, tokenizer, tmp_path):
@@ -375,6 +444,7 @@ def test_completion_cut_short_without_eos_is_an_error(fake_vllm, tmp_path, token
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
     ({"engine_kwargs": {"logprobs_mode": "raw_logprobs"}}, "logprobs_mode"),
+    ({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"),
 ])
 def test_bad_arguments(fake_vllm, tmp_path, tokenizer, changes, name):
     policy = LMPolicy(tiny_model(), temperature=0.7)

@@ -1,5 +1,6 @@
 """The CPU study: confidence intervals, the verdict rule (TOST / worse / not resolved), bounded intervals,
-power, the balanced unit order, and a tiny study run unit by unit end to end."""
+power, the balanced unit order, a tiny study run unit by unit end to end, and reading a study folder as it
+stands (fake units from :func:`write_fake_units`). Its figures and notebook 02's live panel: tests/test_study_viz.py."""
 
 import json
 import math
@@ -14,6 +15,7 @@ from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.study.cpu_study import (
     ARM_BY_NAME,
     ARMS,
+    COMPARISONS,
     METRIC_FIELDS,
     PRIMARY,
     SECONDARY,
@@ -24,10 +26,9 @@ from grpo_lab.study.cpu_study import (
 )
 from grpo_lab.study.results import (
     bounded_mean_ci,
-    format_table,
+    format_rows,
     load_study,
     mean_ci,
-    paired,
     paired_test,
     power,
     seeds_for_power,
@@ -35,7 +36,6 @@ from grpo_lab.study.results import (
     t_975,
     t_cdf,
     t_quantile,
-    table,
     wilson_interval,
 )
 
@@ -58,50 +58,99 @@ def test_mean_ci_is_students_t():
         t_975(0)
 
 
-def fake_study(tmp_path, after):
-    """summary.json + metrics for arms → {seed: Pass@1 after}, 4 steps each."""
-    runs, metrics = [], tmp_path / "metrics"
-    metrics.mkdir()
-    for arm, by_seed in after.items():
+SETTINGS = {"task": "add12", "model": "m", "scoring": "strict", "steps": 4, "prompts_per_step": 2, "G": 4,
+            "max_completion_length": 8, "temperature": 0.7, "lr": 2e-5, "eval_questions": 10, "eval_disjoint": True,
+            "eval_samples": 2, "eval_seed": 1234}
+BEFORE = 0.2
+
+
+def eval_entry(pass_at_1, completions=20):
+    correct = round(pass_at_1 * completions)
+    return {"pass_at_1": pass_at_1, "pass_at_1_ci": list(wilson_interval(correct, completions)),
+            "pass_at_1_lenient": pass_at_1, "truncated_frac": 0.1, "accuracy_finished": pass_at_1,
+            "correct": correct, "completions": completions, "examples": [["Calculate 1 + 2.", "3", "3", 1.0]]}
+
+
+def write_fake_units(folder, after, steps=4, untrained=True, mid=True):
+    """A study folder as :func:`grpo_lab.study.cpu_study.run_units` writes it: ``after`` maps arm →
+    {seed: Pass@1 at the last step}; every run is scored at step 0 (the untrained unit), at steps // 2
+    (unless ``mid`` is False for that run: ``mid`` may be a set of (arm, seed) scored there) and at the
+    end. Per step: lag k % v, drift ``log_ratio_k_abs`` = 0.01 · lag · (seed + 1), reward rising to the
+    final Pass@1. Returns :func:`load_study` of it."""
+    units = folder / "units"
+    units.mkdir(parents=True, exist_ok=True)
+    if untrained:
+        (units / "untrained_e1234.json").write_text(json.dumps({"study": SETTINGS, "eval": eval_entry(BEFORE)}))
+    for name, by_seed in after.items():
+        arm = ARM_BY_NAME[name]
+        n_steps = steps * arm.step_factor
         for seed, value in by_seed.items():
-            runs.append(dict(name=arm, v=1, i=1, mask=False, seed=seed, pass_at_1_before=0.2, pass_at_1_after=value,
-                             pass_at_1_curve={"2": (0.2 + value) / 2, "4": value}, wall_seconds=10.0 + seed,
-                             train_passes=4))
-            rows = [{f: 0 for f in METRIC_FIELDS} | {"step": k, "reward_mean": value * k / 3, "sample_seconds": 1.0,
-                                                       "train_seconds": 1.5, "sync_seconds": 0.0} for k in range(4)]
-            (metrics / f"{arm}_s{seed}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "summary.json").write_text(json.dumps(dict(task="add1", model="m", steps=4, before={"pass_at_1": 0.2},
-                                                           runs=runs)))
-    return load_study(tmp_path)
+            scored = {str(n_steps): value}
+            if mid is True or (mid and (name, seed) in mid):
+                scored[str(n_steps // 2)] = (BEFORE + value) / 2
+            metrics = [{f: 0.0 for f in METRIC_FIELDS} | {
+                "step": k, "lag": k % arm.v, "synced": k % arm.v == 0, "skipped": k == 1,
+                "reward_mean": value * k / n_steps, "log_ratio_k_abs": 0.01 * (k % arm.v) * (seed + 1),
+                "sample_seconds": 1.0, "train_seconds": 1.5, "sync_seconds": 0.0} for k in range(n_steps)]
+            run = {**arm.row(), "seed": seed, "steps": n_steps, "lr": SETTINGS["lr"], "pass_at_1_before": BEFORE,
+                   "pass_at_1_after": value, "pass_at_1_after_ci": eval_entry(value)["pass_at_1_ci"],
+                   "pass_at_1_lenient_after": value, "truncated_frac_after": 0.1, "accuracy_finished_after": value,
+                   "pass_at_1_curve": {"0": BEFORE, **scored}, "wall_seconds": 2.5 * n_steps,
+                   "unit_seconds": 3.0 * n_steps, "train_passes": arm.i * (n_steps - 1), "skipped_steps": 1}
+            unit = {"study": SETTINGS, "run": run, "eval": {s: eval_entry(p) for s, p in scored.items()},
+                    "metrics": metrics}
+            (units / f"{name}_s{seed}.json").write_text(json.dumps(unit))
+    return load_study(folder)
 
 
-def test_paired_differences_and_table(tmp_path):
-    study = fake_study(tmp_path, {"onpolicy": {0: 0.30, 1: 0.50, 2: 0.40},
-                                  "masked": {0: 0.35, 1: 0.56, 2: 0.43, 3: 0.9}})
-    d = paired(study, "masked", "onpolicy")
-    assert d.n == 3 and d.diffs == pytest.approx((0.05, 0.06, 0.03))          # seed 3 has no partner
-    assert d.mean == pytest.approx(0.04667, abs=1e-4)
-    assert d.half == pytest.approx(4.303 * 0.015275 / math.sqrt(3), rel=1e-3)
-    assert d.low > 0                                                           # the seeds' shared spread cancels
-    rows = {r["arm"]: r for r in table(study, {"onpolicy": 0.45})}
-    assert rows["onpolicy"]["after"] == pytest.approx(0.4) and rows["onpolicy"]["gain"] == pytest.approx(0.2)
-    assert rows["masked"]["seeds"] == 4 and rows["onpolicy"]["paper"] == 0.45 and rows["masked"]["paper"] is None
-    assert rows["onpolicy"]["gain_per_minute"] == pytest.approx(0.2 / (11.0 / 60))
-    assert "onpolicy" in format_table(table(study))
-    steps, passes = study.pass_curve("onpolicy")
-    assert steps.tolist() == [0, 2, 4] and passes[0].tolist() == [0.2] * 3 and passes[2].tolist() == [0.3, 0.5, 0.4]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    del summary["runs"][0]["pass_at_1_curve"]["2"]                             # a run scored at the end only
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
-    steps, passes = load_study(tmp_path).pass_curve(summary["runs"][0]["name"])
-    assert steps.tolist() == [0, 2, 4] and math.isnan(passes[1][0]) and not np.isnan(passes[1][1:]).any()
-    assert study.seconds_matrix("masked")[:, 0].tolist() == [2.5, 5.0, 7.5, 10.0]
-    with pytest.raises(ValueError, match="arm must be one of"):
-        study.runs("lagged_v8")
-    (tmp_path / "apart").mkdir()
-    apart = fake_study(tmp_path / "apart", {"a": {0: 0.1}, "b": {1: 0.2}})
-    with pytest.raises(ValueError, match="share no finished seed"):
-        paired(apart, "a", "b")
+def test_study_reads_units_as_they_stand(tmp_path):
+    study = write_fake_units(tmp_path / "s", {"v32_ratio": {0: 0.5, 1: 0.6}, "v1": {0: 0.30, 1: 0.50, 2: 0.40},
+                                              "v1_i4": {0: 0.7}}, mid={("v1", 1), ("v1", 2)})
+    assert study.arms == ["v1", "v32_ratio", "v1_i4"] and study.settings == SETTINGS       # the study's order
+    assert study.untrained["pass_at_1"] == BEFORE and [study.n(a) for a in ("v1", "v8_none")] == [3, 0]
+    assert study.after("v1") == {0: 0.30, 1: 0.50, 2: 0.40}
+    steps, passes = study.pass_curve("v1")                 # seed 0 was not scored part-way: NaN there
+    assert steps.tolist() == [0, 2, 4] and passes[0].tolist() == [BEFORE] * 3
+    assert math.isnan(passes[1][0]) and passes[1][1:].tolist() == pytest.approx([0.35, 0.30])
+    assert study.metric("v1", "reward_mean").shape == (4, 3) and study.metric("v1", "skipped")[1].tolist() == [1, 1, 1]
+    lags, drift = study.drift_by_lag("v32_ratio")         # 4 steps reach lags 0…3; step 1 (lag 1) skipped
+    assert lags.tolist() == [0, 2, 3] and drift[0].tolist() == [0.0, 0.0]
+    assert drift[2].tolist() == pytest.approx([0.03, 0.06])
+    with pytest.raises(ValueError, match="arm must be one with a finished unit"):
+        study.runs("v8_none")
+    with pytest.raises(ValueError, match="key must be a per-step field"):
+        study.metric("v1", "reward")
+    row = study.row("v1")
+    mean, low, high = bounded_mean_ci([0.30, 0.50, 0.40])
+    assert (row["n"], row["pass_at_1_after"], row["low"], row["high"]) == (3, pytest.approx(0.4), low, high)
+    assert row["interval"] == "t over seeds" and 0.0 < row["low"] < 0.4 < row["high"] < 1.0
+    one = study.row("v1_i4")                                 # one seed: that run's Wilson interval, said so
+    assert one["interval"].startswith("Wilson") and [one["low"], one["high"]] == list(wilson_interval(14, 20))
+    text = format_rows([row, one])
+    assert "v1_i4" in text and "* one seed" in text and text.count("\n") == 3
+
+    empty = load_study(tmp_path / "nothing")                 # no folder yet: a study without arms
+    assert empty.arms == [] and empty.tests() == [] and empty.untrained is None and empty.settings == {}
+
+
+def test_study_tests_follow_the_rule_with_any_seeds(tmp_path):
+    study = write_fake_units(tmp_path / "s", {"v1": {0: 0.4, 1: 0.5, 2: 0.6}, "v8_ratio": {0: 0.41, 1: 0.50, 2: 0.60},
+                                              "v32_none": {0: 0.1, 1: 0.2, 2: 0.25}, "v8_none": {0: 0.4},
+                                              "mask_b04": {0: 0.5}})
+    tests = {t.comparison: t for t in study.tests()}
+    assert list(tests) == ["v8_ratio - v1", "v8_none - v1", "v32_none - v1"]   # nomask_b04 missing: no test
+    assert tests["v8_none - v1"].n == 1 and tests["v8_none - v1"].verdict == "not resolved"
+    assert tests["v8_none - v1"].ci(0.90) is None
+    assert tests["v8_none - v1"].describe().endswith("n = 1, mean +0.000, one seed, no interval -> not resolved")
+    assert "90 % CI [" in tests["v8_ratio - v1"].describe() and tests["v8_ratio - v1"].describe().endswith("equivalent")
+    apart = paired_test({0: 0.1}, {1: 0.2}, "a", "b")
+    assert apart.describe() == "a - b: no seed that both arms finished: not resolved"
+    assert tests["v32_none - v1"].verdict == "worse" and tests["v32_none - v1"].ci(0.95)[1] < 0
+    low, high = tests["v8_ratio - v1"].ci(0.90)
+    assert tests["v8_ratio - v1"].verdict == "equivalent" and -0.03 < low < high < 0.03
+    rows = [unit["run"] for arm in study.arms for unit in study.units[arm].values()]
+    from_summary = study_tests(rows, COMPARISONS)            # what summary.json holds: the same tests
+    assert [(r["comparison"], r["finding"]) for r in from_summary[::2]] == [(c, t.verdict) for c, t in tests.items()]
 
 
 @pytest.fixture(scope="module")
@@ -117,35 +166,6 @@ def tiny_model(tokenizer):
                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                         tie_word_embeddings=True))
-
-
-def test_live_panel_continues_stops_and_restarts_and_group_view(tmp_path, tokenizer):
-    from grpo_lab.lm.group_view import group_view, token_ratios
-    from grpo_lab.lm.tasks import load_problems
-    from grpo_lab.viz.study_panel import LivePanel
-
-    (tmp_path / "study").mkdir()
-    study = fake_study(tmp_path / "study", {"masked": {0: 0.3, 1: 0.4}})
-    base = TrainConfig(G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=4, temperature=1.0)
-    panel = LivePanel(study, base, tiny_model(tokenizer), tokenizer, load_problems("add1", 20, seed=0), steps=3,
-                      out_dir=tmp_path / "live", mode="none")
-    first = panel.run(steps=2)
-    assert first.k == 2 and (tmp_path / "live" / "checkpoint.pt").is_file()
-    assert list(panel.figure.data[-1].x) == [0, 1] and panel.progress.value == 2
-    assert panel.run() is first and first.k == 3                       # same knobs: the run continues
-    panel.knobs["v"].value = 1
-    panel._draw = lambda loop, seconds, lag: panel._stop.set()          # Stop pressed during the first step
-    second = panel.run()
-    assert second is not first and second.k == 1 and second.config.v == 1
-
-    view = group_view(first, seed=3)
-    G, T = base.G, base.max_completion_length
-    assert len(view.texts) == G and view.ratios.shape[0] == G and view.ratios.shape[1] <= T
-    assert view.lag == first.k - first.schedule.last_sync and view.kept == bool(view.rewards.std() > 0)
-    assert abs(float(view.advantages.sum())) < 1e-5 and view.tv >= 0
-    assert all(len(tokens) == int((row > 0).sum()) for tokens, row in zip(view.tokens, view.ratios, strict=True))
-    r = token_ratios(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.tensor([[True, False]]))
-    assert r.tolist() == [[1.0, 0.0]]
 
 
 def test_t_distribution_in_closed_form():

@@ -15,6 +15,7 @@ import torch
 from datasets import Dataset
 
 from grpo_lab.scale.trl import OffPolicyGRPOTrainer
+from grpo_lab.sync_audit import SyncError
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("trl_two_process", ROOT / "tests" / "trl_two_process.py")
@@ -96,6 +97,7 @@ def test_lagged_copy_generates_and_syncs_every_v(model_dir, tmp_path):
     trainer.train()
 
     assert trainer.sync_steps == [0, 2]
+    assert trainer._audit.reference[2] == 2  # the sync audit judged the sync of step 2, and it passed
     logs = [h for h in trainer.state.log_history if "off_policy/lag" in h]
     assert [h["off_policy/lag"] for h in logs] == [0, 1, 0, 1]
     assert [h["off_policy/synced"] for h in logs] == [1, 0, 1, 0]
@@ -112,6 +114,15 @@ def test_lagged_copy_generates_and_syncs_every_v(model_dir, tmp_path):
     for p, ref in zip(trainer.model.parameters(), trainer.ref_model.parameters(), strict=True):
         assert torch.equal(p, ref)  # reset after the last step
     assert any(not torch.equal(p, p0) for p, p0 in zip(trainer.model.parameters(), initial, strict=True))
+
+
+def test_a_sync_that_does_nothing_is_caught_at_the_first_sync_after_the_weights_changed(model_dir, tmp_path):
+    """α's copy never refreshed: the audit (on by default) stops training at step 1's sync, before its batch."""
+    trainer = trainer_for(model_dir, tmp_path, alternating_reward, max_steps=3, vllm_sync_interval=1)
+    trainer._sync_sampler = lambda: None
+    with pytest.raises(SyncError, match=r"step 1 did not take.*sync_audit=False"):
+        trainer.train()
+    assert trainer.sync_steps == [0] and trainer.state.global_step == 1
 
 
 @pytest.mark.parametrize("empty_step, zero_variance_mask", [("skip", True), ("skip", False), ("optimizer_step", True)])
@@ -259,8 +270,42 @@ def test_adaptive_sync_on_the_trl_route_follows_the_drift(model_dir, tmp_path):
     assert syncs == [0, 3] and max(drifts) < 10.0  # drift never passed: the longest lag v decides
 
 
+@pytest.mark.parametrize("top_p, top_k", [(0.8, 0), (1.0, 6)])
+def test_in_process_alpha_samples_and_scores_the_truncated_distribution(model_dir, tmp_path, top_p, top_k):
+    """top_p / top_k on the route without vLLM: ``generate`` draws every token inside the cut (Hugging Face's
+    warpers on the copy α's logits / T, recomputed here), log α is the truncated, renormalised log-prob of it
+    (NaN where α did not sample), and at lag 0 the logged r′ = π_k/α′ sits below 1: log r′ = log α(S)."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    trainer = trainer_for(model_dir, tmp_path, alternating_reward, max_steps=1, top_p=top_p, top_k=top_k)
+    outputs, score = [], trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: outputs.append(score(inputs)) or outputs[-1]
+    trainer.train()
+    out = outputs[0]
+    warpers = LogitsProcessorList(([TopKLogitsWarper(top_k)] if top_k else [])
+                                  + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    T = out["completion_ids"].shape[1]
+    with torch.no_grad():  # α is still the step-0 copy: a run of one step syncs only at k = 0
+        logits = trainer.alpha_model(input_ids=ids, attention_mask=torch.cat([out["prompt_mask"],
+                                     out["completion_mask"]], dim=1)).logits[:, -T - 1:-1] / trainer.temperature
+    rows, V = logits.shape[0] * T, logits.shape[-1]
+    cut = warpers(ids, logits.reshape(rows, V)).reshape(logits.shape)
+    expected = cut.log_softmax(-1).gather(-1, out["completion_ids"][..., None]).squeeze(-1)
+    sampled = out["sampled_mask"]
+    assert sampled.sum() >= 32 and torch.isfinite(expected[sampled]).all()  # every drawn token was kept
+    assert float((out["sampling_per_token_logps"] - expected)[sampled].abs().max()) < 1e-5
+    assert torch.isnan(out["sampling_per_token_logps"][~sampled]).all()
+    log = next(h for h in trainer.state.log_history if "off_policy/lag" in h)
+    assert log["off_policy/lag"] == 0 and log["off_policy/log_ratio_k_max"] < 1e-5
+    assert log["off_policy/log_ratio_k_p50"] < -0.05 and log["off_policy/ratio_k_mean"] < 0.95
+
+
 @pytest.mark.parametrize("change, name", [
     (dict(vllm_sync_interval=0), "vllm_sync_interval"),
+    (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"), (dict(min_p=0.1), "min_p"),
+    (dict(repetition_penalty=1.2), "repetition_penalty"),
     (dict(sync="sometimes"), "sync"),
     (dict(sync="adaptive", sync_threshold=0.0), "sync_threshold"),
     (dict(clip_band="box"), "clip_band"),

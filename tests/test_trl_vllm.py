@@ -12,6 +12,7 @@ from datasets import Dataset
 
 from grpo_lab.lm.models import bundled_model_dir
 from grpo_lab.scale.trl import OffPolicyGRPOConfig, OffPolicyGRPOTrainer
+from grpo_lab.sync_audit import SyncError
 
 pytestmark = pytest.mark.vllm
 
@@ -73,6 +74,14 @@ def test_colocate_pushes_every_v_steps_and_r_prime_uses_the_lagged_alpha(tmp_pat
         lagged = [h["off_policy/log_ratio_k_abs"] for h in logs]
         print(f"mean |log π_k − log α| per step: {lagged}")
         assert lagged[1] > 10 * max(lagged[0], lagged[2])  # step 1 ran on α = π_0 ≠ π_1
+        # The sync audit asked the engine at step 2's sync and passed; π_θ trained since, and a sync that pushes
+        # nothing is caught (the engine still serves step 2's weights); a real push passes.
+        assert trainer._audit.reference[2] == 2
+        with pytest.raises(SyncError, match="step 3 did not take"):
+            trainer._audit_sync(3)
+        sync()
+        trainer._audit_sync(3)
+        assert trainer._audit.reference[2] == 3
     finally:
         trainer = llm = None  # noqa: F841
         gc.collect()  # vLLM holds one set of process groups: free them before the next engine

@@ -13,7 +13,7 @@ import logging
 
 import pytest
 import torch
-from tiny_lm import check_state_dict_round_trip
+from tiny_lm import check_state_dict_round_trip, truncated_scores
 
 from grpo_lab.lm.models import bundled_model_dir, load_policy
 from grpo_lab.lm.policy import LMPolicy
@@ -150,6 +150,65 @@ def test_sync_loads_every_weight_without_warnings(fp32, caplog):
         sampler.sync(policy)
     failed = [r.getMessage() for r in caplog.records if "failed to load" in r.getMessage().lower()]
     assert not failed, failed
+
+
+def test_score_is_the_engines_log_alpha(fp32):
+    """The sync audit's probe scores, one processed one-token request per token: the log α the engine sampled
+    the same tokens with."""
+    _, sampler = fp32
+    rollout = sample(sampler, seed=5)
+    d = (sampler.score(rollout, slice(None)) - rollout.logp_alpha)[rollout.mask].abs()
+    print(f"fp32 engine: |score − log α| over {d.numel()} tokens: mean {d.mean():.2e}, max {d.max():.2e}")
+    mean_tol, max_tol = TOLERANCE[torch.float32]
+    assert d.mean() < mean_tol and d.max() < max_tol
+
+
+def test_the_audit_passes_real_syncs_and_catches_a_push_that_does_nothing(fp32, monkeypatch):
+    """GRPOLoop on the engine, v = 1: steps 0 and 1 sync for real (step 1's sync is judged and passes); then the
+    push into the engine does nothing and the audit stops the run at step 2's sync."""
+    from tiny_lm import EvenTokenTask
+
+    import grpo_lab.lm.sampling_vllm as sampling_vllm
+    from grpo_lab import GRPOConfig, GRPOLoop, SyncError
+
+    policy, sampler = fp32
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    config = GRPOConfig(G=G, prompts_per_step=2, max_completion_length=T_MAX, temperature=T, lr=1e-4, v=1, steps=3)
+    loop = GRPOLoop(policy, sampler, EvenTokenTask(), config)
+    try:
+        list(loop.run(2))
+        assert loop.audit.reference[2] == 1
+        monkeypatch.setattr(sampling_vllm, "load_weights_into_vllm", lambda llm, named_tensors: None)
+        with pytest.raises(SyncError, match="step 2 did not take"):
+            loop.step()
+    finally:
+        monkeypatch.undo()
+        policy.model.load_state_dict(saved)
+        sampler.sync(policy)
+
+
+def test_truncated_log_alpha_is_the_cut_of_the_engine(fp32):
+    """top_p / top_k reach vLLM's sampler, and its processed log-probs are log α′: the cut (top-k, then top-p)
+    of softmax(logits / T), renormalised, recomputed apart (whole fp32 forwards, Hugging Face's warpers).
+    Every drawn token is one the cut kept, and log α′ − log π = −log α(S) ≥ 0, well above 0 on some."""
+    policy, sampler = fp32
+    sampler.top_p, sampler.top_k = 0.8, 20
+    try:
+        rollout = sample(sampler, seed=1)
+    finally:
+        sampler.top_p, sampler.top_k = 1.0, 0
+    log_alpha, log_kept = truncated_scores(policy.model, rollout, T, 0.8, 20)
+    mask = rollout.mask
+    assert torch.isfinite(log_alpha[mask]).all()
+    d = (rollout.logp_alpha - log_alpha)[mask].abs()
+    with torch.no_grad():
+        gap = (rollout.logp_alpha - policy.logprobs(rollout, slice(None)))[mask]
+    print(f"fp32 engine, top_p 0.8, top_k 20: |log α − log α′| over {d.numel()} tokens: mean {d.mean():.2e}, "
+          f"max {d.max():.2e}; log α′ − log π: median {gap.median():.3f}, max {gap.max():.3f}")
+    mean_tol, max_tol = TOLERANCE[torch.float32]
+    assert d.numel() >= G * len(PROMPTS) and d.mean() < mean_tol and d.max() < max_tol
+    assert float(gap.min()) > -max_tol and float(gap.max()) > 0.05
+    assert float((gap + log_kept[mask]).abs().max()) < max_tol
 
 
 def test_log_alpha_matches_policy_bf16():

@@ -1,12 +1,21 @@
 """A tiny word-level tokenizer, random causal LMs and a task with reward variance in every group:
 the shared fixtures of the sampler tests (HFSampler and VLLMSampler run the same checks on them)."""
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    PreTrainedTokenizerFast,
+)
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from grpo_lab import Rollout
 from grpo_lab.lm.policy import LMPolicy
@@ -72,3 +81,23 @@ def check_state_dict_round_trip(sampler: Any, policy: LMPolicy, draw: Callable[[
     restored = draw()
     assert torch.equal(restored.completions, before.completions)
     assert torch.equal(restored.logp_alpha, before.logp_alpha)
+
+
+@torch.no_grad()
+def truncated_scores(model: torch.nn.Module, rollout: Rollout, temperature: float, top_p: float = 1.0,
+                     top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """log α′ of each sampled token, and log α(S), the log of the full distribution's mass on the kept set,
+    ``[B, T]`` (0 off the mask), recomputed apart from the samplers: per row one whole forward of
+    prompt + completion (no padding, no cache), logits / T cut by Hugging Face's top-k and top-p warpers."""
+    warpers = LogitsProcessorList(([TopKLogitsWarper(top_k)] if top_k > 0 else [])
+                                  + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []))
+    log_alpha, log_kept = torch.zeros(rollout.mask.shape), torch.zeros(rollout.mask.shape)
+    for b, (ids, keep, sampled) in enumerate(zip(rollout.extra["prompt_ids"], rollout.extra["prompt_mask"],
+                                                 rollout.mask, strict=True)):
+        prompt, n = ids[keep.bool()], int(sampled.sum())
+        tokens = torch.cat([prompt, rollout.completions[b, :n]])[None]
+        logits = model(input_ids=tokens).logits[0, len(prompt) - 1:-1].float() / temperature
+        cut = warpers(tokens, logits)
+        log_alpha[b, :n] = cut.log_softmax(-1).gather(1, tokens[0, len(prompt):, None]).squeeze(1)
+        log_kept[b, :n] = logits.log_softmax(-1).masked_fill(cut.isinf(), -math.inf).logsumexp(-1)
+    return log_alpha, log_kept

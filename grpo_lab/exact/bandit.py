@@ -192,6 +192,16 @@ class LaggedTabularSampler:
                        mask=torch.ones(arms.numel(), 1, dtype=torch.bool),
                        extra={"run": run, "context": prompts.repeat_interleave(group_size)})
 
+    def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log α of the arms ``rollout.completions[rows]`` from α's table (the sync audit's probe), ``[b, 1]``."""
+        run, context = rollout.extra["run"][rows], rollout.extra["context"][rows]
+        return torch.log_softmax(self.logits[run, context], dim=-1).gather(1, rollout.completions[rows])
+
+    def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log π_sync: α's table is the synced logits, computed as :meth:`TabularPolicy.logprobs` computes π_θ,
+        so π_sync = α exactly (the off-policy split's mismatch is 0)."""
+        return self.score(rollout, rows)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"logits": self.logits.clone()}
 

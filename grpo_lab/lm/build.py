@@ -50,15 +50,17 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
         guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
     if sampler is not None:
-        if (sampler.max_completion_length, sampler.temperature) != (config.max_completion_length, config.temperature):
-            raise ValueError(f"the given sampler draws {sampler.max_completion_length} tokens at T = "
-                             f"{sampler.temperature}; this run needs {config.max_completion_length} at T = "
-                             f"{config.temperature}")
+        drawn = (sampler.max_completion_length, sampler.temperature, sampler.top_p, sampler.top_k)
+        needed = (config.max_completion_length, config.temperature, config.top_p, config.top_k)
+        if drawn != needed:
+            raise ValueError("the given sampler draws {} tokens at T = {}, top_p = {}, top_k = {}; this run needs "
+                             "{} at T = {}, top_p = {}, top_k = {}".format(*drawn, *needed))
         sampler.sync(policy)
     elif config.sampler == "vllm":
         sampler = vllm_sampler(config, policy, tokenizer, longest_prompt(tokenizer, task.prompt_of.values()))
     else:
-        sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature)
+        sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature,
+                            top_p=config.top_p, top_k=config.top_k)
     loop = GRPOLoop(policy, sampler, task, config)
     loop.tokenizer = tokenizer
     return loop
@@ -75,4 +77,4 @@ def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens
     engine_kwargs = {"max_model_len": prompt_tokens + config.max_completion_length,
                      "enforce_eager": policy.device.type == "cpu", "trust_remote_code": config.trust_remote_code}
     return VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
-                       seed=config.seed, engine_kwargs=engine_kwargs)
+                       top_p=config.top_p, top_k=config.top_k, seed=config.seed, engine_kwargs=engine_kwargs)

@@ -5,7 +5,9 @@ docstring): left-padded prompt ids with their mask in ``extra``, right-padded
 completions with ``mask`` True up to and including the first EOS.
 :meth:`LMPolicy.logprobs` returns log π_θ of each completion token at
 temperature T, ``log_softmax(logits / T)`` — the same distribution the sampler
-drew from, so the ratio π_θ/α is 1 when θ = α.
+drew from, so the ratio π_θ/α is 1 when θ = α. Always the full distribution:
+a sampler with ``top_p`` / ``top_k`` draws from a cut α′, and then π_θ/α′ ≠ 1
+at θ = α (the kit's choice, docs/theory.md §3, *Truncated sampling*).
 
 The G completions of a group share their prompt. With ``share_prompt`` (the
 default) each distinct prompt runs once, with its completions packed after it

@@ -29,6 +29,7 @@ rows it scores to its own device.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,6 +116,88 @@ def draw_tokens(logp: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=logp.shape[-1] - 1)
 
 
+def truncate_logprobs(logp: torch.Tensor, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """log α′: the log-probabilities ``logp [..., V]`` truncated to top-k, then top-p, and renormalised.
+
+    Equation, per row (docs/theory.md §3, *Truncated sampling*)::
+
+        S_k = {v : logp_v ≥ the k-th largest logp}                       (top_k = 0: all V tokens)
+        q_v = exp(logp_v) / Σ_{u ∈ S_k} exp(logp_u)                       (renormalised on S_k)
+        S   = {v ∈ S_k : Σ_{u ∈ S_k : q_u > q_v} q_u < top_p}            (top_p = 1: S = S_k)
+        log α′_v = logp_v − log Σ_{u ∈ S} exp(logp_u) on S,   −inf off S
+
+    ========= ============= ==========================================================
+    argument  shape / range meaning
+    ========= ============= ==========================================================
+    ``logp``  ``[..., V]``  log-probabilities at temperature T (each row sums to 1)
+    ``top_p`` (0, 1]        nucleus mass; 1 = off
+    ``top_k`` int ≥ 0       tokens kept; 0 (or ≥ V) = off
+    ========= ============= ==========================================================
+
+    S is the fewest most probable tokens whose mass reaches top_p, so the most probable token is always
+    kept. This is vLLM's and Hugging Face's cut (top-k first; then an ascending cumulative sum drops the
+    tokens whose mass from below is ≤ 1 − top_p), with one difference: ties are decided by value. A
+    token equal to the last kept one is kept, whatever order the sort gave the tie (those engines keep
+    only the part of a tie that their sort put last; their top-k already keeps every token tied with the
+    k-th). Both off, ``logp`` is returned as it is, with no work.
+    """
+    if not cuts(top_p, top_k, logp.shape[-1]):
+        return logp
+    window, ids = _kept_window(logp, top_p, top_k)
+    return torch.full_like(logp, -math.inf).scatter_(-1, ids, window)
+
+
+def cuts(top_p: float, top_k: int, vocabulary: int) -> bool:
+    """Whether ``top_p`` / ``top_k`` truncate a distribution over ``vocabulary`` tokens (validated: top_p in
+    (0, 1], top_k an int ≥ 0)."""
+    require_number_in("top_p", top_p, 0.0, 1.0, low_open=True)
+    require_int_at_least("top_k", top_k, 0)
+    return top_p < 1.0 or 0 < top_k < vocabulary
+
+
+NUCLEUS_WIDTH = 64
+"""Most probable tokens :func:`_kept_window` looks at first (top_k + 1 if more); it widens the look ×4 until
+the kept set lies inside, so a decoding step orders only as many tokens as the cut needs, not the vocabulary."""
+
+
+def _kept_window(logp: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """log α′ ``[..., w]`` on each row's w most probable tokens (−inf on those cut) and their ids:
+    the cut of :func:`truncate_logprobs`, computed where it lives. w grows until every row's kept set
+    (top-k's too, ties included) lies strictly above the window's last value."""
+    vocabulary = logp.shape[-1]
+    by_k = 0 < top_k < vocabulary
+    width = min(max(NUCLEUS_WIDTH, top_k + 1), vocabulary)
+    while True:
+        values, ids = logp.topk(width, dim=-1)
+        keep_k = values >= values[..., top_k - 1:top_k] if by_k else torch.ones_like(values, dtype=torch.bool)
+        keep = keep_k
+        if top_p < 1.0:
+            log_q = values - (values.masked_fill(~keep_k, -math.inf).logsumexp(-1, keepdim=True) if by_k else 0.0)
+            q = log_q.exp().masked_fill(~keep_k, 0.0)
+            last = values.masked_fill(~(keep_k & (q.cumsum(-1) - q < top_p)), math.inf).amin(-1, keepdim=True)
+            keep = keep_k & (values >= last)
+        inside = keep_k if by_k else keep  # what the window must hold whole: S_k (its mass renormalises q), or S
+        floor = values.masked_fill(~inside, math.inf).amin(-1, keepdim=True)
+        if width == vocabulary or bool((values[..., -1:] < floor).all()):
+            window = values.masked_fill(~keep, -math.inf)
+            return window - window.logsumexp(-1, keepdim=True), ids
+        width = min(4 * width, vocabulary)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
+                top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of α: a token per row of ``logits [b, V]`` drawn from α′ = softmax(logits / T) cut
+    by ``top_k`` / ``top_p`` (:func:`truncate_logprobs`), and its log α′ ``[b]`` (float32). With a cut, the
+    draw runs on the few most probable tokens that hold the kept set, not on the whole vocabulary."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if not cuts(top_p, top_k, logp.shape[-1]):
+        token = draw_tokens(logp)
+        return token, logp.gather(1, token[:, None]).squeeze(1)
+    window, ids = _kept_window(logp, top_p, top_k)
+    pick = draw_tokens(window)[:, None]
+    return ids.gather(1, pick).squeeze(1), window.gather(1, pick).squeeze(1)
+
+
 def draw_seed(generator: torch.Generator) -> int:
     """A seed for libraries that use the global RNG, drawn from the loop's generator."""
     return int(torch.randint(2**62, (1,), generator=generator))
@@ -130,12 +213,15 @@ class HFSampler:
     ========================= =====================================================
     argument                  meaning
     ========================= =====================================================
-    ``policy``                π_θ (:class:`LMPolicy`); its model is deep-copied once
+    ``policy``                π_θ (:class:`LMPolicy`); deep-copied once: α's model,
+                              scored as π_θ is (``score``, ``synced_logprobs``)
     ``tokenizer``             the model's tokenizer (needs a pad or an EOS token)
     ``max_completion_length`` T_max, tokens generated at most per completion
     ``temperature``           T; must equal ``policy.temperature`` (None: take it)
     ``eos_token_ids``         ids that end a completion; None: the model's
                               generation config, else the tokenizer's EOS
+    ``top_p``, ``top_k``      truncation of each next-token distribution
+                              (:func:`truncate_logprobs`); 1 and 0: off
     ``decoder``               ``"lean"``: :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`
                               (Llama, Qwen2 in float32 on a CPU; any other model
                               raises, saying why); ``"model"``: the model's own
@@ -144,10 +230,13 @@ class HFSampler:
                               where it supports the model, else the model's
     ========================= =====================================================
 
-    Sampling is plain ancestral sampling at temperature T — no top-k, top-p,
-    min-p or repetition penalty, whatever the model's own generation config
-    says: any truncation would make log α the log-prob of another distribution
-    than the one :meth:`LMPolicy.logprobs` scores.
+    Sampling is ancestral sampling at temperature T, truncated by ``top_k`` and
+    ``top_p`` only if they are set here — never min-p, a repetition penalty or
+    whatever the model's own generation config says. log α is the log-prob under
+    the distribution actually sampled, α′ (truncated and renormalised). With a
+    truncation on, α′ is not the distribution :meth:`LMPolicy.logprobs` scores
+    (π_θ's full one), so r′ = π_k/α′ ≠ 1 even right after a sync: per token,
+    log r′ = log α(S) ≤ 0, the log of the mass the cut kept (docs/theory.md §3).
 
     Decoding is where the sampler spends its time. LeanDecoder (the default
     where it applies) fuses the block's products and runs them in the CPU GEMM
@@ -160,21 +249,25 @@ class HFSampler:
     Each prompt is prefilled once; its keys and values are repeated for its G
     completions, which then decode one token per forward on a KV cache, with
     the attention mask and position ids ``generate`` would use. log α is the
-    log-softmax of logits / T (float32) at the drawn token, taken from the
-    distribution it was drawn from — no extra forward pass. It agrees with
-    :meth:`LMPolicy.logprobs` of the same tokens right after a sync up to float
-    rounding between the cached and the whole forward (in float32 within the
-    1e-4 tests/test_policy_sampling.py allows; in bfloat16, bf16 rounding).
+    log-softmax of logits / T (float32), truncated, at the drawn token, taken
+    from the distribution it was drawn from — no extra forward pass. Untruncated,
+    it agrees with :meth:`LMPolicy.logprobs` of the same tokens right after a
+    sync up to float rounding between the cached and the whole forward (in
+    float32 within the 1e-4 tests/test_policy_sampling.py allows; in bfloat16,
+    bf16 rounding).
     """
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None,
-                 decoder: str = "auto") -> None:
+                 decoder: str = "auto", top_p: float = 1.0, top_k: int = 0) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
+        self.top_p = require_number_in("top_p", top_p, 0.0, 1.0, low_open=True)
+        self.top_k = require_int_at_least("top_k", top_k, 0)
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
         self.tokenizer = tokenizer
-        self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α, scored as π_θ is (audit, π_sync)
+        self.model = self._scorer.model
         self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
         self.decoder: Decoder
         if require_choice("decoder", decoder, DECODERS) == "lean" or (decoder == "auto"
@@ -224,11 +317,10 @@ class HFSampler:
         ended = torch.zeros(logits.shape[0], dtype=torch.bool, device=prompt_ids.device)
         tokens, logps = [], []
         for t in range(self.max_completion_length):
-            logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-            token = draw_tokens(logp)
-            token = token.masked_fill(ended, self.pad_token_id)
+            token, logp = sample_next(logits, self.temperature, self.top_p, self.top_k)
+            token = token.masked_fill(ended, self.pad_token_id)  # its log α′ is masked to 0 by build_rollout
             tokens.append(token)
-            logps.append(logp.gather(1, token[:, None]).squeeze(1))
+            logps.append(logp)
             ended = ended | torch.isin(token, eos)
             if t + 1 == self.max_completion_length or bool(ended.all()):
                 break
@@ -252,6 +344,17 @@ class HFSampler:
             raise ValueError(f"policy.model's parameters and buffers do not match the sampler's: {mismatch}")
         torch._foreach_copy_(self._targets, sources)
         return self._bytes
+
+    @torch.no_grad()
+    def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log π_sync of ``rollout.completions[rows]`` ``[b, T]``: α's model (the last sync's weights) scored by a
+        frozen copy of the policy, as it scores π_θ — a whole forward at T, untruncated; no extra memory."""
+        return self._scorer.logprobs(rollout, rows)
+
+    def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log α of ``rollout.completions[rows]`` for the sync audit: here α's model is the engine, so this is
+        :meth:`synced_logprobs` (the decoder reads the same weights through a cached forward)."""
+        return self.synced_logprobs(rollout, rows)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """α's weights (references, as ``nn.Module.state_dict``: save before the next sync)."""

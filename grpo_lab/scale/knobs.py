@@ -83,6 +83,7 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("max_completion_length", "max_completion_length"),
     KnobSpec("temperature", "temperature"),
     KnobSpec("seed", "seed"),
+    KnobSpec("sync_audit", "sync_audit"),
 )
 
 NOT_ONE_TO_ONE: dict[str, str] = {
@@ -92,6 +93,9 @@ NOT_ONE_TO_ONE: dict[str, str] = {
     "steps": "max_steps = steps · i: TRL counts optimiser passes, i per step k",
     "ref_period": "sync_ref_model = ref_period > 0 and ref_model_sync_steps = ref_period · i (optimiser passes)",
     "kl_kind": "TRL computes the k3 estimator only: trl_args refuses any other",
+    "offpolicy_split": "not on the TRL route (trl_args refuses it): without vLLM, log α comes from the trainer's "
+                       "own forward of the synced copy α (nothing to split off but a top_p/top_k cut); with vLLM, "
+                       "π_sync needs a full unsharded copy of π_θ on every process",
 }
 """GRPOConfig fields :func:`~.launch.trl_args` maps by hand, and why no row can."""
 

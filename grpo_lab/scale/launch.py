@@ -66,15 +66,20 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
     ``max_steps``                                     steps · i (TRL counts optimiser passes)
     ``sync_ref_model``, ``ref_model_sync_steps``      ref_period > 0, ref_period · i
     (none)                                            kl_kind: TRL computes k3 only, others are refused
+    (none)                                            offpolicy_split: refused (``NOT_ONE_TO_ONE`` says why)
     ================================================= =================================================
 
     and from the run's fields: ``output_dir``, dtype → ``bf16``/``fp16``, device → ``use_cpu``,
-    ``checkpoint_every`` · i → ``save_steps``, ``report_to``; a constant learning rate, a log every step.
+    ``checkpoint_every`` · i → ``save_steps``, ``report_to``, ``top_p``, ``top_k`` (TRL's own fields: α's
+    truncation, docs/theory.md §3); a constant learning rate, a log every step.
     """
-    from .knobs import trl_values
+    from .knobs import NOT_ONE_TO_ONE, trl_values
     from .trl import OffPolicyGRPOConfig
 
     require_choice("kl_kind", config.kl_kind, ("k3",))
+    if config.offpolicy_split:
+        raise ValueError("offpolicy_split = True is not available on the TRL route: "
+                         + NOT_ONE_TO_ONE["offpolicy_split"])
     rows = config.prompts_per_step * config.G
     micro = config.micro_batch_size or max(rows // num_processes, 1)
     if rows % (micro * num_processes):
@@ -88,6 +93,7 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
         bf16=config.dtype == "bfloat16", fp16=config.dtype == "float16", use_cpu=config.device == "cpu",
         save_strategy="steps" if config.checkpoint_every else "no",
         save_steps=max(config.checkpoint_every, 1) * config.i, report_to=list(config.report_to) or "none",
+        top_p=config.top_p, top_k=config.top_k,
         lr_scheduler_type="constant", logging_steps=1)
     return OffPolicyGRPOConfig(**{**values, **extras})
 

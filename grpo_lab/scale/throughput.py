@@ -9,6 +9,9 @@ fit, predict    step(v) = gen + train + sync / v by least squares on the mean st
                 v = 1 records alone (:func:`~grpo_lab.scale.costmodel.fit_from_records`)
 lag 0           :func:`log_ratio_at_lag0`: log r′ right after a sync, α ≠ π_k in
                 floating point
+split           staleness log(π_k/π_sync) vs mismatch log(π_sync/α) along short runs,
+                vLLM in bf16 / fp32 and HF (``experiments/offpolicy_split.py`` writes
+                :data:`SPLIT_RESULTS`; :func:`split_summary`, :func:`split_table`)
 paper           the same model fitted to the 7B colocate run (0.02828 vs 0.03828
                 iter/s, PAPER): predicted speed-up against v and against model size
 full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.scale.launch`
@@ -19,7 +22,9 @@ figures         :mod:`grpo_lab.viz.throughput` draws these numbers
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,6 +136,40 @@ def log_ratio_at_lag0(loop: Any, prompts: int = 4, seed: int = 0) -> np.ndarray:
     with torch.no_grad():
         logp = loop.policy.logprobs(rollout, slice(None))
     return (logp - rollout.logp_alpha)[rollout.mask].double().numpy()
+
+
+SPLIT_RESULTS = Path(__file__).resolve().parents[2] / "results" / "offpolicy_split" / "split.json"
+"""``experiments/offpolicy_split.py``'s output (committed), which notebook 03 draws."""
+
+
+def split_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Means of a run's :func:`~grpo_lab.objective.offpolicy_split` (records as dicts with ``lag``,
+    ``staleness_abs``, ``mismatch_abs``, ``staleness_share``): the mismatch over every step; the staleness
+    at lag 0 (0 by construction) and, with its share, over the steps at lag ≥ 1 (None when none lagged)."""
+    if not records:
+        raise ValueError("records is empty: a run's split needs at least one step")
+
+    def mean(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+        return float(np.mean([r[key] for r in rows])) if rows else None
+
+    lag0, lagged = [r for r in records if r["lag"] == 0], [r for r in records if r["lag"] > 0]
+    return {"mismatch_abs": mean(records, "mismatch_abs"), "staleness_abs_lag0": mean(lag0, "staleness_abs"),
+            "staleness_abs_lagged": mean(lagged, "staleness_abs"),
+            "staleness_share_lagged": mean(lagged, "staleness_share")}
+
+
+def load_split(path: str | Path = SPLIT_RESULTS) -> dict[str, Any]:
+    """The split's results file (:data:`SPLIT_RESULTS`), or a ValueError saying how to make it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: run experiments/offpolicy_split.py (its docstring has the command)")
+    return json.loads(path.read_text())
+
+
+def split_table(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per run of :func:`load_split`'s data: sampler, engine dtype, v and :func:`split_summary`."""
+    return [{"run": run["name"], "engine dtype": run["engine_dtype"], "v": run["v"],
+             **split_summary(run["records"])} for run in data["runs"]]
 
 
 def run_table(runs: Mapping[str, Sequence[StepRecord]], model: StepCostModel) -> list[dict[str, Any]]:

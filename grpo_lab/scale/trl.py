@@ -12,6 +12,10 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
   vLLM's prefix cache is reset only by real syncs. Without vLLM, generation comes from an in-process frozen
   copy α of the model, refreshed by the same schedule (so v works on a CPU);
   log α of the sampled tokens costs one extra no-grad forward of the copy.
+* ``top_p`` / ``top_k`` (TRL's fields) truncate α's sampling, and log α is then the truncated,
+  renormalised α′: vLLM's processed log-probs, or without vLLM the copy's logits cut as ``generate``
+  cut them (:meth:`OffPolicyGRPOTrainer._alpha_logps`). log π_θ and log π_k stay the full
+  distribution's, so r′ ≠ 1 even at lag 0 (docs/theory.md §3, *Truncated sampling*).
 * ``clip_band``: ``additive`` [max(r′−ε, 0), r′+ε] (paper) or ``multiplicative``
   r′(1±ε) (TRL), r′ = π_k/α. The ratio r = π_θ/α already corrects for the lag,
   so TRL's ``vllm_importance_sampling_correction`` must stay off.
@@ -29,6 +33,11 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
   gathered batch decides the advantages, the mask, the loss weights and what a step with no
   signal does (``empty_step``): ``"skip"`` drops its gradients before the optimiser step
   (under DeepSpeed it is only recorded, see ``_SkipEmptyStep``), ``"optimizer_step"`` steps.
+* After every sync, the sync audit (``sync_audit``, :mod:`grpo_lab.sync_audit`) checks that α took
+  π_θ's weights: a few tokens of the first training batch, scored by π_θ and by α (the copy, or the
+  colocated engine), one small forward each; a sync that did not take raises ``SyncError``. Not with a
+  vLLM server or sleep mode (a warning says so). ``offpolicy_split`` is not offered here
+  (:data:`grpo_lab.scale.knobs.NOT_ONE_TO_ONE` says why).
 
 Step k is one generation batch: ``global_step = k · num_iterations`` when it is
 drawn (``steps_per_generation`` must equal ``gradient_accumulation_steps``).
@@ -40,7 +49,7 @@ member it overrides, calls, reads or patches is listed, with what it relies on, 
 spelled once, in :data:`grpo_lab.scale.knobs.KNOBS`.
 
 Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
-``sync_seconds``, ``masked_frac`` (groups with zero reward variance, masked or
+``sync_seconds``, ``audit_seconds``, ``masked_frac`` (groups with zero reward variance, masked or
 not), ``skipped``, ``ratio_k_mean`` / ``ratio_k_max`` (r′ over counted tokens),
 ``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
 whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
@@ -57,18 +66,23 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import trl
+from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
+from ..checks import require_int_at_least, require_number_in
+from ..lm.sampling import truncate_logprobs
 from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from ..plan import StepPlan, plan_step
 from ..schedules import make_sync_schedule
+from ..sync_audit import PROBE_CONTEXT, SyncAudit, SyncError, probe_span
 from .knobs import lab_field, validate_trl_values
 from .trl_surface import FORWARD_KEYS
 
@@ -107,6 +121,7 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     use_bias_correction_kl: bool = lab_field("kl_importance_weighted")
     is_correction: str = lab_field("is_correction")
     is_cap: float = lab_field("is_cap")
+    sync_audit: bool = lab_field("sync_audit")
     ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
     disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
     vllm_importance_sampling_correction: bool = field(default=False, metadata={
@@ -129,6 +144,12 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
         if self.vllm_enable_sleep_mode and self.vllm_sync_interval > 1:
             raise ValueError("vllm_enable_sleep_mode = True re-pushes π_θ on every wake-up, which breaks "
                              f"vllm_sync_interval = {self.vllm_sync_interval}; use one or the other")
+        require_number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        require_int_at_least("top_k", self.top_k, 0)
+        if not self.use_vllm and (self.min_p is not None or self.repetition_penalty != 1.0):
+            raise ValueError(f"min_p = {self.min_p!r}, repetition_penalty = {self.repetition_penalty!r}: the "
+                             "in-process α takes log α under temperature, top_k and top_p only; leave min_p None "
+                             "and repetition_penalty 1 (vLLM's processed log-probs include them)")
 
 
 @contextlib.contextmanager
@@ -225,6 +246,8 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         self._plan_config = validate_trl_values(self.args)  # the lab's GRPOConfig of these knobs, for plan_step
         self._plan: StepPlan | None = None  # the plan of the last training step
         self.alpha_model = None if self.use_vllm else self._make_alpha()
+        self._audit = self._make_audit()
+        self._probe: dict[str, torch.Tensor] | None = None  # the audit's probe: a few tokens of a batch after a sync
         self.add_callback(_SkipEmptyStep(self))
         if self.use_vllm and self.vllm_mode == "server" and self.accelerator.is_main_process:
             mode = self.vllm_generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
@@ -242,6 +265,21 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         alpha.__dict__.pop("forward", None)
         add_fused_lm_head(alpha, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         return alpha
+
+    def _make_audit(self) -> SyncAudit | None:
+        """The sync audit (``sync_audit``; :mod:`grpo_lab.sync_audit`) where α can score given tokens: the
+        in-process copy, or vLLM colocated without sleep mode. A server cannot be asked through TRL's client, and
+        a sleeping engine holds no weights between generations (TRL re-pushes them at every wake-up): there it
+        warns once and the run goes unaudited. τ is that of the forward's dtype (bf16/fp16 autocast counts)."""
+        if not self.args.sync_audit:
+            return None
+        if self.use_vllm and (self.vllm_mode == "server" or self.args.vllm_enable_sleep_mode):
+            warnings.warn("sync_audit: a vLLM server, or an engine in sleep mode, cannot score the audit's probe "
+                          "between generations; this run's syncs are not checked", stacklevel=3)
+            return None
+        dtype = (torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16
+                 else self.accelerator.unwrap_model(self.model).dtype)
+        return SyncAudit.for_dtype(dtype)
 
     # TRL pushes π_θ to vLLM wherever ``global_step != _last_loaded_step`` (the only guard of its
     # pushes; tests/test_trl.py checks TRL still works this way): reading global_step back disarms it.
@@ -280,18 +318,78 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             self.sync_schedule.end(self._plan.observed_drift(total / tokens if tokens > 0 else None))
         self._drift = [0.0, 0.0]
         synced = self.sync_schedule.begin(k)
-        seconds = 0.0
+        seconds = audit_seconds = 0.0
         if synced:
             start = time.perf_counter()
             self._sync_sampler()
             seconds = time.perf_counter() - start
+            audit_seconds = self._audit_sync(k)
             self.sync_schedule.mark_synced(k)
             self.sync_steps.append(k)
         metrics = self._metrics["train"]
         metrics["off_policy/lag"].append(float(self.sync_schedule.lag(k)))
         metrics["off_policy/synced"].append(float(synced))
         metrics["off_policy/sync_seconds"].append(seconds)
+        metrics["off_policy/audit_seconds"].append(audit_seconds)
         metrics["off_policy/sync_count"].append(float(len(self.sync_steps)))
+
+    def _take_probe(self, output: dict[str, Any], sampled: torch.Tensor) -> None:
+        """The audit's probe — process 0's first :data:`~grpo_lab.sync_audit.PROBE_TOKENS` sampled tokens of the
+        first training batch after a sync, after the last :data:`~grpo_lab.sync_audit.PROBE_CONTEXT` tokens of
+        their prompts (:func:`~grpo_lab.sync_audit.probe_span`), the same on every process (a tensor-parallel
+        engine needs the same requests on all its ranks) — and its reference scores."""
+        if any(key in output for key in FORWARD_KEYS):
+            warnings.warn("sync_audit: this model's batches carry more than tokens (images…), which the probe "
+                          "does not; this run's syncs are not checked", stacklevel=2)
+            self._audit = None
+            return
+        rows, keep = probe_span(sampled)
+        columns = slice(0, keep.shape[1])
+        probe = {"prompt_ids": output["prompt_ids"][rows, -PROBE_CONTEXT:],
+                 "prompt_mask": output["prompt_mask"][rows, -PROBE_CONTEXT:],
+                 "completion_ids": output["completion_ids"][rows, columns],
+                 "completion_mask": output["completion_mask"][rows, columns], "sampled": keep}
+        (self._probe,) = broadcast_object_list([{key: value.cpu() for key, value in probe.items()}])
+        self._audit_sync(self.state.global_step // self.num_iterations)
+
+    def _audit_sync(self, k: int) -> float:
+        """The sync audit after the sync of step k (the first time, its reference): log π_θ of the probe's sampled
+        tokens from a no-grad forward of the model, log α from α — the copy, or the colocated engine
+        (:func:`grpo_lab.lm.sampling_vllm.engine_logprobs`), at T, untruncated. A sync that did not take raises
+        :class:`~grpo_lab.sync_audit.SyncError` on every process. Returns its seconds (0 before the probe)."""
+        if self._audit is None or self._probe is None:
+            return 0.0
+        start = time.perf_counter()
+        probe = {key: value.to(self.accelerator.device) for key, value in self._probe.items()}
+        with torch.no_grad():
+            logp_policy = self._logps(self.model, probe)
+            logp_alpha = self._logps(self.alpha_model, probe) if self.alpha_model is not None else (
+                self._engine_logps(probe))
+        sampled, failure = probe["sampled"].bool(), None
+        try:
+            self._audit.check(logp_policy[sampled], logp_alpha[sampled], k)
+        except SyncError as error:
+            failure = error
+        failures = self.accelerator.reduce(torch.tensor([float(failure is not None)], device=self.accelerator.device),
+                                           reduction="sum")
+        if failure is not None:
+            raise failure
+        if float(failures) > 0:
+            raise SyncError(f"the sync at step {k} did not take on another process (its own error says how)")
+        return time.perf_counter() - start
+
+    def _engine_logps(self, probe: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log α of the probe's completion tokens ``[b, T]`` from the colocated engine (0 after each row's end)."""
+        from ..lm.sampling_vllm import engine_logprobs
+
+        prompts = [ids[keep.bool()].tolist() for ids, keep in zip(probe["prompt_ids"], probe["prompt_mask"],
+                                                                   strict=True)]
+        completions = [ids[keep.bool()].tolist() for ids, keep in zip(probe["completion_ids"],
+                                                                      probe["completion_mask"], strict=True)]
+        out = torch.zeros(probe["completion_ids"].shape, dtype=torch.float32, device=probe["completion_ids"].device)
+        for row, values in enumerate(engine_logprobs(self.vllm_generation.llm, prompts, completions, self.temperature)):
+            out[row, :len(values)] = torch.tensor(values, device=out.device)
+        return out
 
     def _generate(self, prompts: list) -> tuple:
         if self.model.training:
@@ -336,8 +434,37 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         self._metrics[mode]["off_policy/skipped"].append(float(plan.skipped))
         if not self.use_vllm:
             with torch.no_grad():
-                output["sampling_per_token_logps"] = self._logps(self.alpha_model, output)
+                output["sampling_per_token_logps"] = self._alpha_logps(output, sampled)
+        synced_now = bool(self.sync_steps) and self.sync_steps[-1] == self.state.global_step // self.num_iterations
+        if mode == "train" and self._audit is not None and self._probe is None and synced_now:
+            self._take_probe(output, sampled)
         return output
+
+    def _alpha_logps(self, inputs: dict[str, Any], sampled: torch.Tensor) -> torch.Tensor:
+        """log α of the sampled tokens under the copy α, from the distribution ``generate`` drew them from.
+
+        Untruncated, TRL's fused scoring forward at T (log π's). With ``top_k`` / ``top_p``, log α′: the copy's
+        plain forward, one micro-batch of rows at a time (the cut needs every logit), at T, cut by
+        :func:`grpo_lab.lm.sampling.truncate_logprobs` (Hugging Face's warpers' set) and renormalised; the
+        tokens α did not sample, which the cut may give probability 0, get NaN (so r′ = 1 in
+        :meth:`_compute_loss`, as for tokens vLLM did not score).
+        """
+        if self.args.top_p == 1.0 and self.args.top_k == 0:
+            return self._logps(self.alpha_model, inputs)
+        if any(key in inputs for key in FORWARD_KEYS):
+            raise ValueError("top_p / top_k on the in-process α score text-only models; use vLLM for this model")
+        completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        rows, logps = self.args.per_device_train_batch_size, []
+        for part in (slice(start, start + rows) for start in range(0, len(input_ids), rows)):
+            with self.accelerator.autocast():
+                logits = self.alpha_model(input_ids=input_ids[part], attention_mask=attention_mask[part],
+                                          logits_to_keep=completion_ids.shape[1] + 1).logits[:, :-1]
+            logp = truncate_logprobs(torch.log_softmax(logits.float() / self.temperature, dim=-1), self.args.top_p,
+                                     self.args.top_k)
+            logps.append(logp.gather(-1, completion_ids[part, :, None]).squeeze(-1))
+        return torch.cat(logps).masked_fill(~sampled, float("nan"))
 
     def _global_loss_weights(self, plan: StepPlan, rows: slice, T: int) -> torch.Tensor:
         """This process's rows of the plan's weights (normalised over the generation batch of *all*

@@ -65,8 +65,6 @@ from .results import MARGIN, power, seeds_for_power, study_tests, wilson_interva
 ROOT = Path(__file__).resolve().parents[2]
 STUDY_DIR = ROOT / "results" / "cpu_study"
 """Where ``experiments/cpu_study.py`` writes the committed study."""
-STUDY_V1_DIR = ROOT / "results" / "cpu_study_v1"
-"""The first study (old layout, read by :func:`grpo_lab.study.results.load_study`; notebook 02 until rewritten)."""
 SCAN_PATH = ROOT / "results" / "task_scan" / "scan.json"
 """The task scan of ``experiments/task_scan.py`` (base Pass@1 per task and token budget)."""
 METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac", "loss", "clip_low_frac",
@@ -74,8 +72,6 @@ METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac
                  "grad_norm", "num_tokens", "sample_seconds", "train_seconds", "sync_seconds")
 """Per-step fields a unit keeps (``docs/metrics.md``), and :data:`OPTIONAL_METRIC_FIELDS` where the loop has them."""
 OPTIONAL_METRIC_FIELDS = ("ess_token", "log_ratio_k_p99")
-PAPER_PASS_AT_1 = {"onpolicy": 0.45, "masked": 0.50, "lagged_v8": 0.50, "reuse_i4": None}
-"""The paper's GSM8K Pass@1 for the first study's arm that plays its role (v = 10 and i = 10 there)."""
 EVAL_SEED = 1234
 """Sampling seed of every held-out evaluation."""
 UNTRAINED = "untrained"

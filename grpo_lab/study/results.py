@@ -17,14 +17,14 @@ TOST                      two one-sided t-tests at 5 % each ⇔ the 90 % CI of m
 "worse"                   the 95 % CI of mean d lies below 0
 ========================= ============================================================
 
-The first study (:data:`~grpo_lab.study.cpu_study.STUDY_V1_DIR`, old layout: ``summary.json`` +
-``metrics/``) is read by :func:`load_study`; the unit-based study of :mod:`grpo_lab.study.cpu_study`
-gets its ``tests`` from :func:`study_tests`.
+A study folder of :mod:`grpo_lab.study.cpu_study` (one unit file per finished run) is read by
+:func:`load_study` as it stands: any arms, any number of seeds each (one seed gives a point and
+no interval, and its comparisons stay "not resolved"). Its ``summary.json`` gets its ``tests``
+from :func:`study_tests`, the reader from :meth:`Study.tests`: the same :func:`paired_test`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +35,16 @@ import numpy as np
 
 MARGIN = 0.03
 """The equivalence margin on Pass@1 (issue 24): "trains as well as" means within ±0.03."""
-VERDICTS = ("equivalent", "worse", "not resolved")
+VERDICTS = ("equivalent", "worse", "better", "not resolved")
+PAPER_GSM8K = (
+    ("on-policy (v = 1, i = 1), no mask", "45 % (unstable)", ("nomask_b04",)),
+    ("on-policy + zero-variance mask", "50 %", ("mask_b04", "v1")),
+    ("lagged server (v = 10, i = 1)", "50 % (stable)", ("v8_ratio", "v32_ratio")),
+    ("sample reuse (v = 1, i = 10)", "slower; 10× the training", ("v1_i4",)),
+    ("not in the paper: a lagged server without the correction", "-", ("v8_none", "v32_none")),
+)
+"""The paper's GSM8K table (Qwen2.5-0.5B-Instruct, β = 0.04; ``docs/theory.md`` §6): each row, its Pass@1,
+and the arms of the CPU study that play its role."""
 
 
 def t_cdf(t: float, df: int) -> float:
@@ -99,168 +108,6 @@ def mean_ci(values: Any, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return mean, half
 
 
-@dataclass
-class Study:
-    """``summary.json`` and the per-step metrics of every finished run."""
-
-    summary: dict[str, Any]
-    metrics: dict[str, list[dict[str, Any]]]   # "<arm>_s<seed>" → one dict per step
-
-    @property
-    def arms(self) -> list[str]:
-        """Configurations with at least one finished run, in running order."""
-        return list(dict.fromkeys(r["name"] for r in self.summary["runs"]))
-
-    def runs(self, arm: str) -> list[dict[str, Any]]:
-        """Finished runs of ``arm``, by seed."""
-        runs = sorted((r for r in self.summary["runs"] if r["name"] == arm), key=lambda r: r["seed"])
-        if not runs:
-            raise ValueError(f"arm must be one of {self.arms}, got {arm!r}")
-        return runs
-
-    def steps_matrix(self, arm: str, key: str) -> np.ndarray:
-        """``[steps, seeds]`` of a per-step metric (``reward_mean``, ``masked_frac``, …)."""
-        return np.array([[row[key] for row in self.metrics[f"{arm}_s{r['seed']}"]] for r in self.runs(arm)]).T
-
-    def seconds_matrix(self, arm: str) -> np.ndarray:
-        """``[steps, seeds]`` training wall clock (sample + train + sync) at the end of each step."""
-        parts = sum(self.steps_matrix(arm, k) for k in ("sample_seconds", "train_seconds", "sync_seconds"))
-        return np.cumsum(parts, axis=0)
-
-    def pass_curve(self, arm: str) -> tuple[np.ndarray, np.ndarray]:
-        """Steps (0 = untrained) and ``[points, seeds]`` held-out Pass@1 along training; NaN where a
-        run was not scored at that step (every run is scored at the last step)."""
-        runs = self.runs(arm)
-        steps = sorted({int(s) for r in runs for s in r["pass_at_1_curve"]})
-        values = [[self.summary["before"]["pass_at_1"]] * len(runs)]
-        values += [[r["pass_at_1_curve"].get(str(s), math.nan) for r in runs] for s in steps]
-        return np.array([0, *steps]), np.array(values)
-
-    def after(self, arm: str) -> dict[int, float]:
-        return {r["seed"]: r["pass_at_1_after"] for r in self.runs(arm)}
-
-
-def load_study(out_dir: str | Path) -> Study:
-    """The study in ``out_dir`` (``summary.json`` + ``metrics/``), finished runs only."""
-    out = Path(out_dir)
-    path = out / "summary.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no study at {str(out)!r}: run experiments/cpu_study.py first")
-    summary = json.loads(path.read_text())
-    metrics = {}
-    for run in summary["runs"]:
-        key = f"{run['name']}_s{run['seed']}"
-        lines = (out / "metrics" / f"{key}.jsonl").read_text().splitlines()
-        metrics[key] = [json.loads(line) for line in lines if line.strip()]
-    return Study(summary=summary, metrics=metrics)
-
-
-@dataclass(frozen=True)
-class Paired:
-    """Arm a − arm b over the seeds both finished: mean, 95 % CI half-width, n and the differences."""
-
-    a: str
-    b: str
-    mean: float
-    half: float
-    n: int
-    diffs: tuple[float, ...]
-
-    @property
-    def low(self) -> float:
-        return self.mean - self.half
-
-    @property
-    def high(self) -> float:
-        return self.mean + self.half
-
-
-def paired(study: Study, a: str, b: str) -> Paired:
-    """Held-out Pass@1 after training, arm a minus arm b, seed by seed."""
-    after_a, after_b = study.after(a), study.after(b)
-    seeds = sorted(set(after_a) & set(after_b))
-    if not seeds:
-        raise ValueError(f"arms {a!r} and {b!r} share no finished seed")
-    diffs = [after_a[s] - after_b[s] for s in seeds]
-    mean, half = mean_ci(diffs)
-    return Paired(a, b, float(mean), float(half), len(seeds), tuple(diffs))
-
-
-def table(study: Study, paper: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
-    """One row per arm: seeds, Pass@1 before / after (mean ± CI), gain, training seconds,
-    optimiser passes, gain per training minute, and the paper's figure for that role."""
-    rows = []
-    before = study.summary["before"]["pass_at_1"]
-    for arm in study.arms:
-        runs = study.runs(arm)
-        after, after_half = mean_ci([r["pass_at_1_after"] for r in runs])
-        seconds = float(np.mean([r["wall_seconds"] for r in runs]))
-        rows.append({"arm": arm, "v": runs[0]["v"], "i": runs[0]["i"], "mask": runs[0]["mask"],
-                     "seeds": len(runs), "before": before, "after": float(after), "after_ci": float(after_half),
-                     "gain": float(after) - before, "train_seconds": seconds,
-                     "passes": float(np.mean([r["train_passes"] for r in runs])),
-                     "gain_per_minute": (float(after) - before) / (seconds / 60),
-                     "paper": (paper or {}).get(arm)})
-    return rows
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The table as aligned text (what the notebook prints)."""
-    head = f"{'arm':11} {'v':>2} {'i':>2} {'mask':>5} {'seeds':>5} {'before':>6} {'after (95% CI)':>16} " \
-           f"{'gain':>6} {'train s':>7} {'gain/min':>8} {'paper':>6}"
-    lines = [head]
-    for r in rows:
-        paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
-        lines.append(f"{r['arm']:11} {r['v']:2d} {r['i']:2d} {str(r['mask']):>5} {r['seeds']:5d} {r['before']:6.3f} "
-                     f"{r['after']:7.3f} ± {r['after_ci']:6.3f} {r['gain']:+6.3f} {r['train_seconds']:7.0f} "
-                     f"{r['gain_per_minute']:+8.3f} {paper:>6}")
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One claim of the paper checked on the study: the paired difference and what it says."""
-
-    claim: str
-    diff: Paired
-    verdict: str      # "reproduces", "contradicted", "not resolved"
-
-
-def findings(study: Study, tolerance: float = 0.10) -> list[Finding]:
-    """The paper's claims on the arms the study has, each decided by a 95 % CI:
-
-    * the mask helps: masked − onpolicy > 0 (CI above 0 reproduces, below 0 contradicts);
-    * a lagged server trains as well: lagged_v8 − masked inside ±``tolerance``;
-    * sample reuse is no better per step: reuse_i4 − masked ≤ ``tolerance`` (its cost is separate).
-    An interval that decides neither way is "not resolved" (too few seeds or too close). The
-    ``lr_matched`` arm is a control of ours, not a claim of the paper, and under gradient clipping
-    it does not isolate the mask (:mod:`grpo_lab.study.cpu_study`): read it with :func:`paired`.
-    """
-    have = set(study.arms)
-    out = []
-
-    def add(claim: str, a: str, b: str, kind: str) -> None:
-        if not {a, b} <= have:
-            return
-        d = paired(study, a, b)
-        if d.n < 2:
-            out.append(Finding(claim, d, "not resolved"))
-            return
-        if kind == "better":
-            verdict = "reproduces" if d.low > 0 else "contradicted" if d.high < 0 else "not resolved"
-        elif kind == "same":
-            verdict = "reproduces" if -tolerance < d.low and d.high < tolerance else \
-                      "contradicted" if d.low >= tolerance or d.high <= -tolerance else "not resolved"
-        else:  # "not better"
-            verdict = "reproduces" if d.high < tolerance else "contradicted" if d.low >= tolerance else "not resolved"
-        out.append(Finding(claim, d, verdict))
-
-    add("the zero-variance mask helps (paper: 45 → 50 %)", "masked", "onpolicy", "better")
-    add(f"a lagged server (v = 8) trains as well as v = 1 (within ±{tolerance:.2f})", "lagged_v8", "masked", "same")
-    add(f"sample reuse (i = 4) gains no more per step (by < {tolerance:.2f})", "reuse_i4", "masked", "not better")
-    return out
-
-
 # ----------------------------------------------------------------------------- bounded intervals
 
 def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -280,12 +127,16 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def bounded_mean_ci(values: Sequence[float], low: float = 0.0, high: float = 1.0) -> tuple[float, float, float]:
-    """Mean over seeds of a quantity bounded to [low, high] (Pass@1), and its 95 % t interval
-    clipped to that range: with few seeds the t interval alone runs past the bounds."""
-    mean, half = mean_ci(values)
-    mean, half = float(mean), float(half)
-    return mean, max(low, mean - half), min(high, mean + half)
+def bounded_mean_ci(values: Any, low: float = 0.0, high: float = 1.0,
+                    axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds (along ``axis``, NaN skipped as in :func:`mean_ci`) of a quantity bounded to
+    [low, high] (Pass@1, a reward in [0, 1], a drift ≥ 0), and its 95 % t interval clipped to that
+    range: with few seeds the t interval alone runs past the bounds. NaN bounds where fewer than
+    two values remain (no interval)."""
+    if not low < high:
+        raise ValueError(f"low must be below high, got low = {low}, high = {high}")
+    mean, half = mean_ci(values, axis=axis)
+    return mean, np.clip(mean - half, low, high), np.clip(mean + half, low, high)
 
 
 # ----------------------------------------------------------------------------- the verdict rule
@@ -346,6 +197,16 @@ class PairedTest:
         equivalent, worse, better = (bool(x) for x in _rule(np.asarray(self.diffs), self.margin))
         return "equivalent" if equivalent else "worse" if worse else "better" if better else "not resolved"
 
+    def describe(self) -> str:
+        """One line: the comparison, n, the mean difference, both intervals and the verdict."""
+        if self.n == 0:
+            return f"{self.comparison}: no seed that both arms finished: not resolved"
+        ci90, ci95 = self.ci(0.90), self.ci(0.95)
+        intervals = "one seed, no interval" if ci90 is None or ci95 is None else \
+            (f"90 % CI [{ci90[0]:+.3f}, {ci90[1]:+.3f}] (margin ±{self.margin:g}), "
+             f"95 % CI [{ci95[0]:+.3f}, {ci95[1]:+.3f}]")
+        return f"{self.comparison}: n = {self.n}, mean {self.estimate:+.3f}, {intervals} -> {self.verdict}"
+
     def entries(self) -> list[dict[str, Any]]:
         """The two rows of ``summary.json``'s ``tests``: the equivalence test (90 % CI, ±margin) and the
         difference test (95 % CI against 0), each with its own verdict and the comparison's ``finding``."""
@@ -379,6 +240,127 @@ def study_tests(runs: Sequence[Mapping[str, Any]], comparisons: Sequence[tuple[s
         by_arm.setdefault(run["name"], {})[run["seed"]] = run["pass_at_1_after"]
     return [row for a, b in comparisons if a in by_arm and b in by_arm
             for row in paired_test(by_arm[a], by_arm[b], a, b, margin).entries()]
+
+
+# ----------------------------------------------------------------------------- reading a study folder
+
+@dataclass(frozen=True)
+class Study:
+    """The finished units of one study folder, as they stand (:func:`load_study`).
+
+    ``units``: arm → seed → unit file (``study``, ``run``, ``eval``, ``metrics``: see
+    :mod:`grpo_lab.study.cpu_study`); ``untrained``: the untrained model's evaluation, step 0 of
+    every run (None before it was scored); ``settings``: what every unit shares ({} with none).
+    """
+
+    folder: Path
+    settings: dict[str, Any]
+    untrained: dict[str, Any] | None
+    units: dict[str, dict[int, dict[str, Any]]]
+
+    @property
+    def arms(self) -> list[str]:
+        """Arms with at least one finished unit, in the study's order (an arm it does not know last)."""
+        from .cpu_study import ARMS
+
+        order = {arm.name: k for k, arm in enumerate(ARMS)}
+        return sorted(self.units, key=lambda name: (order.get(name, len(order)), name))
+
+    def n(self, arm: str) -> int:
+        """Seeds ``arm`` has finished (0 for an arm without a unit)."""
+        return len(self.units.get(arm, {}))
+
+    def seeds(self, arm: str) -> list[int]:
+        return sorted(self.units.get(arm, {}))
+
+    def _units(self, arm: str) -> list[dict[str, Any]]:
+        if arm not in self.units:
+            raise ValueError(f"arm must be one with a finished unit in {self.folder}, one of {self.arms}; got {arm!r}")
+        return [self.units[arm][seed] for seed in self.seeds(arm)]
+
+    def runs(self, arm: str) -> list[dict[str, Any]]:
+        """The summary rows of ``arm``'s units, by seed."""
+        return [unit["run"] for unit in self._units(arm)]
+
+    def after(self, arm: str) -> dict[int, float]:
+        """Seed → held-out Pass@1 (strict) at the last step."""
+        return {run["seed"]: run["pass_at_1_after"] for run in self.runs(arm)}
+
+    def pass_curve(self, arm: str) -> tuple[np.ndarray, np.ndarray]:
+        """Scoring steps (0 = untrained) and ``[steps, seeds]`` held-out Pass@1; NaN where a seed was not
+        scored at that step."""
+        curves = [run["pass_at_1_curve"] for run in self.runs(arm)]
+        steps = sorted({int(s) for curve in curves for s in curve})
+        return np.array(steps), np.array([[curve.get(str(s), math.nan) for curve in curves] for s in steps])
+
+    def metric(self, arm: str, key: str) -> np.ndarray:
+        """``[steps, seeds]`` of a per-step field (``reward_mean``, ``lag``, …: ``METRIC_FIELDS``); NaN
+        past a seed's last step or where a step did not log the field."""
+        rows = [unit["metrics"] for unit in self._units(arm)]
+        if not any(key in m for metrics in rows for m in metrics):
+            raise ValueError(f"key must be a per-step field of arm {arm!r}'s units, got {key!r}")
+        out = np.full((max(len(metrics) for metrics in rows), len(rows)), math.nan)
+        for seed, metrics in enumerate(rows):
+            out[:len(metrics), seed] = [float(m.get(key, math.nan)) for m in metrics]
+        return out
+
+    def drift_by_lag(self, arm: str) -> tuple[np.ndarray, np.ndarray]:
+        """The lags of 0…v−1 that a trained step reached, and ``[lags, seeds]``: each seed's mean |log r′|
+        (``log_ratio_k_abs``) over its trained steps at that lag (:func:`grpo_lab.study.cpu_study.drift_by_lag`
+        of one unit); NaN where that seed trained no step at that lag."""
+        from .cpu_study import drift_by_lag
+
+        units = self._units(arm)
+        means = [drift_by_lag([unit], range(max(u["run"]["v"] for u in units))) for unit in units]
+        lags = [lag for lag in means[0] if any(m[lag] is not None for m in means)]
+        return np.array(lags), np.array([[math.nan if m[lag] is None else m[lag] for m in means] for lag in lags])
+
+    def tests(self, margin: float = MARGIN) -> list[PairedTest]:
+        """The paired test of each comparison of :data:`~grpo_lab.study.cpu_study.COMPARISONS` whose two
+        arms have a unit (the ``tests`` of ``summary.json`` come from the same :func:`paired_test`)."""
+        from .cpu_study import COMPARISONS
+
+        return [paired_test(self.after(a), self.after(b), a, b, margin) for a, b in COMPARISONS
+                if a in self.units and b in self.units]
+
+    def row(self, arm: str) -> dict[str, Any]:
+        """What ``arm``'s seeds ended at: Pass@1 strict (mean and 95 % t interval over seeds, clipped
+        to [0, 1]; with one seed, that run's Wilson interval over its evaluation samples, ``interval``
+        saying which), lenient Pass@1, truncated share, optimiser passes, skipped steps, unit seconds."""
+        runs = self.runs(arm)
+        mean, low, high = (float(x) for x in bounded_mean_ci([r["pass_at_1_after"] for r in runs]))
+        interval = "t over seeds"
+        if len(runs) == 1:
+            (low, high), interval = runs[0]["pass_at_1_after_ci"], "Wilson, one run's samples"
+        average = {key: float(np.mean([r[key] for r in runs])) for key in
+                   ("pass_at_1_lenient_after", "truncated_frac_after", "train_passes", "skipped_steps", "unit_seconds")}
+        return {"arm": arm, "n": len(runs), "seeds": [r["seed"] for r in runs], "steps": runs[0]["steps"],
+                "pass_at_1_after": mean, "low": low, "high": high, "interval": interval, **average}
+
+
+def load_study(out_dir: str | Path) -> Study:
+    """The finished units in ``out_dir/units`` (none yet, or no folder: a study without arms)."""
+    from .cpu_study import load_units
+
+    untrained, runs = load_units(out_dir)
+    units: dict[str, dict[int, dict[str, Any]]] = {}
+    for unit in runs:
+        units.setdefault(unit["run"]["name"], {})[unit["run"]["seed"]] = unit
+    settings = untrained["study"] if untrained else runs[0]["study"] if runs else {}
+    return Study(Path(out_dir), dict(settings), None if untrained is None else untrained["eval"], units)
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """:meth:`Study.row` of several arms as aligned text (what notebook 02 prints)."""
+    lines = [f"{'arm':11} {'n':>2} {'steps':>5} {'Pass@1 strict [95 % interval]':>30} {'lenient':>7} "
+             f"{'truncated':>9} {'passes':>6} {'unit s':>6}"]
+    for r in rows:
+        strict = f"{r['pass_at_1_after']:.3f} [{r['low']:.3f}, {r['high']:.3f}]{'*' if r['n'] == 1 else ' '}"
+        lines.append(f"{r['arm']:11} {r['n']:2d} {r['steps']:5d} {strict:>30} {r['pass_at_1_lenient_after']:7.3f} "
+                     f"{r['truncated_frac_after']:9.3f} {r['train_passes']:6.0f} {r['unit_seconds']:6.0f}")
+    if any(r["n"] == 1 for r in rows):
+        lines.append("* one seed: no interval over seeds; the run's Wilson interval over its evaluation samples")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- power

@@ -1,102 +1,182 @@
-"""Figures of notebook 02's CPU study: curves per configuration (mean ± 95 % CI over seeds),
-paired differences, Pass@1 per step and per second, and one group's tokens.
+"""Figures of notebook 02's CPU study: Pass@1 against steps with the drift by lag beside it, the
+paired differences against v = 1 with their equivalence margin, the secondary arms, and one
+group's tokens.
 
-Everything drawn comes from :mod:`grpo_lab.study.results` (or a live loop); nothing here
-computes more than a mean and an interval.
+Everything drawn comes from :mod:`grpo_lab.study.results` (or a live loop); nothing here computes
+more than a mean and an interval. Every band is a 95 % t interval over seeds clipped to the range
+of its quantity (Pass@1 and reward in [0, 1], drift ≥ 0, :func:`~grpo_lab.study.results.bounded_mean_ci`);
+an arm with one seed is drawn as a line without a band.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..study.results import Paired, Study, mean_ci
+from ..study.cpu_study import ARM_BY_NAME, ARMS, PRIMARY
+from ..study.results import PairedTest, Study, bounded_mean_ci
 from .plots import COLORS, HEIGHT
 
-ARM_LABELS = {"onpolicy": "on-policy, no mask", "masked": "on-policy + mask", "lr_matched": "no mask, lr-matched",
-              "lagged_v8": "v = 8 + mask", "reuse_i4": "i = 4 + mask"}
+ARM_LABELS = {"v1": "v = 1", "v8_ratio": "v = 8, ratio", "v32_ratio": "v = 32, ratio", "v8_none": "v = 8, none",
+              "v32_none": "v = 32, none", "v1_i4": "v = 1, i = 4", "v1_steps4": "v = 1, 4× steps",
+              "mask_b04": "mask, β = 0.04", "nomask_b04": "no mask, β = 0.04"}
+"""Short names: v, then ``is_correction`` (ratio: the paper's r′ = π_k/α; none: A·∇log π, no correction)."""
+PASS_BOUNDS = (0.0, 1.0)
+DRIFT_BOUNDS = (0.0, math.inf)
 
 
-def arm_color(study: Study, arm: str) -> str:
-    return COLORS[study.arms.index(arm) % len(COLORS)] if arm in study.arms else "grey"
+def arm_label(arm: str) -> str:
+    return ARM_LABELS.get(arm, arm)
 
 
-def ci_traces(x: np.ndarray, Y: np.ndarray, name: str, color: str, showlegend: bool = True,
-              dash: str | None = None) -> list[go.Scatter]:
-    """Mean over seeds as a line, its 95 % CI as a band; ``Y [len(x), seeds]``, NaN where a seed has no
-    value (no band with one seed; the band narrows to the line at a point only one seed measured)."""
-    mean, half = mean_ci(Y, axis=1)
-    half = np.nan_to_num(half)
+def arm_color(arm: str) -> str:
+    """One colour per arm of the study, the same in every figure whichever arms have finished."""
+    names = [a.name for a in ARMS]
+    return COLORS[names.index(arm) % len(COLORS)] if arm in names else "grey"
+
+
+def ci_traces(x: np.ndarray, Y: np.ndarray, name: str, color: str, bounds: tuple[float, float],
+              showlegend: bool = True, dash: str | None = None) -> list[go.Scatter]:
+    """Mean over seeds as a line and its 95 % t interval clipped to ``bounds`` as a band; ``Y [len(x), seeds]``,
+    NaN where a seed has no value (no band with one seed; the band narrows to the line at a point only
+    one seed measured)."""
+    mean, low, high = bounded_mean_ci(Y, *bounds, axis=1)
     line = go.Scatter(x=x, y=mean, name=name, legendgroup=name, showlegend=showlegend,
                       line=dict(color=color, dash=dash), mode="lines+markers" if len(x) < 8 else "lines")
     if Y.shape[1] < 2:
         return [line]
-    band = go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([mean + half, (mean - half)[::-1]]),
-                      fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0), hoverinfo="skip",
-                      showlegend=False, legendgroup=name)
+    low, high = np.where(np.isnan(low), mean, low), np.where(np.isnan(high), mean, high)
+    band = go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([high, low[::-1]]), fill="toself",
+                      fillcolor=color, opacity=0.18, line=dict(width=0), hoverinfo="skip", showlegend=False,
+                      legendgroup=name)
     return [band, line]
 
 
-def study_curves_figure(study: Study, arms: Sequence[str] | None = None, smooth: int = 4) -> go.Figure:
-    """Training reward (moving mean over ``smooth`` steps) and held-out Pass@1 against the
-    step (top) and the optimiser passes made (bottom: i per step that trained, the cost measure
-    that machine load does not move), mean ± 95 % CI over seeds."""
-    arms = list(arms or study.arms)
-    fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.09, vertical_spacing=0.16, subplot_titles=(
-        f"training reward (mean of {smooth} steps)", "held-out Pass@1", "training reward vs optimiser passes",
-        "held-out Pass@1 vs optimiser passes"))
-    for arm in arms:
-        color, name = arm_color(study, arm), ARM_LABELS.get(arm, arm)
-        reward = study.steps_matrix(arm, "reward_mean")
-        kernel = np.ones(smooth) / smooth
-        smoothed = np.stack([np.convolve(col, kernel, mode="valid") for col in reward.T], axis=1)
-        steps = np.arange(smooth - 1, reward.shape[0])
-        trained = 1 - study.steps_matrix(arm, "skipped").astype(float)
-        cost = np.cumsum(study.runs(arm)[0]["i"] * trained, axis=0).mean(axis=1)     # passes after each step
-        pass_steps, passes = study.pass_curve(arm)
-        pass_cost = np.concatenate([[0.0], cost[pass_steps[1:] - 1]])
-        for trace in ci_traces(steps, smoothed, name, color):
+def _no_data(fig: go.Figure, text: str, col: int) -> None:
+    """``text`` in the middle of subplot ``col`` of a one-row figure that has nothing to draw there."""
+    axis = "" if col == 1 else str(col)          # in paper coordinates: plotly draws no axis without a trace
+    x, y = fig.layout[f"xaxis{axis}"].domain, fig.layout[f"yaxis{axis}"].domain
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=sum(x) / 2, y=sum(y) / 2,
+                       xanchor="center", yanchor="middle")
+
+
+def pass_figure(study: Study, arms: Sequence[str] = tuple(a.name for a in PRIMARY)) -> go.Figure:
+    """(a) Held-out Pass@1 (strict) against the step for ``arms``, mean ± 95 % CI over seeds (step 0 is
+    the untrained model); (b) beside it, the drift at each lag: mean |log r′| = |log π_k − log α| over
+    a step's tokens (``log_ratio_k_abs``), each seed's mean over its trained steps at that lag."""
+    have = [arm for arm in arms if arm in study.arms]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, column_widths=[0.55, 0.45], subplot_titles=(
+        "(a) held-out Pass@1, strict", "(b) drift: mean |log r′| at each lag"))
+    lagged = 0
+    for arm in have:
+        name, color = f"{arm_label(arm)} (n = {study.n(arm)})", arm_color(arm)
+        steps, values = study.pass_curve(arm)
+        for trace in ci_traces(steps, values, name, color, PASS_BOUNDS):
             fig.add_trace(trace, row=1, col=1)
-        for trace in ci_traces(pass_steps, passes, name, color, showlegend=False):
-            fig.add_trace(trace, row=1, col=2)
-        for trace in ci_traces(cost[smooth - 1:], smoothed, name, color, showlegend=False):
-            fig.add_trace(trace, row=2, col=1)
-        for trace in ci_traces(pass_cost, passes, name, color, showlegend=False):
-            fig.add_trace(trace, row=2, col=2)
-    for col in (1, 2):
-        fig.update_xaxes(title_text="step k", row=1, col=col)
-        fig.update_xaxes(title_text="optimiser passes (mean over seeds)", row=2, col=col)
-    fig.update_layout(height=2 * HEIGHT, title=f"CPU study: {study.summary['model']} on {study.summary['task']}, "
-                      f"mean ± 95 % CI over seeds")
+        lags, drift = study.drift_by_lag(arm)
+        if len(lags) > 1:
+            lagged += 1
+            for trace in ci_traces(lags, drift, name, color, DRIFT_BOUNDS, showlegend=False):
+                fig.add_trace(trace, row=1, col=2)
+    if not have:
+        _no_data(fig, "no finished unit of these arms yet", col=1)
+    if not lagged:
+        _no_data(fig, "no finished unit with v > 1 yet", col=2)
+    fig.update_xaxes(title_text="step k", row=1, col=1)
+    fig.update_yaxes(title_text="Pass@1", range=[0, 1], row=1, col=1)
+    fig.update_xaxes(title_text="lag k − k0 (steps since α was synced)", row=1, col=2)
+    fig.update_yaxes(title_text="mean |log r′| per token", rangemode="tozero", row=1, col=2)
+    fig.update_layout(height=HEIGHT, margin=dict(t=70), title=_title(study, "mean ± 95 % CI over seeds"))
     return fig
 
 
-def paired_figure(diffs: Sequence[Paired]) -> go.Figure:
-    """Each paired difference of held-out Pass@1 (a − b) with its 95 % CI and the seeds' values."""
+def _title(study: Study, what: str) -> str:
+    s = study.settings
+    return f"{s.get('model', '?')} on {s.get('task', '?')}, {s.get('steps', '?')} steps: {what}"
+
+
+def paired_figure(tests: Sequence[PairedTest]) -> go.Figure:
+    """Each paired difference of held-out Pass@1 (arm − reference, seed by seed) with its 90 % CI (thick:
+    the equivalence test) and 95 % CI (thin: the difference test), the seeds' values, and the margin
+    ±m shaded: "equivalent" needs the thick bar inside it, "worse" the thin bar left of 0."""
     fig = go.Figure()
-    labels = [f"{ARM_LABELS.get(d.a, d.a)} − {ARM_LABELS.get(d.b, d.b)} (n = {d.n})" for d in diffs]
-    fig.add_trace(go.Scatter(x=[d.mean for d in diffs], y=labels, mode="markers", marker=dict(size=11),
-                             error_x=dict(type="data", array=[0 if np.isnan(d.half) else d.half for d in diffs]),
-                             name="mean ± 95 % CI"))
-    fig.add_trace(go.Scatter(x=[x for d in diffs for x in d.diffs],
-                             y=[label for d, label in zip(diffs, labels, strict=True) for _ in d.diffs],
+    labels = [f"{arm_label(t.a)} − {arm_label(t.b)} (n = {t.n}): {t.verdict}" for t in tests]
+    for level, width in ((0.95, 1.5), (0.90, 6)):
+        intervals = [(t, t.ci(level)) for t in tests]
+        shown = [(t, ci, label) for (t, ci), label in zip(intervals, labels, strict=True) if ci is not None]
+        fig.add_trace(go.Scatter(
+            x=[t.estimate for t, _, _ in shown], y=[label for _, _, label in shown], mode="markers",
+            marker=dict(size=1, color="black"), showlegend=bool(shown),
+            name=f"{level:.0%} CI ({'thick bar: equivalence' if level == 0.90 else 'thin bar: difference'})",
+            error_x=dict(type="data", symmetric=False, array=[ci[1] - t.estimate for t, ci, _ in shown],
+                         arrayminus=[t.estimate - ci[0] for t, ci, _ in shown], thickness=width, width=0,
+                         color="black")))
+    fig.add_trace(go.Scatter(x=[t.estimate for t in tests], y=labels, mode="markers", name="mean difference",
+                             marker=dict(size=11, color=[arm_color(t.a) for t in tests])))
+    fig.add_trace(go.Scatter(x=[d for t in tests for d in t.diffs], y=[lab for t, lab in zip(tests, labels, strict=True)
+                                                                      for _ in t.diffs],
                              mode="markers", marker=dict(symbol="x", color="grey"), name="one seed"))
+    for margin in sorted({t.margin for t in tests}):
+        fig.add_vrect(x0=-margin, x1=margin, fillcolor="green", opacity=0.12, line_width=0)
     fig.add_vline(x=0, line_dash="dot")
-    fig.update_layout(height=140 + 60 * len(diffs), xaxis_title="Δ held-out Pass@1 after training",
-                      title="Paired differences (same seeds, same questions)", yaxis=dict(autorange="reversed"))
+    margins = ", ".join(f"±{m:g}" for m in sorted({t.margin for t in tests})) or "none"
+    fig.update_layout(height=160 + 55 * max(len(tests), 1),
+                      yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=labels),
+                      xaxis_title=f"Δ held-out Pass@1 after training (shaded: equivalence margin {margins})",
+                      title="Paired differences against the reference (same seeds, same questions)",
+                      margin=dict(l=20))
+    if not tests:
+        fig.add_annotation(text="no comparison has both arms yet", showarrow=False, xref="paper", yref="paper",
+                           x=0.5, y=0.5)
+    return fig
+
+
+def secondary_figure(study: Study) -> go.Figure:
+    """The secondary arms, mean ± 95 % CI over seeds: (a) sample reuse against the optimiser passes made
+    (i per trained step): ``v1_i4`` against ``v1`` (the same samples) and ``v1_steps4`` (as many passes,
+    each on fresh samples); (b) the zero-variance mask at β = 0.04 against the step."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        "(a) sample reuse: Pass@1 per optimiser pass", "(b) the mask at β = 0.04: Pass@1"))
+    for col, arms in ((1, ("v1", "v1_i4", "v1_steps4")), (2, ("mask_b04", "nomask_b04"))):
+        have = [arm for arm in arms if arm in study.arms]
+        for arm in have:
+            steps, values = study.pass_curve(arm)
+            x = steps
+            if col == 1:
+                trained = 1.0 - np.nan_to_num(study.metric(arm, "skipped"))
+                passes = np.concatenate([np.zeros((1, trained.shape[1])), np.cumsum(trained, axis=0)])
+                x = ARM_BY_NAME[arm].i * passes[np.minimum(steps, len(passes) - 1)].mean(axis=1)
+            for trace in ci_traces(x, values, f"{arm_label(arm)} (n = {study.n(arm)})", arm_color(arm), PASS_BOUNDS):
+                fig.add_trace(trace, row=1, col=col)
+        if not have:
+            _no_data(fig, "no finished unit of these arms yet", col=col)
+        fig.update_yaxes(title_text="Pass@1" if col == 1 else None, range=[0, 1], row=1, col=col)
+    fig.update_xaxes(title_text="optimiser passes (mean over seeds)", row=1, col=1)
+    fig.update_xaxes(title_text="step k", row=1, col=2)
+    fig.update_layout(height=HEIGHT, margin=dict(t=70),
+                      title=_title(study, "secondary arms, mean ± 95 % CI over seeds"))
     return fig
 
 
 def token_ratio_figure(tokens: Sequence[Sequence[str]], ratios: np.ndarray, rewards: Sequence[float],
                        advantages: Sequence[float], lag: int) -> go.Figure:
-    """Heat map of the per-token r′ = π_k/α of one group's completions (rows), padding blank."""
-    text = [[t for t in row] + [""] * (ratios.shape[1] - len(row)) for row in tokens]
+    """Heat map of the per-token r′ = π_k/α of one group's completions (rows), padding blank; the colour
+    is log₂ r′ (symmetric about r′ = 1), the colour bar labelled in r′."""
+    text = [list(row) + [""] * (ratios.shape[1] - len(row)) for row in tokens]
     labels = [f"y{j + 1}: r={r:.0f} A={a:+.2f}" for j, (r, a) in enumerate(zip(rewards, advantages, strict=True))]
-    fig = go.Figure(go.Heatmap(z=ratios, text=text, texttemplate="%{text}", y=labels, colorscale="RdBu",
-                               zmid=1.0, colorbar=dict(title="r′")))
+    with np.errstate(divide="ignore"):
+        z = np.where(ratios > 0, np.log2(np.where(ratios > 0, ratios, 1.0)), np.nan)
+    reach = max(float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 0.0, 0.01)
+    ticks = np.linspace(-reach, reach, 5)
+    fig = go.Figure(go.Heatmap(
+        z=z, text=text, texttemplate="%{text}", y=labels, colorscale="RdBu", zmid=0.0, zmin=-reach, zmax=reach,
+        customdata=ratios, hovertemplate="%{y}, token %{x}: %{text}, r′ = %{customdata:.4f}<extra></extra>",
+        colorbar=dict(title=dict(text="r′", side="top"), tickvals=ticks, ticktext=[f"{2 ** t:.3g}" for t in ticks],
+                      len=1.0, thickness=14)))
     fig.update_layout(title=f"Per-token r′ = π_k/α at lag {lag}", yaxis=dict(autorange="reversed"),
-                      xaxis_title="token t", height=120 + 34 * len(tokens))
+                      xaxis_title="token t", height=max(300, 140 + 34 * len(tokens)))
     return fig

@@ -6,10 +6,13 @@ only draws them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
 from ..loop import StepRecord
 from ..scale.costmodel import PAPER_ITERS_PER_SECOND, StepCostModel, paper_cost_model, paper_effective_bandwidth_gb_s
@@ -67,6 +70,23 @@ def speedup_size_figure(v: int, fixed_shares: Sequence[float]) -> go.Figure:
     for share, speedups in size_speedups(v, fixed_shares).items():
         fig.add_scatter(x=list(MODEL_SIZES.values()), y=speedups, text=list(MODEL_SIZES), mode="lines+markers+text",
                         textposition="top center", name=f"gen+train: {share:.0%} fixed per step, rest ∝ N")
+    return fig
+
+
+def split_figure(data: Mapping[str, Any]) -> go.Figure:
+    """Per step of each run (:func:`~grpo_lab.scale.throughput.load_split`'s data), the two parts of log r′:
+    staleness |log π_k − log π_sync| (solid) and mismatch |log π_sync − log α| (dotted), one colour per run, log
+    scale (a part equal to 0 is not drawn)."""
+    fig = new_figure(height=420, xaxis_title="step k (lag in the hover)", yaxis_title="mean |·| per token",
+                     yaxis_type="log", title="MEASURED by experiments/offpolicy_split.py: log r′ in two parts")
+    for run, color in zip(data["runs"], itertools.cycle(qualitative.Plotly)):
+        steps = [r["step"] for r in run["records"]]
+        lags = [f"lag {r['lag']}" for r in run["records"]]
+        for key, dash in (("staleness_abs", "solid"), ("mismatch_abs", "dot")):
+            values = [r[key] if r[key] > 0 else None for r in run["records"]]
+            if any(value is not None for value in values):  # v = 1: staleness is 0 at every step
+                fig.add_scatter(x=steps, y=values, text=lags, mode="lines+markers", line=dict(dash=dash, color=color),
+                                name=f"{run['name']}: {key.removesuffix('_abs')}")
     return fig
 
 

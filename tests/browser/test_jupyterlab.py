@@ -1,6 +1,8 @@
 """End to end in headless Chromium: notebook 01 runs in JupyterLab, its figures and live panel render,
-and moving a slider re-trains in the kernel and redraws the panel's figure; the gallery page draws
-every figure offline. Screenshots go to ``outputs/browser/``. Run with ``make test-browser``."""
+and moving a slider re-trains in the kernel and redraws the panel's figure; notebook 02 runs, its live
+panel's Run button trains in the background over the study's cached curves, and Kernel > Interrupt
+stops that run and leaves the kernel usable; the gallery page draws every figure offline. Screenshots
+go to ``outputs/browser/``. Run with ``make test-browser``."""
 
 import json
 import re
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 
 NOTEBOOK = "01_bandit.ipynb"
+NOTEBOOK02 = "02_gsm8k_qwen05b.ipynb"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 KERNEL_IDLE = re.compile(r"^Python 3 \(ipykernel\) \| Idle$")   # the status bar, once the kernel is up
@@ -85,25 +88,31 @@ def redraw(page, figure, before: list[dict], deadline) -> list[dict]:
     return figure.evaluate(FIGURE_STATE)
 
 
-def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromium_page, screenshot_dir, deadline):
-    page, notebook = chromium_page.page, lab_server.notebook_dir / NOTEBOOK
+def run_all(page, lab_server, name: str, deadline, seconds: float) -> dict:
+    """Open notebook ``name``, Run All, wait until it has finished, save it; return the saved notebook after
+    checking that no cell raised and every cell ran once, in order."""
+    notebook = lab_server.notebook_dir / name
     code_cells = sum(c["cell_type"] == "code" for c in json.loads(notebook.read_text())["cells"])
-
-    page.goto(lab_server.url(f"lab/tree/{NOTEBOOK}"), timeout=deadline.ms(60))
+    page.goto(lab_server.url(f"lab/tree/{name}"), timeout=deadline.ms(60))
     page.locator(".jp-StatusBar-Widget").get_by_text(KERNEL_IDLE).wait_for(timeout=deadline.ms(90))
     assert page.locator(".jp-CodeCell").count() == code_cells
-
     page.get_by_role("menuitem", name="Run", exact=True).click(timeout=deadline.ms(10))
     page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click(timeout=deadline.ms(10))
-    page.wait_for_function(RUN_ALL_DONE, timeout=deadline.ms(120), polling=500)
-
-    # What the kernel sent, from JupyterLab's own save: no error, every cell ran once, in order.
+    page.wait_for_function(RUN_ALL_DONE, timeout=deadline.ms(seconds), polling=500)
     nb = saved_notebook(page, notebook, deadline)
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert not [f"{o['ename']}: {o['evalue']}" for o in outputs if o["output_type"] == "error"]
     counts = [c["execution_count"] for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(isinstance(n, int) for n in counts), f"cells not run: {counts}"
     assert counts == sorted(counts) and len(set(counts)) == len(counts) == code_cells
+    return nb
+
+
+def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromium_page, screenshot_dir, deadline):
+    page = chromium_page.page
+    # What the kernel sent, from JupyterLab's own save: no error, every cell ran once, in order.
+    nb = run_all(page, lab_server, NOTEBOOK, deadline, 120)
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     static_figures = sum(PLOTLY_MIME in o.get("data", {}) for o in outputs)
     assert static_figures >= 1 and sum(WIDGET_MIME in o.get("data", {}) for o in outputs) == 1
 
@@ -149,6 +158,52 @@ def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromiu
     page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current').click()   # more room for the page
     panel.scroll_into_view_if_needed()
     page.screenshot(path=screenshot_dir / "notebook01.png")
+    assert not chromium_page.errors, chromium_page.errors
+
+
+def test_notebook02_live_panel_runs_from_its_button_and_an_interrupt_stops_it(lab_server, chromium_page,
+                                                                              screenshot_dir, deadline):
+    page = chromium_page.page
+    run_all(page, lab_server, NOTEBOOK02, deadline, 600)
+
+    # The live panel: the study's cached curves (a band and a line per arm) and the live run's, which the
+    # cell trained for its first steps.
+    panel = page.locator(".jp-OutputArea-output", has=page.locator(".widget-button", has_text="Stop"))
+    assert panel.count() == 1
+    assert "Kernel > Interrupt ends a run" in panel.locator(".widget-html").first.inner_text()
+    figure = panel.locator(".js-plotly-plot")
+    figure.locator(".scatterlayer .trace").last.wait_for(timeout=deadline.ms(30))
+    before = figure.evaluate(FIGURE_STATE)
+    cached, live = before[:-1], before[-1]
+    assert len(cached) >= 1 and all(t["y"] and t["d"] for t in cached)      # the study's curves are drawn
+    assert len(live["y"]) >= 1 and live["d"]
+
+    # Run in the background: new points of the live curve appear over the cached ones, step by step.
+    panel.locator(".widget-button", has_text="Run").click(timeout=deadline.ms(10))
+    page.wait_for_function(
+        """([gd, n]) => gd.data[gd.data.length - 1].y.length > n""", arg=[figure.element_handle(), len(live["y"])],
+        timeout=deadline.ms(120), polling=200)
+    assert figure.evaluate(FIGURE_STATE)[:-1] == cached                     # the cached curves stay as they were
+
+    # Kernel > Interrupt while the run trains: it stops after its step, and the kernel takes the next cell.
+    page.get_by_role("menuitem", name="Kernel", exact=True).click(timeout=deadline.ms(10))
+    page.get_by_role("menuitem", name=re.compile(r"^Interrupt Kernel")).click(timeout=deadline.ms(10))
+    status = panel.locator(".widget-html").last
+    status.get_by_text(re.compile("stopped by Kernel > Interrupt at step")).wait_for(timeout=deadline.ms(120))
+    text = status.inner_text()
+    stopped_at = int(re.search(r"stopped by Kernel > Interrupt at step (\d+)", text).group(1))
+    assert stopped_at < 20 and re.search(r"checkpoint .* GiB, one per panel", text), text
+    page.locator(".jp-Notebook .jp-Cell").last.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")                                                # a new cell below, as a user adds one
+    page.keyboard.press("Enter")
+    page.keyboard.type("print('kernel usable at step', panel.loop.k)")
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-OutputArea-output", has_text=f"kernel usable at step {stopped_at}").wait_for(
+        timeout=deadline.ms(60))
+    (screenshot_dir / "notebook02_interrupt.txt").write_text(text + "\n")
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=screenshot_dir / "notebook02.png")
     assert not chromium_page.errors, chromium_page.errors
 
 
