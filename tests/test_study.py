@@ -313,3 +313,10 @@ def test_tiny_study_unit_by_unit(tmp_path, tokenizer):
         run_units(base.replace(lr=2e-3), out, runs, **kwargs)
     summary = run_units(base, tmp_path / "late", runs, until=0.0, **kwargs)           # past the deadline: nothing
     assert summary == {} and not (tmp_path / "late" / "units").exists()
+
+
+def test_wilson_bounds_are_exact_at_none_and_all():
+    """0 of n: the lower bound is 0 itself (a float difference of equal terms can leave 2e-19 > 0)."""
+    assert wilson_interval(0, 1000)[0] == 0.0 and wilson_interval(1000, 1000)[1] == 1.0
+    low, high = wilson_interval(3, 1000)
+    assert 0.0 < low < 0.003 < high < 1.0

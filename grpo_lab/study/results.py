@@ -124,7 +124,9 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 and n successes the bound is exactly 0 (1); the float difference of equal terms is not
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    return low, 1.0 if successes == n else min(1.0, centre + half)
 
 
 def bounded_mean_ci(values: Any, low: float = 0.0, high: float = 1.0,
@@ -331,7 +333,8 @@ class Study:
         mean, low, high = (float(x) for x in bounded_mean_ci([r["pass_at_1_after"] for r in runs]))
         interval = "t over seeds"
         if len(runs) == 1:
-            (low, high), interval = runs[0]["pass_at_1_after_ci"], "Wilson, one run's samples"
+            final = self.units[arm][runs[0]["seed"]]["eval"][str(runs[0]["steps"])]
+            (low, high), interval = wilson_interval(final["correct"], final["completions"]), "Wilson, one run's samples"
         average = {key: float(np.mean([r[key] for r in runs])) for key in
                    ("pass_at_1_lenient_after", "truncated_frac_after", "train_passes", "skipped_steps", "unit_seconds")}
         return {"arm": arm, "n": len(runs), "seeds": [r["seed"] for r in runs], "steps": runs[0]["steps"],
