@@ -17,6 +17,12 @@ def require_int_at_least(name: str, value: Any, minimum: int) -> int:
     return value
 
 
+def require_truncation(top_p: Any, top_k: Any) -> tuple[float, int]:
+    """``(top_p, top_k)`` if top_p is in (0, 1] and top_k an int >= 0 (0: no top-k cut); else raise
+    naming the bad one. The nucleus and top-k knobs of every sampler and config."""
+    return require_number_in("top_p", top_p, 0.0, 1.0, low_open=True), require_int_at_least("top_k", top_k, 0)
+
+
 def require_number_in(name: str, value: Any, low: float = -math.inf, high: float = math.inf,
                       low_open: bool = False) -> float:
     """Return ``value`` if it is a finite real in [low, high] (``(low, high]`` if

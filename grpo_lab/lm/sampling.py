@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..checks import require_choice, require_int_at_least, require_number_in
+from ..checks import require_choice, require_int_at_least, require_number_in, require_truncation
 from ..loop import Rollout
 from .decoding.decoder import Decoder, LeanDecoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
@@ -150,8 +150,7 @@ def truncate_logprobs(logp: torch.Tensor, top_p: float = 1.0, top_k: int = 0) ->
 def cuts(top_p: float, top_k: int, vocabulary: int) -> bool:
     """Whether ``top_p`` / ``top_k`` truncate a distribution over ``vocabulary`` tokens (validated: top_p in
     (0, 1], top_k an int ≥ 0)."""
-    require_number_in("top_p", top_p, 0.0, 1.0, low_open=True)
-    require_int_at_least("top_k", top_k, 0)
+    require_truncation(top_p, top_k)
     return top_p < 1.0 or 0 < top_k < vocabulary
 
 
@@ -262,8 +261,7 @@ class HFSampler:
                  decoder: str = "auto", top_p: float = 1.0, top_k: int = 0) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
-        self.top_p = require_number_in("top_p", top_p, 0.0, 1.0, low_open=True)
-        self.top_k = require_int_at_least("top_k", top_k, 0)
+        self.top_p, self.top_k = require_truncation(top_p, top_k)
         self.eos_token_ids, self.pad_token_id = stop_and_pad_ids(policy.model, tokenizer, eos_token_ids)
         self.tokenizer = tokenizer
         self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α, scored as π_θ is (audit, π_sync)

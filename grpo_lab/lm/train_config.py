@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import require_choice, require_int_at_least, require_number_in
+from ..checks import require_choice, require_int_at_least, require_number_in, require_truncation
 from ..config import GRPOConfig
 from .rewards import SCORINGS
 from .tasks import TASK_NAMES
@@ -100,8 +100,7 @@ class TrainConfig(GRPOConfig):
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
         require_choice("sampler", self.sampler, SAMPLERS)
-        require_number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        require_int_at_least("top_k", self.top_k, 0)
+        require_truncation(self.top_p, self.top_k)
         require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
         if self.eval_task is not None:
             require_choice("eval_task", self.eval_task, TASK_NAMES)

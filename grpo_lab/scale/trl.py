@@ -77,8 +77,8 @@ from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
-from ..checks import require_int_at_least, require_number_in
-from ..lm.sampling import truncate_logprobs
+from ..checks import require_truncation
+from ..lm.sampling import cuts, truncate_logprobs
 from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from ..plan import StepPlan, plan_step
 from ..schedules import make_sync_schedule
@@ -144,8 +144,7 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
         if self.vllm_enable_sleep_mode and self.vllm_sync_interval > 1:
             raise ValueError("vllm_enable_sleep_mode = True re-pushes π_θ on every wake-up, which breaks "
                              f"vllm_sync_interval = {self.vllm_sync_interval}; use one or the other")
-        require_number_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        require_int_at_least("top_k", self.top_k, 0)
+        require_truncation(self.top_p, self.top_k)
         if not self.use_vllm and (self.min_p is not None or self.repetition_penalty != 1.0):
             raise ValueError(f"min_p = {self.min_p!r}, repetition_penalty = {self.repetition_penalty!r}: the "
                              "in-process α takes log α under temperature, top_k and top_p only; leave min_p None "
@@ -449,7 +448,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         tokens α did not sample, which the cut may give probability 0, get NaN (so r′ = 1 in
         :meth:`_compute_loss`, as for tokens vLLM did not score).
         """
-        if self.args.top_p == 1.0 and self.args.top_k == 0:
+        if not cuts(self.args.top_p, self.args.top_k, self.alpha_model.get_output_embeddings().weight.shape[0]):
             return self._logps(self.alpha_model, inputs)
         if any(key in inputs for key in FORWARD_KEYS):
             raise ValueError("top_p / top_k on the in-process α score text-only models; use vLLM for this model")
