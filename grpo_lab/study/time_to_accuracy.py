@@ -304,6 +304,7 @@ def run_units(base: TrainConfig, budget_seconds: float, out_dir: str | Path, see
         unit = {"settings": shared, "arm": arm, "seed": seed, "points": clock.points,
                 "wall_seconds": time.perf_counter() - start, "machine": machine, **counts}
         atomic_write(out / "units" / f"{arm}_s{seed}.json", json.dumps(unit, indent=1), what=f"the unit {arm}_s{seed}")
+        rebuild_summary(out)
         last = clock.points[-1]
         log(f"unit {arm}_s{seed}: Pass@1 {untrained['eval']['pass_at_1']:.3f} -> {last['pass_at_1']:.3f} in "
             f"{last['seconds']:.0f} training s, {counts['steps']} steps ({counts['optimizer_steps']} optimiser steps)")
