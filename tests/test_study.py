@@ -320,3 +320,17 @@ def test_wilson_bounds_are_exact_at_none_and_all():
     assert wilson_interval(0, 1000)[0] == 0.0 and wilson_interval(1000, 1000)[1] == 1.0
     low, high = wilson_interval(3, 1000)
     assert 0.0 < low < 0.003 < high < 1.0
+
+
+def test_a_comparison_reports_its_power():
+    test = paired_test({0: 0.20, 1: 0.10, 2: 0.15}, {0: 0.18, 1: 0.12, 2: 0.10}, "a", "b")
+    report = test.power()
+    assert report["paired_sd"] == pytest.approx(np.std([0.02, -0.02, 0.05], ddof=1))
+    assert report["power_difference"] == power(report["paired_sd"], 3, 0.05)
+    assert report["power_equivalence"] == power(report["paired_sd"], 3, 0.0, "equivalence")
+    needed = report["seeds_for_80pct_difference"]
+    assert power(report["paired_sd"], needed, 0.05) >= 0.8 > power(report["paired_sd"], needed - 1, 0.05)
+    assert "paired SD 0.035 over n = 3" in test.describe_power()
+    assert all(e["power"] == report for e in test.entries())
+    assert paired_test({0: 0.2}, {0: 0.1}, "a", "b").power() is None                 # one seed: no SD
+    assert paired_test({0: 0.5, 1: 0.75}, {0: 0.25, 1: 0.5}, "a", "b").power() is None  # equal differences

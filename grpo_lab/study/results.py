@@ -35,6 +35,8 @@ import numpy as np
 
 MARGIN = 0.03
 """The equivalence margin on Pass@1 (issue 24): "trains as well as" means within ±0.03."""
+EFFECT = 0.05
+"""The difference the power is reported for: the size of the paper's mask effect on GSM8K (45 % → 50 %)."""
 VERDICTS = ("equivalent", "worse", "better", "not resolved")
 PAPER_GSM8K = (
     ("on-policy (v = 1, i = 1), no mask", "45 % (unstable)", ("nomask_b04",)),
@@ -199,6 +201,39 @@ class PairedTest:
         equivalent, worse, better = (bool(x) for x in _rule(np.asarray(self.diffs), self.margin))
         return "equivalent" if equivalent else "worse" if worse else "better" if better else "not resolved"
 
+    @property
+    def sd(self) -> float | None:
+        """Standard deviation of the paired differences (None below two seeds)."""
+        return float(np.std(self.diffs, ddof=1)) if self.n >= 2 else None
+
+    def power(self, effect: float = EFFECT) -> dict[str, Any] | None:
+        """What these n seeds can decide at this comparison's paired SD (itself an estimate from the n
+        seeds): the difference test's power against a true difference of ±``effect``, the equivalence
+        test's when the true difference is 0, and the seeds each needs for 80 %. None below two seeds
+        (or with every difference equal)."""
+        sd = self.sd
+        if not sd:
+            return None
+        return {"paired_sd": sd, "effect": effect, "power_difference": power(sd, self.n, effect, margin=self.margin),
+                "power_equivalence": power(sd, self.n, 0.0, "equivalence", self.margin),
+                "seeds_for_80pct_difference": seeds_for_power(sd, effect, margin=self.margin),
+                "seeds_for_80pct_equivalence": seeds_for_power(sd, 0.0, kind="equivalence", margin=self.margin)}
+
+    def describe_power(self, effect: float = EFFECT) -> str:
+        """One line: the paired SD, the power of both tests at n, and the seeds 80 % would take."""
+        report = self.power(effect)
+        if report is None:
+            return f"{self.comparison}: power needs two seeds with differing differences"
+
+        def seeds(n: int | None) -> str:
+            return "over 200" if n is None else str(n)
+
+        return (f"{self.comparison}: paired SD {report['paired_sd']:.3f} over n = {self.n}; power "
+                f"{report['power_difference']:.2f} to find a difference of {effect:g} "
+                f"({seeds(report['seeds_for_80pct_difference'])} seeds for 0.8), "
+                f"{report['power_equivalence']:.2f} to show equivalence (±{self.margin:g}) of equal arms "
+                f"({seeds(report['seeds_for_80pct_equivalence'])} seeds for 0.8)")
+
     def describe(self) -> str:
         """One line: the comparison, n, the mean difference, both intervals and the verdict."""
         if self.n == 0:
@@ -217,7 +252,8 @@ class PairedTest:
         difference = "not resolved" if ci95 is None else "worse" if ci95[1] < 0 else \
             "better" if ci95[0] > 0 else "not resolved"
         common = {"comparison": self.comparison, "estimate": self.estimate, "n": self.n,
-                  "seeds": list(self.seeds), "diffs": list(self.diffs), "finding": self.verdict}
+                  "seeds": list(self.seeds), "diffs": list(self.diffs), "finding": self.verdict,
+                  "power": self.power()}
         return [{**common, "kind": "equivalence", "margin": self.margin, "level": 0.90,
                  "ci": list(ci90) if ci90 else None, "verdict": "equivalent" if equivalent else "not resolved"},
                 {**common, "kind": "difference", "margin": 0.0, "level": 0.95,
@@ -390,8 +426,20 @@ def power(sd: float, n: int, effect: float = 0.0, kind: str = "difference", marg
 
 def seeds_for_power(sd: float, effect: float = 0.05, target: float = 0.8, kind: str = "difference",
                     margin: float = MARGIN, n_max: int = 200) -> int | None:
-    """The fewest paired seeds whose :func:`power` reaches ``target`` (None: not within ``n_max``)."""
-    for n in range(2, n_max + 1):
-        if power(sd, n, effect, kind, margin) >= target:
-            return n
-    return None
+    """The fewest paired seeds whose :func:`power` reaches ``target`` (None: not within ``n_max``), by
+    doubling then bisection (power grows with n): n reaches it and n − 1 does not."""
+    def enough(n: int) -> bool:
+        return power(sd, n, effect, kind, margin) >= target
+
+    if enough(2):
+        return 2
+    low, high = 2, 4                                        # low falls short; high is tried next
+    while not enough(min(high, n_max)):
+        if high >= n_max:
+            return None
+        low, high = high, 2 * high
+    high = min(high, n_max)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
