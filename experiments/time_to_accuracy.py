@@ -24,7 +24,7 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.time_to_accuracy import ARMS, OUT_DIR, run_units
+from grpo_lab.study.time_to_accuracy import ARMS, OUT_DIR, run_units, target_findings
 
 SMOKE_SIZES = dict(prompts_per_step=2, G=4, max_completion_length=4, eval_problems=4, eval_samples=1,
                    train_problems=8)
@@ -48,10 +48,11 @@ def main() -> None:
                "command": shlex.join([os.path.basename(sys.executable), *sys.argv])}
     print(f"{machine}; budget {budget:.0f} s; writing {out}", flush=True)
     summary = run_units(base, budget, out, seeds=args.seeds, arms=args.arms, units=args.units, machine=machine)
-    for arm, seconds in summary.get("seconds_to_trl_final", {}).items():
-        ratio = summary["ratio_to_trl"][arm]
-        print(f"{arm:12s} reaches TRL's final Pass@1 {summary['trl_final_pass_at_1']:.3f} at "
-              + ("(not within the budget)" if seconds is None else f"{seconds:.0f} s, {ratio:.2f}x TRL's"))
+    if "trl_final_pass_at_1" in summary:
+        print(f"TRL's final Pass@1 {summary['trl_final_pass_at_1']:.3f} "
+              f"(untrained {summary['untrained_pass_at_1']:.3f})")
+    for arm, finding in target_findings(summary).items():
+        print(f"{arm}: {finding}")
 
 
 if __name__ == "__main__":

@@ -120,9 +120,10 @@ def test_every_arm_runs_unit_by_unit(tmp_path):
 
 
 def test_target_findings_follow_the_rule():
-    def summary(seeds, ratios, by_seed):
+    def summary(seeds, ratios, by_seed, trl_final=0.2):
         runs = [{"arm": arm, "seed": s} for arm, n in seeds.items() for s in range(n)]
-        return {"runs": runs, "ratio_to_trl": ratios, "seconds_to_trl_final_by_seed": by_seed}
+        return {"runs": runs, "ratio_to_trl": ratios, "seconds_to_trl_final_by_seed": by_seed,
+                "trl_final_pass_at_1": trl_final, "untrained_pass_at_1": 0.035}
 
     three = {"grpo_lab_v1": 3, "grpo_lab_v8": 3, "trl": 3}
     by_seed = {"grpo_lab_v1": {"0": 100.0, "1": 200.0, "2": 150.0}, "grpo_lab_v8": {"0": None, "1": 500.0, "2": 550.0}}
@@ -132,5 +133,8 @@ def test_target_findings_follow_the_rule():
     findings = target_findings(summary({**three, "trl": 1}, {"grpo_lab_v1": 0.25, "grpo_lab_v8": None}, by_seed))
     assert all("not resolved (3 seeds" in f for f in findings.values())       # one TRL seed decides nothing
     assert "does not reach it" in findings["grpo_lab_v8"]
+    collapsed = target_findings(summary(three, {"grpo_lab_v1": None, "grpo_lab_v8": None}, by_seed, trl_final=0.0))
+    assert all(f.startswith("not resolved: TRL ended at 0.000, at or below the untrained 0.035")
+               for f in collapsed.values())
     assert target_findings(summary({"grpo_lab_v1": 1}, {}, {})) == {"grpo_lab_v1": "not run yet",
                                                                      "grpo_lab_v8": "not run yet"}

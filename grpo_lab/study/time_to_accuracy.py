@@ -339,12 +339,17 @@ def summary_table(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def target_findings(summary: dict[str, Any], target: float = 0.5, min_seeds: int = 3) -> dict[str, str]:
     """Per grpo_lab arm, what the data say about the target (TRL's final Pass@1 in ≤ ``target`` × TRL's
     time), by rule: with fewer than ``min_seeds`` seeds of the arm or of TRL, "not resolved"; otherwise
-    "met" or "missed" on the mean curves, with the ratio and the per-seed crossing times."""
+    "met" or "missed" on the mean curves, with the ratio and the per-seed crossing times. A TRL final at or
+    below the untrained score is reached at 0 s by every arm: "not resolved", the time says nothing."""
     findings = {}
     counts = {arm: sum(r["arm"] == arm for r in summary["runs"]) for arm in ARMS}
     for arm in ARMS[:-1]:
         if not counts[arm] or not counts["trl"]:
             findings[arm] = "not run yet"
+            continue
+        if summary["trl_final_pass_at_1"] <= summary["untrained_pass_at_1"]:
+            findings[arm] = (f"not resolved: TRL ended at {summary['trl_final_pass_at_1']:.3f}, at or below the "
+                             f"untrained {summary['untrained_pass_at_1']:.3f}, so every arm 'reaches' it at 0 s")
             continue
         ratio = summary["ratio_to_trl"][arm]
         seeds = summary["seconds_to_trl_final_by_seed"][arm]
