@@ -41,15 +41,13 @@ from ..checks import require_int_at_least, require_number_in
 from ..files import atomic_write
 from ..lm.evaluate import EvalResult
 from ..lm.train_config import TrainConfig
+from .cpu_study import EVAL_SEED, ROOT, UNTRAINED
 from .results import bounded_mean_ci
 
-ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "results" / "time_to_accuracy"
 ARMS = ("grpo_lab_v1", "grpo_lab_v8", "trl")
 EVAL_FRACTIONS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 """Shares of the budget at which every run is scored (denser early, where the curves separate)."""
-EVAL_SEED = 1234
-UNTRAINED = "untrained"
 
 
 class TrainingClock:
@@ -218,13 +216,17 @@ def load_units(out_dir: str | Path) -> tuple[dict[str, Any] | None, list[dict[st
     return (json.loads(untrained.read_text()) if untrained.is_file() else None), runs
 
 
+def run_curve(run: dict[str, Any], before: float) -> list[list[float]]:
+    """One unit's (training seconds, Pass@1) points, from (0, ``before``): the untrained score."""
+    return [[0.0, before]] + [[p["seconds"], p["pass_at_1"]] for p in run["points"]]
+
+
 def arm_curve(runs: Sequence[dict[str, Any]], before: float) -> dict[str, list[float]]:
     """One arm's curve over its seeds: mean seconds and mean Pass@1 with its 95 % t interval (clipped to
     [0, 1]) at each evaluation time, from (0, ``before``)."""
-    passes = np.array([[before] + [p["pass_at_1"] for p in r["points"]] for r in runs])
-    seconds = np.array([[0.0] + [p["seconds"] for p in r["points"]] for r in runs])
-    mean, low, high = bounded_mean_ci(passes)
-    return {"seconds": seconds.mean(0).tolist(), "pass_at_1": mean.tolist(),
+    curves = np.array([run_curve(r, before) for r in runs])          # [seeds, points, (seconds, Pass@1)]
+    mean, low, high = bounded_mean_ci(curves[:, :, 1])
+    return {"seconds": curves[:, :, 0].mean(0).tolist(), "pass_at_1": mean.tolist(),
             "ci_low": [None if math.isnan(x) else x for x in low.tolist()],
             "ci_high": [None if math.isnan(x) else x for x in high.tolist()]}
 
@@ -241,9 +243,8 @@ def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "budget_seconds": s["budget_seconds"], "task": s["task"], "scoring": s["scoring"], "settings": s,
         "untrained_pass_at_1": before, "machine": untrained.get("machine"),
-        "runs": [{"arm": r["arm"], "seed": r["seed"], "curve": [[0.0, before]] + [[p["seconds"], p["pass_at_1"]]
-                  for p in r["points"]], "steps": r["steps"], "optimizer_steps": r["optimizer_steps"],
-                  "wall_seconds": r["wall_seconds"]} for r in runs],
+        "runs": [{"arm": r["arm"], "seed": r["seed"], "curve": run_curve(r, before), "steps": r["steps"],
+                  "optimizer_steps": r["optimizer_steps"], "wall_seconds": r["wall_seconds"]} for r in runs],
         "mean_curves": curves}
     if "trl" in curves:
         final = curves["trl"]["pass_at_1"][-1]
@@ -253,8 +254,7 @@ def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
                        ratio_to_trl={arm: None if t is None or not reach["trl"] else t / reach["trl"]
                                      for arm, t in reach.items()},
                        seconds_to_trl_final_by_seed={
-                           arm: {str(r["seed"]): seconds_to_reach([[0.0, before]] + [[p["seconds"], p["pass_at_1"]]
-                                                                  for p in r["points"]], final) for r in rs}
+                           arm: {str(r["seed"]): seconds_to_reach(run_curve(r, before), final) for r in rs}
                            for arm, rs in by_arm.items() if rs})
     atomic_write(Path(out_dir) / "summary.json", json.dumps(summary, indent=1), what="the time-to-accuracy summary")
     return summary
