@@ -24,7 +24,7 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.time_to_accuracy import ARMS, OUT_DIR, run_units, target_findings
+from grpo_lab.study.time_to_accuracy import ALL_ARMS, ARMS, OUT_DIR, run_units, target_findings
 
 SMOKE_SIZES = dict(prompts_per_step=2, G=4, max_completion_length=4, eval_problems=4, eval_samples=1,
                    train_problems=8)
@@ -35,7 +35,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=600.0, help="training seconds per run")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--units", type=int, default=None, help="run at most this many units")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ALL_ARMS,
+                        help="default: the compared arms; trl_every_batch (stock TRL) on request")
     parser.add_argument("--eval-problems", type=int, default=200, help="held-out questions (x eval_samples = 2)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

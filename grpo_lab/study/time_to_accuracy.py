@@ -15,12 +15,19 @@ arm                       what trains
 ``grpo_lab_v8``           the loop at v = 8 with the paper's ratios (``is_correction="ratio"``)
 ``trl``                   ``trl.GRPOTrainer`` (1.16), driven by its own ``train()``, transformers
                           generation; TRL's defaults that differ are set to the recipe's (loss type,
-                          lr schedule constant, temperature, dropout off) and gradient checkpointing
-                          is off (memory does not bind here; on, it recomputes the forward)
+                          lr schedule constant, temperature, dropout off), gradient checkpointing
+                          is off (memory does not bind here; on, it recomputes the forward), and a
+                          batch with no signal takes no optimiser step (:class:`SkipEmptyBatch`)
+``trl_every_batch``       the same, but stock: AdamW steps on every batch, also on a zero gradient
+                          (run on request, not one of the compared :data:`ARMS`)
 ========================= ==========================================================================
 
 Both grpo_lab arms keep the loop's defaults of the recipe: the zero-variance mask, ``empty_step="skip"``
-and the sync audit; TRL takes an optimiser step on every batch. Files (``out_dir``, default
+and the sync audit. Stock TRL takes an optimiser step on every batch; with strict scoring over half the
+batches have no signal, and AdamW's momentum then keeps moving θ along the last real gradient, several
+times that gradient's own step in all. That is a rule of the recipe, not of the trainer's speed, so the
+``trl`` arm takes the recipe's rule too (``empty_step="skip"``: with β = 0 a batch has no signal exactly
+when its gradient is zero) and ``trl_every_batch`` shows what the stock rule does. Files (``out_dir``, default
 ``results/time_to_accuracy``): ``units/<arm>_s<seed>.json`` per run, ``units/untrained.json`` (the
 t = 0 point of every curve), and ``summary.json`` rebuilt from them (issue 25's schema).
 """
@@ -46,6 +53,8 @@ from .results import bounded_mean_ci
 
 OUT_DIR = ROOT / "results" / "time_to_accuracy"
 ARMS = ("grpo_lab_v1", "grpo_lab_v8", "trl")
+"""The compared arms: every (arm, seed) unit of :func:`unit_order` by default."""
+ALL_ARMS = (*ARMS, "trl_every_batch")
 EVAL_FRACTIONS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 """Shares of the budget at which every run is scored (denser early, where the curves separate)."""
 
@@ -115,8 +124,8 @@ def seconds_to_reach(curve: Sequence[Sequence[float]], target: float) -> float |
 
 def recipe(base: TrainConfig, arm: str, seed: int) -> TrainConfig:
     """The arm's config: the base recipe at the arm's lag, micro-batches the whole batch (as TRL does)."""
-    if arm not in ARMS:
-        raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+    if arm not in ALL_ARMS:
+        raise ValueError(f"arm must be one of {ALL_ARMS}, got {arm!r}")
     v = 8 if arm == "grpo_lab_v8" else 1
     return base.replace(v=v, i=1, is_correction="ratio", seed=seed, checkpoint_every=0,
                         micro_batch_size=base.prompts_per_step * base.G)
@@ -152,9 +161,29 @@ def trl_config(config: TrainConfig, output_dir: str) -> Any:
         disable_tqdm=True)
 
 
+def skip_empty_batch() -> Any:
+    """A ``TrainerCallback`` for a stock ``trl.GRPOTrainer`` with β = 0: before each optimiser step, if every
+    gradient is zero (every advantage 0: the batch has no signal) it sets them to ``None``, so AdamW skips
+    the step and leaves its moments as they were (the loop's ``empty_step="skip"``). ``skipped`` counts them."""
+    from transformers import TrainerCallback
+
+    class SkipEmptyBatch(TrainerCallback):
+        skipped = 0
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                                  **kwargs: Any) -> None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if not any(bool(g.any()) for g in grads):
+                optimizer.zero_grad(set_to_none=True)
+                self.skipped += 1
+
+    return SkipEmptyBatch()
+
+
 def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
-            clock: TrainingClock, score: Callable[[Any], EvalResult]) -> dict[str, Any]:
-    """Train ``trl.GRPOTrainer`` with the strict reward until the clock's budget is spent."""
+            clock: TrainingClock, score: Callable[[Any], EvalResult], skip_empty: bool = True) -> dict[str, Any]:
+    """Train ``trl.GRPOTrainer`` with the strict reward until the clock's budget is spent; with
+    ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`)."""
     import tempfile
 
     from datasets import Dataset
@@ -183,15 +212,26 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
     data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
                               "answer": [p.answer for p in problems],
                               "answer_format": [p.answer_format for p in problems]})
+    if skip_empty and config.beta != 0:
+        raise ValueError(f"skipping empty batches by their zero gradient needs beta = 0, got {config.beta}")
+    skipper = skip_empty_batch()
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(config, output_dir),
-                              train_dataset=data, processing_class=tokenizer, callbacks=[Clocked()])
+                              train_dataset=data, processing_class=tokenizer,
+                              callbacks=[Clocked(), *([skipper] if skip_empty else [])])
         stop_ids.update(trainer.eos_token_ids)
         trainer.train()
-    return {"steps": clock.steps, "optimizer_steps": clock.steps}
+    return {"steps": clock.steps, "optimizer_steps": clock.steps - skipper.skipped}
 
 
-RUNNERS = {"grpo_lab_v1": run_grpo_lab, "grpo_lab_v8": run_grpo_lab, "trl": run_trl}
+def run_trl_every_batch(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
+                        clock: TrainingClock, score: Callable[[Any], EvalResult]) -> dict[str, Any]:
+    """Stock ``trl.GRPOTrainer``: an optimiser step on every batch."""
+    return run_trl(config, model, tokenizer, problems, clock, score, skip_empty=False)
+
+
+RUNNERS = {"grpo_lab_v1": run_grpo_lab, "grpo_lab_v8": run_grpo_lab, "trl": run_trl,
+           "trl_every_batch": run_trl_every_batch}
 
 
 def unit_order(seeds: int, arms: Sequence[str] = ARMS) -> list[tuple[str, int]]:
@@ -238,7 +278,7 @@ def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
     if untrained is None:
         raise FileNotFoundError(f"no untrained unit in {Path(out_dir) / 'units'}")
     s, before = untrained["settings"], untrained["eval"]["pass_at_1"]
-    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in ARMS}
+    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in ALL_ARMS}
     curves = {arm: arm_curve(rs, before) for arm, rs in by_arm.items() if rs}
     summary: dict[str, Any] = {
         "budget_seconds": s["budget_seconds"], "task": s["task"], "scoring": s["scoring"], "settings": s,
