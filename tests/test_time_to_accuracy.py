@@ -7,6 +7,7 @@ import pytest
 import torch
 from reliability_runs import tiny_model, tokenizer
 
+from grpo_lab.lm.evaluate import EvalResult
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.study import time_to_accuracy as tta
 from grpo_lab.study.time_to_accuracy import (
@@ -21,17 +22,6 @@ from grpo_lab.study.time_to_accuracy import (
 from grpo_lab.viz.throughput import time_to_accuracy_figure
 
 
-class FakeResult:
-    def __init__(self, correct):
-        self.correct, self.n = correct, 1
-
-    def pass_at(self, k, scoring="strict"):
-        return sum(self.correct) / len(self.correct)
-
-    def truncated_frac(self):
-        return 0.0
-
-
 def test_clock_takes_evaluation_off_and_scores_each_time_once(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(tta.time, "perf_counter", lambda: now[0])
@@ -39,7 +29,7 @@ def test_clock_takes_evaluation_off_and_scores_each_time_once(monkeypatch):
 
     def score():
         now[0] += 50.0                                # an evaluation: 50 s that the clock must not count
-        return FakeResult([1, 0])
+        return EvalResult(n=1, correct=[1, 0], correct_lenient=[1, 0], examples=[], truncated=[0, 0])
 
     clock.start()
     now[0] += 1.0

@@ -143,7 +143,9 @@ def _write_json(path: Path, data: Any, what: str) -> None:
     atomic_write(path, json.dumps(data, indent=1), what=what)
 
 
-def _eval_entry(result: EvalResult) -> dict[str, Any]:
+def eval_entry(result: EvalResult) -> dict[str, Any]:
+    """One evaluation as a unit stores it: strict and lenient Pass@1 (strict with its Wilson interval), the
+    truncated share, the accuracy of finished answers, the counts and the examples."""
     completions = result.n * len(result.correct)
     low, high = wilson_interval(sum(result.correct), completions)
     return {"pass_at_1": result.pass_at(1), "pass_at_1_ci": [low, high],
@@ -199,7 +201,7 @@ def _score_untrained(base: TrainConfig, out: Path, model: Any, tokenizer: Any, h
         return json.loads(path.read_text())
     log(f"scoring the untrained model on {len(held_out)} held-out questions x {base.eval_samples} samples")
     unit = {"study": study_settings(base, len(held_out)),
-            "eval": _eval_entry(score(LMPolicy(model, temperature=base.temperature)))}
+            "eval": eval_entry(score(LMPolicy(model, temperature=base.temperature)))}
     _write_json(path, unit, "the untrained model's scores")
     return unit
 
@@ -304,7 +306,7 @@ def _train_and_score(config: TrainConfig, model: Any, tokenizer: Any, problems: 
         if loop.k < stop:
             raise KeyboardInterrupt(f"unit {out.name} interrupted at step {loop.k}; run the study again to continue")
         if str(stop) not in scores:
-            scores[str(stop)] = _eval_entry(score(loop.policy))
+            scores[str(stop)] = eval_entry(score(loop.policy))
             _write_json(scores_path, scores, f"the scores of {out.name}")
     return scores, loop.history
 

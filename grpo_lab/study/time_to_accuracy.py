@@ -17,7 +17,7 @@ arm                       what trains
                           generation; TRL's defaults that differ are set to the recipe's (loss type,
                           lr schedule constant, temperature, dropout off), gradient checkpointing
                           is off (memory does not bind here; on, it recomputes the forward), and a
-                          batch with no signal takes no optimiser step (:class:`SkipEmptyBatch`)
+                          batch with no signal takes no optimiser step (:func:`skip_empty_batch`)
 ``trl_every_batch``       the same, but stock: AdamW steps on every batch, also on a zero gradient
                           (run on request, not one of the compared :data:`ARMS`)
 ========================= ==========================================================================
@@ -48,7 +48,7 @@ from ..checks import require_int_at_least, require_number_in
 from ..files import atomic_write
 from ..lm.evaluate import EvalResult
 from ..lm.train_config import TrainConfig
-from .cpu_study import EVAL_SEED, ROOT, UNTRAINED
+from .cpu_study import EVAL_SEED, ROOT, UNTRAINED, eval_entry
 from .results import bounded_mean_ci
 
 OUT_DIR = ROOT / "results" / "time_to_accuracy"
@@ -99,12 +99,6 @@ class TrainingClock:
             self.points.extend({"at": t, **entry} for t in due)
             self._paused += time.perf_counter() - paused
         return now >= self.budget_seconds
-
-
-def eval_entry(result: EvalResult) -> dict[str, Any]:
-    return {"pass_at_1": result.pass_at(1), "pass_at_1_lenient": result.pass_at(1, "lenient"),
-            "truncated_frac": result.truncated_frac(), "correct": int(sum(result.correct)),
-            "completions": result.n * len(result.correct)}
 
 
 def seconds_to_reach(curve: Sequence[Sequence[float]], target: float) -> float | None:
