@@ -1,0 +1,102 @@
+"""TRL's first update against grpo_lab's on the same batch (issue 25 §5: why stock TRL collapsed).
+
+Runs one step of the time-to-accuracy TRL arm (``trl.GRPOTrainer``, the CPU study's recipe), keeps the batch
+it trained on (prompt and completion tokens, masks, TRL's advantages), then takes grpo_lab's step on that batch
+from the same θ0: log π_θ by :class:`~grpo_lab.lm.policy.LMPolicy`, the loss by
+:func:`~grpo_lab.objective.grpo_objective` with ``loss_weights(..., "grpo")``, clipping to ``max_grad_norm`` and
+AdamW. It prints both gradient norms and how the two updates Δθ compare (cosine, largest coordinate
+difference). The advantages are TRL's in both, so this checks the update, not the whitening::
+
+    .venv/bin/python experiments/trl_first_update.py [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import tempfile
+from typing import Any
+
+import torch
+
+from grpo_lab.lm.models import load_policy
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.recipes import CONFIG_DIR, load_config
+from grpo_lab.lm.rewards import strict_reward
+from grpo_lab.lm.tasks import build_prompt
+from grpo_lab.lm.text_task import train_problems
+from grpo_lab.loop import Rollout
+from grpo_lab.objective import grpo_objective, loss_weights
+from grpo_lab.study.time_to_accuracy import recipe, trl_config
+
+
+def trl_first_step(config: Any, model: Any, tokenizer: Any) -> tuple[dict[str, torch.Tensor], float]:
+    """One ``GRPOTrainer`` step on ``model`` (trained in place); the batch it trained on and its grad norm."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    problems, stop_ids, batch = train_problems(config), set(), {}
+
+    def reward(completions: list[str], completion_ids: list[list[int]], answer: list[str],
+               answer_format: list[str], **kwargs: Any) -> list[float]:
+        return [strict_reward(text, bool(ids) and ids[-1] in stop_ids, gold, form)
+                for text, ids, gold, form in zip(completions, completion_ids, answer, answer_format, strict=True)]
+
+    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
+                              "answer": [p.answer for p in problems],
+                              "answer_format": [p.answer_format for p in problems]})
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = trl_config(config, output_dir)
+        args.max_steps, args.logging_steps = 1, 1
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                              processing_class=tokenizer)
+        stop_ids.update(trainer.eos_token_ids)
+        compute_loss = trainer.compute_loss
+
+        def keeping_the_batch(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            batch.update({k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)})
+            return compute_loss(model, inputs, *args, **kwargs)
+
+        trainer.compute_loss = keeping_the_batch
+        trainer.train()
+    return batch, float(trainer.state.log_history[0]["grad_norm"])
+
+
+def lab_step(config: Any, model: Any, batch: dict[str, torch.Tensor]) -> float:
+    """grpo_lab's step on TRL's batch (v = 1: α = π_θ); returns the gradient norm before clipping."""
+    mask = batch["completion_mask"].bool()
+    rollout = Rollout(prompts=[None] * (mask.shape[0] // config.G), completions=batch["completion_ids"],
+                      logp_alpha=torch.zeros(mask.shape), mask=mask,
+                      extra={"prompt_ids": batch["prompt_ids"], "prompt_mask": batch["prompt_mask"]})
+    model.requires_grad_(True)
+    logp = LMPolicy(model, temperature=config.temperature).logprobs(rollout, slice(None))
+    loss, _ = grpo_objective(logp, logp.detach(), batch["advantages"], loss_weights(mask, config.loss_type),
+                             eps_low=config.eps_low)
+    loss.backward()
+    params = list(model.parameters())
+    norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+    torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True).step()
+    return float(norm)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    config = recipe(load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", []), "trl", args.seed)
+    model, tokenizer = load_policy(config.model)
+    theta0, lab = copy.deepcopy(model.state_dict()), copy.deepcopy(model)
+    batch, trl_norm = trl_first_step(config, model, tokenizer)
+    lab_norm = lab_step(config, lab, batch)
+    trl_delta = torch.cat([(p.detach() - theta0[n]).flatten().double() for n, p in model.named_parameters()])
+    lab_delta = torch.cat([(p.detach() - theta0[n]).flatten().double() for n, p in lab.named_parameters()])
+    cosine = float(trl_delta @ lab_delta / (trl_delta.norm() * lab_delta.norm()))
+    rows, rewarded = batch["completion_mask"].shape[0], int((batch["advantages"] > 0).sum())
+    print(f"seed {args.seed}: batch of {rows} completions, {rewarded} with A > 0; grad norm TRL "
+          f"{trl_norm:.4f}, grpo_lab {lab_norm:.4f}; |Δθ| TRL {float(trl_delta.norm()):.4e}, grpo_lab "
+          f"{float(lab_delta.norm()):.4e}; cosine {cosine:.6f}; largest coordinate difference "
+          f"{float((trl_delta - lab_delta).abs().max()):.3e}")
+
+
+if __name__ == "__main__":
+    main()
