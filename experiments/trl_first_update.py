@@ -22,35 +22,18 @@ import torch
 from grpo_lab.lm.models import load_policy
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.lm.rewards import strict_reward
-from grpo_lab.lm.tasks import build_prompt
 from grpo_lab.lm.text_task import train_problems
 from grpo_lab.loop import Rollout
 from grpo_lab.objective import grpo_objective, loss_weights
-from grpo_lab.study.time_to_accuracy import recipe, trl_config
+from grpo_lab.study.time_to_accuracy import recipe, trl_trainer
 
 
 def trl_first_step(config: Any, model: Any, tokenizer: Any) -> tuple[dict[str, torch.Tensor], float]:
     """One ``GRPOTrainer`` step on ``model`` (trained in place); the batch it trained on and its grad norm."""
-    from datasets import Dataset
-    from trl import GRPOTrainer
-
-    problems, stop_ids, batch = train_problems(config), set(), {}
-
-    def reward(completions: list[str], completion_ids: list[list[int]], answer: list[str],
-               answer_format: list[str], **kwargs: Any) -> list[float]:
-        return [strict_reward(text, bool(ids) and ids[-1] in stop_ids, gold, form)
-                for text, ids, gold, form in zip(completions, completion_ids, answer, answer_format, strict=True)]
-
-    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
-                              "answer": [p.answer for p in problems],
-                              "answer_format": [p.answer_format for p in problems]})
+    batch: dict[str, torch.Tensor] = {}
     with tempfile.TemporaryDirectory() as output_dir:
-        args = trl_config(config, output_dir)
-        args.max_steps, args.logging_steps = 1, 1
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                              processing_class=tokenizer)
-        stop_ids.update(trainer.eos_token_ids)
+        trainer = trl_trainer(config, model, tokenizer, train_problems(config), output_dir)
+        trainer.args.max_steps, trainer.args.logging_steps = 1, 1
         compute_loss = trainer.compute_loss
 
         def keeping_the_batch(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:

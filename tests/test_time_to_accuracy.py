@@ -112,6 +112,8 @@ def test_every_arm_runs_unit_by_unit(tmp_path):
     unit = json.loads((tmp_path / "units" / "trl_s0.json").read_text())
     assert [p["at"] for p in unit["points"]] == [f * 1.5 for f in tta.EVAL_FRACTIONS]
     assert all(p["completions"] == 6 for p in unit["points"]) and 0 <= unit["optimizer_steps"] <= unit["steps"]
+    stock = run_units(base, 1.5, tmp_path / "stock", arms=["trl_every_batch"], **kwargs)["runs"][0]
+    assert stock["arm"] == "trl_every_batch" and stock["optimizer_steps"] == stock["steps"]   # steps on every batch
     assert summary["trl_final_pass_at_1"] == summary["runs"][2]["curve"][-1][1]
     assert summary["seconds_to_trl_final"]["trl"] <= summary["runs"][2]["curve"][-1][0]
     assert summary["budget_seconds"] == 1.5 and summary["scoring"] == "strict"

@@ -174,17 +174,13 @@ def skip_empty_batch() -> Any:
     return SkipEmptyBatch()
 
 
-def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
-            clock: TrainingClock, score: Callable[[Any], EvalResult], skip_empty: bool = True) -> dict[str, Any]:
-    """Train ``trl.GRPOTrainer`` with the strict reward until the clock's budget is spent; with
-    ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`)."""
-    import tempfile
-
+def trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any], output_dir: str,
+                callbacks: Sequence[Any] = ()) -> Any:
+    """``trl.GRPOTrainer`` on the recipe (:func:`trl_config`): ``problems`` as text prompts and the strict reward,
+    where a completion has finished if it ends in one of the trainer's EOS ids."""
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from ..lm.policy import LMPolicy
     from ..lm.rewards import strict_reward
     from ..lm.tasks import build_prompt
 
@@ -195,6 +191,28 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
         return [strict_reward(text, bool(ids) and ids[-1] in stop_ids, gold, form)
                 for text, ids, gold, form in zip(completions, completion_ids, answer, answer_format, strict=True)]
 
+    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
+                              "answer": [p.answer for p in problems],
+                              "answer_format": [p.answer_format for p in problems]})
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(config, output_dir), train_dataset=data,
+                          processing_class=tokenizer, callbacks=list(callbacks))
+    stop_ids.update(trainer.eos_token_ids)
+    return trainer
+
+
+def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
+            clock: TrainingClock, score: Callable[[Any], EvalResult], skip_empty: bool = True) -> dict[str, Any]:
+    """Train ``trl.GRPOTrainer`` with the strict reward until the clock's budget is spent; with
+    ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`)."""
+    import tempfile
+
+    from transformers import TrainerCallback
+
+    from ..lm.policy import LMPolicy
+
+    if skip_empty and config.beta != 0:
+        raise ValueError(f"skipping empty batches by their zero gradient needs beta = 0, got {config.beta}")
+
     class Clocked(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             clock.start()
@@ -203,18 +221,10 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
             control.should_training_stop = clock.step_done(
                 lambda: score(LMPolicy(kwargs["model"], temperature=config.temperature)))
 
-    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
-                              "answer": [p.answer for p in problems],
-                              "answer_format": [p.answer_format for p in problems]})
-    if skip_empty and config.beta != 0:
-        raise ValueError(f"skipping empty batches by their zero gradient needs beta = 0, got {config.beta}")
     skipper = skip_empty_batch()
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(config, output_dir),
-                              train_dataset=data, processing_class=tokenizer,
-                              callbacks=[Clocked(), *([skipper] if skip_empty else [])])
-        stop_ids.update(trainer.eos_token_ids)
-        trainer.train()
+        trl_trainer(config, model, tokenizer, problems, output_dir,
+                    callbacks=[Clocked(), *([skipper] if skip_empty else [])]).train()
     return {"steps": clock.steps, "optimizer_steps": clock.steps - skipper.skipped}
 
 
