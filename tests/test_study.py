@@ -4,6 +4,7 @@ stands (fake units from :func:`write_fake_units`). Its figures and notebook 02's
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -313,6 +314,38 @@ def test_tiny_study_unit_by_unit(tmp_path, tokenizer):
         run_units(base.replace(lr=2e-3), out, runs, **kwargs)
     summary = run_units(base, tmp_path / "late", runs, until=0.0, **kwargs)           # past the deadline: nothing
     assert summary == {} and not (tmp_path / "late" / "units").exists()
+
+
+def test_an_interrupted_unit_resumes_and_counts_every_sitting(tmp_path, tokenizer, monkeypatch):
+    import grpo_lab.study.cpu_study as cpu_study
+
+    base = TrainConfig(G=4, prompts_per_step=2, steps=4, lr=1e-3, max_completion_length=4, train_problems=20,
+                       eval_problems=3, eval_samples=2, checkpoint_every=2, temperature=1.0)
+    out, runs = tmp_path / "study", tmp_path / "runs"
+    kwargs = dict(arms=[ARM_BY_NAME["v1"]], seeds=1, secondary_seeds=0, model=tiny_model(tokenizer),
+                  tokenizer=tokenizer, log=lambda line: None)
+    evaluate, calls = cpu_study.evaluate, []
+
+    def stopped_at_mid_run(*args, **kw):          # Ctrl-C during the unit's evaluation at step 2
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return evaluate(*args, **kw)
+
+    monkeypatch.setattr(cpu_study, "evaluate", stopped_at_mid_run)
+    with pytest.raises(KeyboardInterrupt):
+        run_units(base, out, runs, **kwargs)
+    elapsed = runs / "v1_s0" / "elapsed_seconds"
+    assert float(elapsed.read_text()) > 0 and (runs / "v1_s0" / "checkpoint.pt").exists()
+    assert not (out / "units" / "v1_s0.json").exists()
+    elapsed.write_text("1000.0")                        # as if the first sitting had taken 1000 s
+    start = time.perf_counter()
+    summary = run_units(base, out, runs, **kwargs)                                   # the next sitting finishes it
+    second_sitting = time.perf_counter() - start
+    unit = json.loads((out / "units" / "v1_s0.json").read_text())
+    assert [m["step"] for m in unit["metrics"]] == [0, 1, 2, 3] and len(calls) == 4  # the untrained model scored once
+    assert 1000.0 < summary["runs"][0]["unit_seconds"] < 1000.0 + second_sitting
+    assert not (runs / "v1_s0" / "elapsed_seconds").exists() and not (runs / "v1_s0" / "checkpoint.pt").exists()
 
 
 def test_wilson_bounds_are_exact_at_none_and_all():

@@ -257,11 +257,11 @@ def run_units(base: TrainConfig, out_dir: str | Path, runs_dir: str | Path, seed
         config = arm.config(base, seed).replace(output_dir=str(runs_dir / key))
         log(f"unit {key}: v = {config.v}, i = {config.i}, is_correction = {arm.is_correction}, mask = {arm.mask}, "
             f"β = {arm.beta}, {config.steps} steps")
-        start = time.perf_counter()
-        scores, history = _train_and_score(config, copy.deepcopy(model), tokenizer, problems, score)
-        unit = _unit(arm, seed, config, settings, untrained["eval"], scores, history, time.perf_counter() - start)
+        scores, history, seconds = _train_and_score(config, copy.deepcopy(model), tokenizer, problems, score)
+        unit = _unit(arm, seed, config, settings, untrained["eval"], scores, history, seconds)
         _write_json(out / "units" / f"{key}.json", unit, f"the unit {key}")
-        (runs_dir / key / "checkpoint.pt").unlink(missing_ok=True)   # the unit file holds what the study keeps
+        for spent in ("checkpoint.pt", "elapsed_seconds"):     # the unit file holds what the study keeps
+            (runs_dir / key / spent).unlink(missing_ok=True)
         summary = rebuild_summary(out)
         run = unit["run"]
         log(f"unit {key}: Pass@1 {run['pass_at_1_before']:.3f} -> {run['pass_at_1_after']:.3f} "
@@ -287,28 +287,38 @@ def _unit(arm: Arm, seed: int, config: TrainConfig, settings: dict[str, Any], be
 
 
 def _train_and_score(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
-                     score: Callable[[Any], EvalResult]) -> tuple[dict[str, dict[str, Any]], list[Any]]:
-    """Train ``config`` (resuming its checkpoint), scoring at ``steps // 2`` and at the end.
+                     score: Callable[[Any], EvalResult]) -> tuple[dict[str, dict[str, Any]], list[Any], float]:
+    """Train ``config`` (resuming its checkpoint), scoring at ``steps // 2`` and at the end; return the
+    scores, the per-step history and the unit's wall seconds over every sitting it took.
 
     ``train`` checkpoints at each scoring step before the scoring, and the scores are kept in the
-    run folder, so a run stopped anywhere continues without redoing either.
+    run folder, so a run stopped anywhere continues without redoing either. The seconds of a sitting
+    that stops (an exception, Ctrl-C) are added to ``elapsed_seconds`` in the run folder, so the
+    sitting that finishes reports the whole unit.
     """
     from ..lm.build import build_loop
     from ..lm.training import train
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    scores_path = out / "scores.json"
+    scores_path, elapsed_path = out / "scores.json", out / "elapsed_seconds"
     scores: dict[str, Any] = json.loads(scores_path.read_text()) if scores_path.is_file() else {}
-    loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems)
-    for stop in sorted({config.steps // 2, config.steps} - {0}):
-        loop = train(config.replace(steps=stop), loop=loop, progress=False)
-        if loop.k < stop:
-            raise KeyboardInterrupt(f"unit {out.name} interrupted at step {loop.k}; run the study again to continue")
-        if str(stop) not in scores:
-            scores[str(stop)] = eval_entry(score(loop.policy))
-            _write_json(scores_path, scores, f"the scores of {out.name}")
-    return scores, loop.history
+    earlier = float(elapsed_path.read_text()) if elapsed_path.is_file() else 0.0
+    start = time.perf_counter()
+    try:
+        loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems)
+        for stop in sorted({config.steps // 2, config.steps} - {0}):
+            loop = train(config.replace(steps=stop), loop=loop, progress=False)
+            if loop.k < stop:
+                raise KeyboardInterrupt(f"unit {out.name} interrupted at step {loop.k}; run the study again to "
+                                        "continue")
+            if str(stop) not in scores:
+                scores[str(stop)] = eval_entry(score(loop.policy))
+                _write_json(scores_path, scores, f"the scores of {out.name}")
+    except BaseException:
+        elapsed_path.write_text(f"{earlier + time.perf_counter() - start:.3f}\n")
+        raise
+    return scores, loop.history, earlier + time.perf_counter() - start
 
 
 # ----------------------------------------------------------------------------- the pilot
