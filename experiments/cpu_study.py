@@ -4,7 +4,9 @@ and the mask at β = 0.04, as units that each write their own result file.
 Runs the next missing units of :func:`grpo_lab.study.cpu_study.unit_order` (every arm has n seeds before
 any gets n + 1) from ``configs/cpu_study_smollm2.yaml`` and rebuilds ``results/cpu_study/summary.json``
 after each; run it again in a later sitting and it continues where it stopped (an interrupted unit
-continues from its checkpoint in ``runs/cpu_study/``)::
+continues from its checkpoint in ``runs/cpu_study_checkpoints/``). Two processes started side by side
+split the missing units between them (each skips what the other has finished or is training); on a
+2-core machine give each ``OMP_NUM_THREADS=1``::
 
     .venv/bin/python experiments/cpu_study.py [--units N | --until HH:MM] [--seeds 5] [--arms v1 v8_ratio ...]
     .venv/bin/python experiments/cpu_study.py --pilot --lrs 2e-5 5e-5 1e-4 [--set steps=40]

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from grpo_lab.lm.models import bundled_model_dir
 from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import hold_run_dir
 from grpo_lab.study.cpu_study import (
     ARM_BY_NAME,
     ARMS,
@@ -346,6 +347,35 @@ def test_an_interrupted_unit_resumes_and_counts_every_sitting(tmp_path, tokenize
     assert [m["step"] for m in unit["metrics"]] == [0, 1, 2, 3] and len(calls) == 4  # the untrained model scored once
     assert 1000.0 < summary["runs"][0]["unit_seconds"] < 1000.0 + second_sitting
     assert not (runs / "v1_s0" / "elapsed_seconds").exists() and not (runs / "v1_s0" / "checkpoint.pt").exists()
+
+
+def test_two_study_processes_share_the_units(tmp_path, tokenizer):
+    base = TrainConfig(G=4, prompts_per_step=2, steps=2, lr=1e-3, max_completion_length=4, train_problems=20,
+                       eval_problems=3, eval_samples=2, checkpoint_every=2, temperature=1.0)
+    out, runs = tmp_path / "study", tmp_path / "runs"
+    logs = []
+
+    def log(line: str) -> None:
+        logs.append(line)
+        if line.startswith("unit v1_s1: Pass@1"):              # meanwhile another process finished v1_s2
+            unit = json.loads((out / "units" / "v1_s1.json").read_text())
+            unit["run"]["seed"] = 2
+            (out / "units" / "v1_s2.json").write_text(json.dumps(unit))
+
+    kwargs = dict(arms=[ARM_BY_NAME["v1"]], seeds=3, secondary_seeds=0, model=tiny_model(tokenizer),
+                  tokenizer=tokenizer, log=log)
+    (runs / "v1_s0").mkdir(parents=True)
+    with hold_run_dir(runs / "v1_s0"):                          # and another one is training v1_s0
+        summary = run_units(base, out, runs, **kwargs)
+    started = [line.split(":")[0] for line in logs if " v = " in line]
+    assert started == ["unit v1_s0", "unit v1_s1"]
+    assert any(line.startswith("unit v1_s0: skipped") and "in use" in line for line in logs)
+    assert sorted(p.name for p in (out / "units").iterdir()) == ["untrained_e1234.json", "v1_s1.json", "v1_s2.json"]
+    assert [r["seed"] for r in summary["runs"]] == [1, 2]
+    assert sorted(p.name for p in (runs / "v1_s0").iterdir()) == ["run.lock"]   # its folder left as it was
+    logs.clear()
+    run_units(base, out, runs, **kwargs)                        # the lock is free: this process runs v1_s0
+    assert [line.split(":")[0] for line in logs if " v = " in line] == ["unit v1_s0"]
 
 
 def test_wilson_bounds_are_exact_at_none_and_all():

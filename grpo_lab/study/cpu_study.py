@@ -58,8 +58,10 @@ from typing import Any
 from ..checks import require_int_at_least
 from ..config import smoke_mode
 from ..files import atomic_write
+from ..lm.build import build_loop
 from ..lm.evaluate import EvalResult, evaluate
 from ..lm.train_config import DTYPES, TrainConfig
+from ..lm.training import RunDirInUse, train
 from .results import MARGIN, power, seeds_for_power, study_tests, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,6 +215,9 @@ def run_units(base: TrainConfig, out_dir: str | Path, runs_dir: str | Path, seed
     ``time.time()`` plus the expected unit time passes ``until``), rebuilding ``summary.json`` after
     each; return the summary.
 
+    Several study processes may share one ``out_dir``: each skips a unit that another has finished
+    or is training (its run folder's lock is held), so two processes on two cores split the study.
+
     ``base`` sets task, model, P, G, T_max, lr, ``steps`` and the evaluation size; the held-out
     questions and the training problems come from ``base`` (its seed), the same for every run.
     Each run is scored at step 0 (the untrained unit), at ``steps // 2`` and at its last step.
@@ -248,25 +253,31 @@ def run_units(base: TrainConfig, out_dir: str | Path, runs_dir: str | Path, seed
                         progress=False)
 
     untrained = _score_untrained(base, out, model, tokenizer, held_out, score, log)
-    summary = rebuild_summary(out)
+    rebuild_summary(out)
     for arm, seed in todo:
         if until is not None and time.time() + expected * base.steps * arm.step_factor > until:
             log(f"unit {unit_key(arm.name, seed)} would not finish by the deadline: stopping here")
             break
         key = unit_key(arm.name, seed)
+        if (out / "units" / f"{key}.json").is_file():      # another study process finished it meanwhile
+            continue
         config = arm.config(base, seed).replace(output_dir=str(runs_dir / key))
         log(f"unit {key}: v = {config.v}, i = {config.i}, is_correction = {arm.is_correction}, mask = {arm.mask}, "
             f"β = {arm.beta}, {config.steps} steps")
-        scores, history, seconds = _train_and_score(config, copy.deepcopy(model), tokenizer, problems, score)
+        try:
+            scores, history, seconds = _train_and_score(config, copy.deepcopy(model), tokenizer, problems, score)
+        except RunDirInUse as exc:                           # another study process is running it
+            log(f"unit {key}: skipped, {exc}")
+            continue
         unit = _unit(arm, seed, config, settings, untrained["eval"], scores, history, seconds)
         _write_json(out / "units" / f"{key}.json", unit, f"the unit {key}")
         for spent in ("checkpoint.pt", "elapsed_seconds"):     # the unit file holds what the study keeps
             (runs_dir / key / spent).unlink(missing_ok=True)
-        summary = rebuild_summary(out)
+        rebuild_summary(out)
         run = unit["run"]
         log(f"unit {key}: Pass@1 {run['pass_at_1_before']:.3f} -> {run['pass_at_1_after']:.3f} "
             f"(lenient {run['pass_at_1_lenient_after']:.3f}) in {run['unit_seconds']:.0f} s")
-    return summary
+    return rebuild_summary(out)                              # with any unit another process finished
 
 
 def _unit(arm: Arm, seed: int, config: TrainConfig, settings: dict[str, Any], before: dict[str, Any],
@@ -296,9 +307,6 @@ def _train_and_score(config: TrainConfig, model: Any, tokenizer: Any, problems: 
     that stops (an exception, Ctrl-C) are added to ``elapsed_seconds`` in the run folder, so the
     sitting that finishes reports the whole unit.
     """
-    from ..lm.build import build_loop
-    from ..lm.training import train
-
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     scores_path, elapsed_path = out / "scores.json", out / "elapsed_seconds"
@@ -315,6 +323,8 @@ def _train_and_score(config: TrainConfig, model: Any, tokenizer: Any, problems: 
             if str(stop) not in scores:
                 scores[str(stop)] = eval_entry(score(loop.policy))
                 _write_json(scores_path, scores, f"the scores of {out.name}")
+    except RunDirInUse:                     # the run folder is another process's: leave its files alone
+        raise
     except BaseException:
         elapsed_path.write_text(f"{earlier + time.perf_counter() - start:.3f}\n")
         raise
