@@ -349,7 +349,14 @@ def test_an_interrupted_unit_resumes_and_counts_every_sitting(tmp_path, tokenize
     assert not (runs / "v1_s0" / "elapsed_seconds").exists() and not (runs / "v1_s0" / "checkpoint.pt").exists()
 
 
-def test_two_study_processes_share_the_units(tmp_path, tokenizer):
+@pytest.mark.parametrize("look_first", [True, False], ids=["look-first", "race"])
+def test_two_study_processes_share_the_units(tmp_path, tokenizer, monkeypatch, look_first):
+    """The other process holds v1_s0 from the start and finishes v1_s2 while this one trains v1_s1.
+    ``race``: it takes v1_s0's lock between this process's look and its training."""
+    import grpo_lab.study.cpu_study as cpu_study
+
+    if not look_first:
+        monkeypatch.setattr(cpu_study, "check_run_dir_free", lambda out: None)
     base = TrainConfig(G=4, prompts_per_step=2, steps=2, lr=1e-3, max_completion_length=4, train_problems=20,
                        eval_problems=3, eval_samples=2, checkpoint_every=2, temperature=1.0)
     out, runs = tmp_path / "study", tmp_path / "runs"
@@ -368,7 +375,7 @@ def test_two_study_processes_share_the_units(tmp_path, tokenizer):
     with hold_run_dir(runs / "v1_s0"):                          # and another one is training v1_s0
         summary = run_units(base, out, runs, **kwargs)
     started = [line.split(":")[0] for line in logs if " v = " in line]
-    assert started == ["unit v1_s0", "unit v1_s1"]
+    assert started == (["unit v1_s1"] if look_first else ["unit v1_s0", "unit v1_s1"])   # look first: not built
     assert any(line.startswith("unit v1_s0: skipped") and "in use" in line for line in logs)
     assert sorted(p.name for p in (out / "units").iterdir()) == ["untrained_e1234.json", "v1_s1.json", "v1_s2.json"]
     assert [r["seed"] for r in summary["runs"]] == [1, 2]

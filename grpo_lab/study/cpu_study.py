@@ -61,7 +61,7 @@ from ..files import atomic_write
 from ..lm.build import build_loop
 from ..lm.evaluate import EvalResult, evaluate
 from ..lm.train_config import DTYPES, TrainConfig
-from ..lm.training import RunDirInUse, train
+from ..lm.training import RunDirInUse, check_run_dir_free, train
 from .results import MARGIN, power, seeds_for_power, study_tests, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,11 +262,12 @@ def run_units(base: TrainConfig, out_dir: str | Path, runs_dir: str | Path, seed
         if (out / "units" / f"{key}.json").is_file():      # another study process finished it meanwhile
             continue
         config = arm.config(base, seed).replace(output_dir=str(runs_dir / key))
-        log(f"unit {key}: v = {config.v}, i = {config.i}, is_correction = {arm.is_correction}, mask = {arm.mask}, "
-            f"β = {arm.beta}, {config.steps} steps")
-        try:
+        try:                                                 # another study process may be running it
+            check_run_dir_free(runs_dir / key)
+            log(f"unit {key}: v = {config.v}, i = {config.i}, is_correction = {arm.is_correction}, "
+                f"mask = {arm.mask}, β = {arm.beta}, {config.steps} steps")
             scores, history, seconds = _train_and_score(config, copy.deepcopy(model), tokenizer, problems, score)
-        except RunDirInUse as exc:                           # another study process is running it
+        except RunDirInUse as exc:
             log(f"unit {key}: skipped, {exc}")
             continue
         unit = _unit(arm, seed, config, settings, untrained["eval"], scores, history, seconds)
