@@ -8,7 +8,7 @@ continues from its checkpoint in ``runs/cpu_study_checkpoints/``). Two processes
 split the missing units between them (each skips what the other has finished or is training); on a
 2-core machine give each ``OMP_NUM_THREADS=1``::
 
-    .venv/bin/python experiments/cpu_study.py [--units N | --until HH:MM] [--seeds 5] [--arms v1 v8_ratio ...]
+    .venv/bin/python experiments/cpu_study.py [--units N | --until HH:MM] [--seeds 8] [--arms v1 v8_ratio ...]
     .venv/bin/python experiments/cpu_study.py --pilot --lrs 2e-5 5e-5 1e-4 [--set steps=40]
 
 ``--pilot`` runs ``v1`` and ``v32_ratio`` at seeds 0 and 1 per learning rate into ``results/cpu_study_pilot/``
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=None, help="run at most this many units (default: all missing)")
     parser.add_argument("--until", type=deadline, default=None, metavar="HH:MM",
                         help="start no unit that would not finish by then (by the median unit time so far)")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per primary arm")
+    parser.add_argument("--seeds", type=int, default=8, help="seeds per primary arm")
     parser.add_argument("--secondary-seeds", type=int, default=3)
     parser.add_argument("--arms", nargs="+", default=[a.name for a in ARMS], choices=[a.name for a in ARMS])
     parser.add_argument("--pilot", action="store_true", help="the learning-rate pilot instead of the study")
