@@ -10,6 +10,9 @@ name             source                                          answer format
                  "one-digit" a, b (reasoning-gym draws 0…10): the
                  CPU default (the task scan in docs/benchmarks.md
                  says why); 121 questions in all
+``addmul1``      a + b or a * b ("Calculate 3 * 4."), one-digit  ``number``
+                 a, b (0…10): 242 questions in all (the lag
+                 frontier's task; its pilot says why)
 ``add12``        the same with 1–2-digit a, b (0…99)             ``number``
 ``sum3``         a + b + c, one-digit terms (0…10): 1331         ``number``
                  questions, room for held-out ones (the CPU
@@ -93,6 +96,10 @@ GYM_TASKS = {
     "add1": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1,
                                              operators=("+",), allow_parentheses=False, allow_negation=False),
                     "number"),
+    "addmul1": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1,
+                                                operators=("+", "*"), allow_parentheses=False,
+                                                allow_negation=False),
+                       "number"),
     "add12": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
                                               operators=("+",), allow_parentheses=False, allow_negation=False),
                      "number"),
@@ -301,3 +308,22 @@ def _require_name(name: Any, names: Any) -> str:
     if name not in tuple(names):
         raise ValueError(f"task name must be one of {tuple(names)}, got {name!r}")
     return name
+
+
+def all_questions(name: str, limit: int = 2000) -> list[Problem]:
+    """Every distinct question of a small generated task (sorted by question): the set exact J averages over.
+
+    Exact J is an expectation over the task's question distribution; reasoning-gym's one-digit tasks draw
+    their questions uniformly (each operator, then each operand), so the mean over distinct questions is that
+    expectation. Draws grow until they number ≥ 20× the distinct questions seen, so a question is missed with
+    probability below e^-20 each. Raises a ValueError naming the task if it has more than ``limit``.
+    """
+    n = 1024
+    while True:
+        distinct = {p.question: p for p in generate_problems(name, n)}
+        if len(distinct) > limit:
+            raise ValueError(f"task {name!r} has more than {limit} distinct questions; exact J over all of them "
+                             "is for small tasks (add1, addmul1, sum3)")
+        if n >= 20 * len(distinct):
+            return [distinct[q] for q in sorted(distinct)]
+        n *= 2

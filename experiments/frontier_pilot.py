@@ -1,0 +1,123 @@
+"""The lag frontier's pilot (issue 34 §2): which task and learning rate the frontier study runs at.
+
+Each unit trains on-policy (v = 1) on a task at one lr and seed, for the frontier's step budget, and saves
+π_θ's weights at the evaluation steps (0, ¼, ½, ¾ and the end of the budget) into ``--runs-dir``; a second
+pass (``--evaluate``) computes exact J on the task's whole question set at each of them
+(:mod:`grpo_lab.exact`, no sampling noise) and stores the per-question probabilities in the unit file. The
+rules the pilot applies (fixed before any unit ran):
+
+- untrained J in [0.05, 0.40];
+- ``v1`` gains ≥ 0.25 in J within the budget;
+- no ceiling: J at the budget ≤ 0.85 and still rising at half the budget;
+- final J exceeds the best constant-answer policy's J by ≥ 0.15;
+- the gain is spread: the share of questions whose probability rose by ≥ 0.1 is reported;
+- the lr: the best primary endpoint (mean exact J over the evaluation steps after 0) of ≥ 3 values × 2 seeds;
+  its drift per step at lag 1 (mean |log π_{k+1}/π_k| over step k's sampled tokens) is reported.
+
+Units are files ``<out>/units/<task>_lr<lr>_s<seed>.json`` with their provenance (git commit, torch threads,
+load average at start and end, wall and CPU seconds); a unit whose file exists is skipped, so processes side
+by side or sittings one after another share the work::
+
+    python experiments/frontier_pilot.py --task addmul1 --lrs 3e-6 1e-5 3e-5 --seeds 2 [--threads 1]
+    python experiments/frontier_pilot.py --task addmul1 --evaluate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 128
+"""The frontier's budget: ≥ 4 syncs at its largest v = 32."""
+
+
+def unit_name(task: str, lr: float, seed: int) -> str:
+    return f"{task}_lr{lr:g}_s{seed}"
+
+
+def eval_steps(steps: int) -> list[int]:
+    return [steps * q // 4 for q in range(5)]
+
+
+def provenance() -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "grpo_lab"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip())
+    return {"git_commit": commit, "grpo_lab_dirty": dirty, "torch_threads": torch.get_num_threads(),
+            "load_start": os.getloadavg()}
+
+
+def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Path) -> None:
+    """Train one unit and save π_θ at the evaluation steps; write its unit file (J comes with --evaluate)."""
+    from safetensors.torch import save_model
+
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.recipes import recipe
+
+    path = out / "units" / f"{unit_name(task, lr, seed)}.json"
+    if path.exists():
+        return
+    record = {"task": task, "lr": lr, "seed": seed, "steps": steps, "v": 1, **provenance()}
+    wall, cpu = time.perf_counter(), time.process_time()
+    config = recipe("cpu_arith_smollm2", task=task, lr=lr, seed=seed, steps=steps, v=1, empty_step="skip",
+                    scoring="strict", checkpoint_every=0)
+    loop = build_loop(config)
+    captured: dict[str, Any] = {}
+    sample = loop.sampler.sample
+
+    def keep_rollout(*args: Any, **kwargs: Any) -> Any:
+        captured["rollout"] = sample(*args, **kwargs)
+        return captured["rollout"]
+
+    loop.sampler.sample = keep_rollout
+    weights = runs / unit_name(task, lr, seed)
+    weights.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for k in range(steps + 1):
+        if k in eval_steps(steps):
+            save_model(loop.policy.model, str(weights / f"step{k}.safetensors"))
+        if k == steps:
+            break
+        step = loop.step()
+        rollout = captured["rollout"]
+        with torch.no_grad():  # drift at lag 1: π_{k+1} against π_k (= α at v = 1) on step k's tokens
+            logp_next = torch.cat([loop.policy.logprobs(rollout, slice(r, r + 16))
+                                   for r in range(0, rollout.completions.shape[0], 16)])
+        drift = float((logp_next - rollout.logp_alpha).abs()[rollout.mask].mean())
+        rows.append({"step": k, "reward_mean": step.reward_mean, "skipped": step.skipped,
+                     "masked_frac": step.masked_frac, "grad_norm": step.grad_norm, "drift_lag1": drift,
+                     "num_tokens": step.num_tokens})
+    record.update(steps_log=rows, weights_dir=str(weights), load_end=os.getloadavg(),
+                  wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
+                  max_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="addmul1")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[3e-6, 1e-5, 3e-5])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "frontier_pilot")
+    parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "frontier_pilot")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for seed in range(args.seeds):  # every lr at n seeds before any at n + 1
+        for lr in args.lrs:
+            train_unit(args.task, lr, seed, args.steps, args.out, args.runs_dir)
+
+
+if __name__ == "__main__":
+    main()
