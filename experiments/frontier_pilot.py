@@ -103,6 +103,52 @@ def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Pat
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
+def evaluate_unit(path: Path, threshold: float | None = None) -> None:
+    """Exact J on the task's whole question set at each saved step of a trained unit; written into its file.
+
+    Per question, J_low and the pruned mass are stored (J_low ≤ J ≤ J_low + pruned), with the curve of mean
+    J_low, its area (the primary endpoint: the mean over the evaluation steps after 0), the final J, and the
+    constant-answer baseline (the best J of a policy that always answers one number).
+    """
+    from collections import Counter
+
+    from grpo_lab.exact.strict_j import THRESHOLD, Sampling, exact_evaluate
+    from safetensors.torch import load_model
+
+    from grpo_lab.lm.models import load_policy
+    from grpo_lab.lm.recipes import recipe
+    from grpo_lab.lm.sampling import stop_and_pad_ids
+    from grpo_lab.lm.tasks import all_questions
+
+    unit = json.loads(path.read_text())
+    if "j_curve" in unit:
+        return
+    config = recipe("cpu_arith_smollm2", task=unit["task"])
+    model, tokenizer = load_policy(config.model)
+    model.requires_grad_(False)
+    questions = all_questions(unit["task"])
+    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_tokens=config.max_completion_length)
+    stops = stop_and_pad_ids(model, tokenizer, None)[0]
+    curve, per_question, pruned_max, seconds = {}, {}, 0.0, {}
+    for step in eval_steps(unit["steps"]):
+        load_model(model, str(Path(unit["weights_dir"]) / f"step{step}.safetensors"))
+        start = time.perf_counter()
+        result = exact_evaluate(model, tokenizer, questions, sampling, threshold or THRESHOLD,
+                                system_prompt=config.system_prompt, eos_token_ids=stops)
+        seconds[step] = time.perf_counter() - start
+        curve[step], per_question[step] = result.mean, [round(float(j), 6) for j in result.j_low]
+        pruned_max = max(pruned_max, float(result.pruned.max()))
+    steps = sorted(curve)
+    golds = Counter(q.answer for q in questions)
+    answer, hits = golds.most_common(1)[0]
+    unit.update(evaluation="exact", threshold=threshold or THRESHOLD, questions=[q.question for q in questions],
+                j_curve=curve, j_per_question=per_question, j_auc=sum(curve[s] for s in steps[1:]) / (len(steps) - 1),
+                j_final=curve[steps[-1]], pruned_max=pruned_max, eval_seconds=seconds,
+                constant_answer={"answer": answer, "j": hits / len(questions)})
+    path.write_text(json.dumps(unit, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="addmul1")
@@ -112,8 +158,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "frontier_pilot")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "frontier_pilot")
+    parser.add_argument("--evaluate", action="store_true", help="compute exact J of the trained units")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.evaluate:
+        for path in sorted((args.out / "units").glob(f"{args.task}_*.json")):
+            evaluate_unit(path)
+        return
     for seed in range(args.seeds):  # every lr at n seeds before any at n + 1
         for lr in args.lrs:
             train_unit(args.task, lr, seed, args.steps, args.out, args.runs_dir)

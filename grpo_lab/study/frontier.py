@@ -1,0 +1,243 @@
+"""The lag frontier (issue 34): how far may α lag π_θ, with each correction, and still train as well as v = 1?
+
+The design and its analysis are fixed here before any unit runs; the units only fill them in.
+
+**Arms.** v ∈ {1, 4, 16, 32} × ``is_correction`` ∈ {``ratio``, ``truncated``, ``none``}; at v = 1 the three
+are one arm (r′ = 1), so 10 arms. ``truncated`` caps r′ at C = ``GRPOConfig.is_cap`` = 2, the kit's default
+(verl's; TRL's ``vllm_importance_sampling_clip_max`` is 3): the arm tests the cap users of verl run. The mask
+arms (§4) at β > 0: the mask, no mask, and no mask with the KL-only steps skipped (the same empty-step rule),
+so "the mask helps" is a claim about the mask and not about extra AdamW steps.
+
+**Endpoint.** Primary: ``j_auc``, the mean of exact J (:mod:`grpo_lab.exact.strict_j`) over the evaluation
+steps after 0 (¼, ½, ¾ and the end of the budget): it rewards learning speed and saturates later than the
+final J. Secondary: ``j_final``. J is the task's whole question set, computed, not sampled.
+
+**Comparisons** (the declared family, :data:`COMPARISONS`): each arm − ``v1``; ``truncated − ratio`` and
+``ratio − none`` at each v > 1. Per comparison, over the seeds both arms finished (paired by seed):
+
+=================== ===========================================================================
+``p_difference``    two-sided paired t test of mean d = 0
+``p_equivalence``   TOST: the larger of the two one-sided t tests of d ≤ −m and d ≥ m
+``p_sign_flip``     the exact sign-flip permutation test of mean d = 0 (all 2^n sign patterns), beside the
+                    t test: J is bounded and an arm can collapse, so d need not be normal. With n = 5
+                    its smallest two-sided p is 2/32 = 0.0625: alone it cannot reach 0.05
+``holm_*``          Holm's step-down adjustment of each p over the whole family
+verdict             ``equivalent`` if holm(p_equivalence) < 0.05; else ``worse``/``better`` if
+                    holm(p_difference) < 0.05; else ``not resolved``
+=================== ===========================================================================
+
+The margin m is 10 % of ``v1``'s mean gain (its mean ``j_auc`` − the untrained J), fixed by rule before the
+data. **The frontier** of a correction is the largest v whose arm is ``equivalent`` with every smaller v
+of that correction equivalent too; none: "not resolved". Collapse (final J below the untrained J) is
+counted per arm on its own. Seeds are fixed in advance (5 per arm), every arm at n seeds before any at
+n + 1, and nothing is read before all are in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .results import t_cdf
+
+V_GRID = (1, 4, 16, 32)
+CORRECTIONS = ("ratio", "truncated", "none")
+SEEDS = 5
+MARGIN_FRACTION = 0.10
+"""The equivalence margin as a share of ``v1``'s mean gain in the primary endpoint."""
+LEVEL = 0.05
+ENDPOINTS = ("j_auc", "j_final")
+
+
+@dataclass(frozen=True)
+class FrontierArm:
+    """One arm: the sync period v, the correction, and for the mask arms β, the mask and the empty-step rule."""
+
+    v: int
+    is_correction: str = "ratio"
+    beta: float = 0.0
+    mask: bool = True
+    skip_kl_only: bool = True
+    """With no mask at β > 0 every step has a KL gradient, so ``empty_step="skip"`` never skips; True sets
+    ``empty_step="skip_kl_only"``: a step whose every group's rewards agree (a KL-only gradient) is skipped,
+    as the mask arm skips it, so both arms take the same AdamW steps."""
+
+    @property
+    def name(self) -> str:
+        if self.beta > 0:
+            return "mask" if self.mask else "nomask_skip" if self.skip_kl_only else "nomask"
+        return "v1" if self.v == 1 else f"v{self.v}_{self.is_correction}"
+
+    def changes(self) -> dict[str, Any]:
+        """The config fields this arm sets on the study's recipe."""
+        if self.beta > 0:
+            return {"v": 1, "beta": self.beta, "mask_zero_variance": self.mask,
+                    "empty_step": "skip_kl_only" if not self.mask and self.skip_kl_only else "skip"}
+        return {"v": self.v, "is_correction": self.is_correction}
+
+
+ARMS = (FrontierArm(1),) + tuple(FrontierArm(v, c) for v in V_GRID[1:] for c in CORRECTIONS)
+MASK_BETA = 0.04
+MASK_ARMS = (FrontierArm(1, beta=MASK_BETA), FrontierArm(1, beta=MASK_BETA, mask=False, skip_kl_only=False),
+             FrontierArm(1, beta=MASK_BETA, mask=False))
+COMPARISONS = tuple((arm.name, "v1") for arm in ARMS[1:]) + tuple(
+    (f"v{v}_{a}", f"v{v}_{b}") for v in V_GRID[1:] for a, b in (("truncated", "ratio"), ("ratio", "none")))
+"""(a, b): a − b, the declared primary family (15 comparisons)."""
+MASK_COMPARISONS = (("mask", "nomask_skip"), ("mask", "nomask"), ("nomask_skip", "nomask"))
+"""The mask family (§4): the unconfounded comparison first."""
+
+
+def unit_order(arms: Sequence[FrontierArm], seeds: int = SEEDS) -> list[tuple[FrontierArm, int]]:
+    """Every arm at seed n before any at n + 1."""
+    return [(arm, seed) for seed in range(seeds) for arm in arms]
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def _t_p_two_sided(t: float, df: int) -> float:
+    return 2.0 * (1.0 - t_cdf(abs(t), df))
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign-flip p of mean d = 0: the share of the 2^n sign patterns whose |mean| is at least
+    the observed one (the observed pattern included)."""
+    d = np.asarray(diffs, dtype=float)
+    if d.size == 0:
+        raise ValueError("sign_flip_p needs at least one difference")
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+    means = np.abs(signs @ d) / d.size
+    return float(np.mean(means >= abs(d.mean()) - 1e-12))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order (NaN stays NaN and is not counted)."""
+    p = np.asarray(p_values, dtype=float)
+    finite = np.flatnonzero(~np.isnan(p))
+    adjusted = np.full(p.shape, math.nan)
+    running = 0.0
+    for rank, index in enumerate(finite[np.argsort(p[finite], kind="stable")]):
+        running = max(running, min(1.0, (finite.size - rank) * p[index]))
+        adjusted[index] = running
+    return adjusted.tolist()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """a − b over the seeds both finished, its three p-values and the equivalence margin."""
+
+    a: str
+    b: str
+    margin: float
+    seeds: tuple[int, ...]
+    diffs: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    def p_values(self) -> dict[str, float]:
+        """``p_difference``, ``p_equivalence`` and ``p_sign_flip`` (NaN below two seeds; a difference test
+        of differences that are all equal is decided without a t: 0 if they are not 0, else 1)."""
+        if self.n < 2:
+            return {"p_difference": math.nan, "p_equivalence": math.nan, "p_sign_flip": math.nan}
+        d = np.asarray(self.diffs)
+        mean, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(self.n)), self.n - 1
+        if se == 0.0:
+            return {"p_difference": 0.0 if mean != 0 else 1.0,
+                    "p_equivalence": 0.0 if abs(mean) < self.margin else 1.0, "p_sign_flip": sign_flip_p(d)}
+        p_low = 1.0 - t_cdf((mean + self.margin) / se, df)   # H0: d ≤ −m
+        p_high = t_cdf((mean - self.margin) / se, df)        # H0: d ≥ m
+        return {"p_difference": _t_p_two_sided(mean / se, df), "p_equivalence": max(p_low, p_high),
+                "p_sign_flip": sign_flip_p(d)}
+
+
+def compare(endpoint_by_arm: Mapping[str, Mapping[int, float]], comparisons: Sequence[tuple[str, str]],
+            margin: float) -> list[dict[str, Any]]:
+    """Each declared comparison with its p-values, Holm-adjusted over the family, and its verdict.
+
+    A comparison whose arms have no seed in common stays in the family with NaN p-values (it cannot
+    be decided and does not shrink the correction of the others)."""
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    rows = []
+    for a, b in comparisons:
+        left, right = endpoint_by_arm.get(a, {}), endpoint_by_arm.get(b, {})
+        seeds = tuple(sorted(set(left) & set(right)))
+        test = Comparison(a, b, margin, seeds, tuple(left[s] - right[s] for s in seeds))
+        rows.append({"comparison": f"{a} - {b}", "a": a, "b": b, "n": test.n, "seeds": list(seeds),
+                     "estimate": float(np.mean(test.diffs)) if test.n else None, "margin": margin,
+                     **test.p_values()})
+    for key in ("p_difference", "p_equivalence", "p_sign_flip"):
+        for row, adjusted in zip(rows, holm([row[key] for row in rows]), strict=True):
+            row[f"holm_{key}"] = adjusted
+    for row in rows:
+        row["verdict"] = ("equivalent" if row["holm_p_equivalence"] < LEVEL else
+                          ("worse" if row["estimate"] < 0 else "better") if row["holm_p_difference"] < LEVEL
+                          else "not resolved")
+    return rows
+
+
+def frontier(rows: Sequence[Mapping[str, Any]]) -> dict[str, int | str]:
+    """Per correction: the largest v equivalent to ``v1`` with every smaller v equivalent too, else
+    "not resolved"."""
+    verdict = {row["a"]: row["verdict"] for row in rows if row["b"] == "v1"}
+    out: dict[str, int | str] = {}
+    for correction in CORRECTIONS:
+        largest: int | str = "not resolved"
+        for v in V_GRID[1:]:
+            if verdict.get(f"v{v}_{correction}") != "equivalent":
+                break
+            largest = v
+        out[correction] = largest
+    return out
+
+
+# ----------------------------------------------------------------------------- units and the summary
+
+
+def load_units(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The unit files ``<out_dir>/units/*.json`` (the untrained unit, ``untrained.json``, not among them)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(out_dir, "units").glob("*.json"))
+            if p.name != "untrained.json"]
+
+
+def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_answer_j: float,
+              settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``summary.json``: the settings, one row per unit, each arm's endpoints (mean, 95 % t CI), the
+    comparisons of both families on the primary endpoint, the frontier and the collapses."""
+    from .results import mean_ci
+
+    by_arm: dict[str, dict[str, dict[int, float]]] = {e: {} for e in ENDPOINTS}
+    for unit in units:
+        for endpoint in ENDPOINTS:
+            by_arm[endpoint].setdefault(unit["arm"], {})[unit["seed"]] = unit[endpoint]
+    arms = {}
+    for name, seeds in by_arm["j_auc"].items():
+        entry: dict[str, Any] = {"seeds": sorted(seeds)}
+        for endpoint in ENDPOINTS:
+            values = [by_arm[endpoint][name][s] for s in sorted(seeds)]
+            mean, half = mean_ci(values)
+            entry[endpoint] = {"mean": float(mean), "ci": [float(mean - half), float(mean + half)]
+                               if len(values) > 1 else None}
+        entry["collapsed"] = sum(by_arm["j_final"][name][s] < untrained_j for s in seeds)
+        arms[name] = entry
+    v1 = arms.get("v1")
+    margin = MARGIN_FRACTION * (v1["j_auc"]["mean"] - untrained_j) if v1 else math.nan
+    primary = compare(by_arm["j_auc"], COMPARISONS, margin) if margin > 0 else []
+    return {"evaluation": "exact", **settings, "untrained_j": untrained_j, "constant_answer_j": constant_answer_j,
+            "margin": margin, "runs": [{key: unit.get(key) for key in RUN_KEYS} for unit in units],
+            "arms": arms, "comparisons": primary,
+            "mask_comparisons": compare(by_arm["j_auc"], MASK_COMPARISONS, margin) if margin > 0 else [],
+            "frontier": frontier(primary) if primary else {c: "not resolved" for c in CORRECTIONS}}
+
+
+RUN_KEYS = ("arm", "v", "is_correction", "seed", "git_commit", "j_curve", "j_auc", "j_final", "pruned_max")
+"""The fields of a unit that ``summary.json``'s ``runs`` keeps."""

@@ -1,0 +1,80 @@
+"""The frontier study's analysis (grpo_lab/study/frontier.py), on made-up units whose answers are known."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from grpo_lab.study import frontier
+from grpo_lab.study.results import t_cdf
+
+
+def test_the_design_is_ten_arms_and_fifteen_comparisons() -> None:
+    names = [arm.name for arm in frontier.ARMS]
+    assert names[0] == "v1" and len(names) == 10 == len(set(names))
+    assert len(frontier.COMPARISONS) == 15
+    assert {a for a, _ in frontier.COMPARISONS} <= set(names) and {b for _, b in frontier.COMPARISONS} <= set(names)
+    order = frontier.unit_order(frontier.ARMS, seeds=2)
+    assert [seed for _, seed in order] == [0] * 10 + [1] * 10
+
+
+def test_holm_matches_the_step_down_rule_by_hand() -> None:
+    p = [0.01, 0.04, 0.03, math.nan, 0.005]
+    # sorted finite: 0.005 (×4), 0.01 (×3), 0.03 (×2), 0.04 (×1), running maximum
+    expected = [0.03, 0.06, 0.06, math.nan, 0.02]
+    np.testing.assert_allclose(frontier.holm(p), expected)
+
+
+def test_sign_flip_p_is_the_share_of_patterns_at_least_as_extreme() -> None:
+    d = [0.3, 0.1, 0.2, 0.25, 0.05]
+    assert frontier.sign_flip_p(d) == pytest.approx(2 / 32)  # all positive: only ± the observed pattern
+    d = [0.3, -0.1, 0.2, 0.25, -0.05]
+    extreme = sum(abs(np.dot(s, d)) >= abs(sum(d)) - 1e-12 for s in itertools.product((1, -1), repeat=5))
+    assert frontier.sign_flip_p(d) == pytest.approx(extreme / 32)
+
+
+def test_tost_and_the_t_test_agree_with_their_definitions() -> None:
+    d = (0.01, -0.005, 0.002, 0.008, -0.001)
+    test = frontier.Comparison("a", "b", 0.02, tuple(range(5)), d)
+    p = test.p_values()
+    mean, se = np.mean(d), np.std(d, ddof=1) / math.sqrt(5)
+    assert p["p_difference"] == pytest.approx(2 * (1 - t_cdf(abs(mean / se), 4)))
+    assert p["p_equivalence"] == pytest.approx(max(1 - t_cdf((mean + 0.02) / se, 4), t_cdf((mean - 0.02) / se, 4)))
+    assert p["p_equivalence"] < 0.05  # well inside ±0.02
+
+
+def units(gain_by_arm: dict[str, float], noise: float, seeds: int = 5, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    shared = rng.normal(0, 0.05, seeds)  # the seed-to-seed spread pairing cancels
+    return [{"arm": arm, "seed": s, "j_auc": 0.2 + gain + shared[s] + rng.normal(0, noise),
+             "j_final": 0.2 + 1.5 * gain + shared[s]} for arm, gain in gain_by_arm.items() for s in range(seeds)]
+
+
+def test_the_frontier_is_the_largest_v_equivalent_with_every_smaller_one() -> None:
+    gains = {"v1": 0.3}
+    for v in (4, 16, 32):
+        gains[f"v{v}_ratio"] = 0.3 if v <= 16 else 0.1          # equivalent up to 16, worse at 32
+        gains[f"v{v}_truncated"] = 0.3                           # equivalent everywhere
+        gains[f"v{v}_none"] = 0.3 if v == 16 else 0.15           # a gap at 4: the frontier stops there
+    summary = frontier.summarize(units(gains, noise=0.001), untrained_j=0.2, constant_answer_j=0.09,
+                                 settings={"task": "made-up"})
+    assert summary["margin"] == pytest.approx(0.1 * (summary["arms"]["v1"]["j_auc"]["mean"] - 0.2))
+    assert summary["frontier"] == {"ratio": 16, "truncated": 32, "none": "not resolved"}
+    verdict = {row["comparison"]: row["verdict"] for row in summary["comparisons"]}
+    assert verdict["v32_ratio - v1"] == "worse" and verdict["v4_none - v1"] == "worse"
+    assert all(row["holm_p_difference"] >= row["p_difference"] for row in summary["comparisons"])
+
+
+def test_noise_leaves_comparisons_not_resolved_and_collapses_are_counted() -> None:
+    gains = {"v1": 0.3, "v4_ratio": 0.3}
+    made = units(gains, noise=0.2)
+    made[-1]["j_final"] = 0.1  # below the untrained J
+    summary = frontier.summarize(made, untrained_j=0.2, constant_answer_j=0.09, settings={})
+    row = next(r for r in summary["comparisons"] if r["comparison"] == "v4_ratio - v1")
+    assert row["verdict"] == "not resolved" and row["n"] == 5
+    assert summary["arms"]["v4_ratio"]["collapsed"] == 1
+    missing = next(r for r in summary["comparisons"] if r["comparison"] == "v32_none - v1")
+    assert missing["n"] == 0 and math.isnan(missing["p_difference"]) and missing["verdict"] == "not resolved"
