@@ -23,8 +23,8 @@ from grpo_lab.lm.models import load_policy
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
 from grpo_lab.lm.text_task import train_problems
-from grpo_lab.loop import Rollout
 from grpo_lab.objective import grpo_objective, loss_weights
+from grpo_lab.rollout import Rollout
 from grpo_lab.study.time_to_accuracy import recipe, trl_trainer
 
 

@@ -8,6 +8,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
 ``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
 ``sync_audit``              after each sync, did α take π_θ's weights? (``SyncError``)
 ``plan``                    the rules of one step: advantages, mask, token weights, empty-step decision
+``rollout``                 a sampled batch, and the loop's protocols: Policy, Sampler, Task
 ``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
 ``config``                  GRPOConfig, one field per knob
 ``checks``                  the validators that name a bad value
@@ -32,7 +33,7 @@ The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study
 
 from .advantages import whiten, zero_variance_mask
 from .config import GRPOConfig
-from .loop import GRPOLoop, Policy, Rollout, Sampler, ScoringSampler, StepRecord, Task
+from .loop import GRPOLoop, StepRecord
 from .objective import (
     aggregate_loss,
     clip_bounds,
@@ -43,6 +44,7 @@ from .objective import (
     tv_terms,
 )
 from .plan import StepPlan, plan_step
+from .rollout import Policy, Rollout, Sampler, ScoringSampler, Task
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 from .sync_audit import SyncError
 
