@@ -28,7 +28,8 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.cpu_study import ARMS, STUDY_DIR, run_pilot, run_units, smoke_base
+from grpo_lab.study.cpu_study import STUDY_DIR, run_pilot, run_units, smoke_base
+from grpo_lab.study.design import ARMS
 
 
 def deadline(text: str) -> float:

@@ -23,7 +23,8 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
                             ``group_view``, ``cli``
 ``scale/``                  GPUs and wall clock: ``trl`` (the TRL adapter), ``launch``, ``costmodel``
                             (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
-``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``results`` (statistics)
+``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``design`` (arms,
+                            comparisons, unit files, the reader), ``results`` (statistics)
 ``viz/``                    drawing only: display switch, figures, widgets, exercises
 =========================== ==========================================================
 

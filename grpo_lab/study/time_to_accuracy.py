@@ -48,7 +48,8 @@ from ..checks import require_int_at_least, require_number_in
 from ..files import atomic_write
 from ..lm.evaluate import EvalResult
 from ..lm.train_config import TrainConfig
-from .cpu_study import EVAL_SEED, ROOT, UNTRAINED, eval_entry
+from .cpu_study import EVAL_SEED, ROOT, eval_entry
+from .design import UNTRAINED
 from .results import bounded_mean_ci
 
 OUT_DIR = ROOT / "results" / "time_to_accuracy"
