@@ -15,7 +15,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
 ``files``                   atomic writes, whole lines; DiskError for a full or read-only disk
 ``exact/``                  exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4),
                             ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
-                            numbers), ``digits_lm`` (the same terms exactly on SmolLM2), ``demo``
+                            numbers), ``digits_lm`` (the same terms exactly on SmolLM2)
 ``lm/``                     language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged
                             α in-process), ``sampling_vllm`` (α on vLLM), ``decoding/`` (α's decoding
                             forward), ``tasks``, ``rewards``, ``text_task``, ``train_config``, ``build``,
@@ -25,7 +25,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
                             (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
 ``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``design`` (arms,
                             comparisons, unit files, the reader), ``results`` (statistics)
-``viz/``                    drawing only: display switch, figures, widgets, exercises
+``viz/``                    drawing only: display switch, figures, widgets, exercises, ``demo``
 =========================== ==========================================================
 
 The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study`` import
