@@ -18,9 +18,9 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
                             numbers), ``digits_lm`` (the same terms exactly on SmolLM2)
 ``lm/``                     language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged
                             α in-process), ``sampling_vllm`` (α on vLLM), ``decoding/`` (α's decoding
-                            forward), ``tasks``, ``rewards``, ``text_task``, ``train_config``, ``build``,
-                            ``training``, ``evaluate``, ``checkpoint``, ``memory``, ``recipes``,
-                            ``group_view``, ``cli``
+                            forward), ``tasks``, ``rewards``, ``verifier_pool`` (math-verify's worker),
+                            ``text_task``, ``train_config``, ``build``, ``training``, ``evaluate``,
+                            ``checkpoint``, ``memory``, ``recipes``, ``group_view``, ``cli``
 ``scale/``                  GPUs and wall clock: ``trl`` (the TRL adapter), ``launch``, ``costmodel``
                             (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
 ``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``design`` (arms,
