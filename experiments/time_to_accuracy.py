@@ -1,7 +1,7 @@
 """Time to accuracy against TRL (issue 25 §5): grpo_lab at v = 1 and v = 8 and TRL's GRPOTrainer, each for
 the same training seconds, Pass@1 on held-out questions at fixed shares of the budget.
 
-The recipe is the CPU study's (``configs/cpu_study_smollm2.yaml``: bundled SmolLM2-135M, sum3, strict
+The recipe is the CPU study's (``grpo_lab/configs/cpu_study_smollm2.yaml``: bundled SmolLM2-135M, sum3, strict
 reward, P = 4, G = 8, 8 tokens, T = 0.7, lr 2e-5, β = 0, loss type ``grpo``); see
 :mod:`grpo_lab.study.time_to_accuracy` for what each arm runs. Each (arm, seed) is a unit that writes
 ``results/time_to_accuracy/units/<arm>_s<seed>.json`` when it finishes; run it again and it continues with

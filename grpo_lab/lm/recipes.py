@@ -1,4 +1,4 @@
-"""Recipes: the YAML files of ``configs/`` read into a :class:`~grpo_lab.lm.train_config.TrainConfig`.
+"""Recipes: the YAML files of ``grpo_lab/configs/`` read into a :class:`~grpo_lab.lm.train_config.TrainConfig`.
 
 A recipe is a flat YAML mapping of TrainConfig fields; ``key=value`` overrides (``--set`` on the
 command line) replace one field, the value read as YAML (``v=4``, ``eps_high=0.28``,
@@ -23,7 +23,8 @@ from ..checks import require_choice
 from ..config import smoke_mode
 from .train_config import TrainConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The recipes, shipped with the package (package data): ``grpo_lab/configs/``."""
 
 
 def read_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -70,7 +71,7 @@ class LaunchRecipe:
     """What ``python -m grpo_lab.scale.launch`` runs.
 
     ================== =================================================================
-    ``config``         the TrainConfig fields of the YAML (a ``configs/*.yaml`` recipe)
+    ``config``         the TrainConfig fields of the YAML (a ``grpo_lab/configs/*.yaml`` recipe)
     ``trl``            its ``trl:`` mapping: extra :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig`
                        fields (vLLM mode, tensor parallelism, memory share)
     ``orz_data_files`` its ``orz_data_files:`` path: orz-math-57k's JSON, which then
@@ -115,7 +116,7 @@ def run_dir(name: str) -> str:
 
 
 def recipe(name: str, **changes: Any) -> TrainConfig:
-    """``configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
+    """``grpo_lab/configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
     return load_config(CONFIG_DIR / f"{name}.yaml").replace(**changes)
 
 

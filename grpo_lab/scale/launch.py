@@ -1,6 +1,6 @@
 """Launch a recipe at scale: ``accelerate launch ... -m grpo_lab.scale.launch --config R``.
 
-A recipe (``configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
+A recipe (``grpo_lab/configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
 :class:`~grpo_lab.lm.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
 :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor parallelism, memory share) and
 an optional ``orz_data_files:`` path. :func:`trl_args` maps the theory's
@@ -29,10 +29,10 @@ from ..lm.train_config import TrainConfig
 if TYPE_CHECKING:
     from .trl import OffPolicyGRPOConfig
 
-ROOT = CONFIG_DIR.parent
+ROOT = CONFIG_DIR.parents[1]
 COLOCATE_RECIPES = {1: "qwen7b_orz_colocate_v1", 10: "qwen7b_orz_colocate_v10"}
 """The paper's 7B colocate throughput runs (docs/theory.md §6), by lag v."""
-ACCELERATE_ZERO3 = "configs/accelerate/gpu8_zero3.yaml"
+ACCELERATE_ZERO3 = "grpo_lab/configs/accelerate/gpu8_zero3.yaml"
 RESULT_FILE = "throughput.json"
 
 
@@ -41,7 +41,7 @@ def colocate_command(v: int) -> list[str]:
     ``accelerate launch`` with this interpreter, so the kernel's environment is the one launched."""
     require_choice("v", v, COLOCATE_RECIPES)
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ACCELERATE_ZERO3,
-            "-m", "grpo_lab.scale.launch", "--config", f"configs/{COLOCATE_RECIPES[v]}.yaml"]
+            "-m", "grpo_lab.scale.launch", "--config", f"grpo_lab/configs/{COLOCATE_RECIPES[v]}.yaml"]
 
 
 def read_result(v: int) -> dict[str, float] | None:

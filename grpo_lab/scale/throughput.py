@@ -63,7 +63,7 @@ MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.
 # ----------------------------------------------------------------------------- measure (reduced / smoke)
 
 def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]:
-    """Notebook 03's CPU runs of ``configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
+    """Notebook 03's CPU runs of ``grpo_lab/configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
     ``vllm``): fixed v = 1, 2, 4, 8 and the adaptive schedule (``v`` = its longest lag). Steps = warm-up +
     a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size."""
     require_choice("mode", mode, ("smoke", "reduced", "full"))

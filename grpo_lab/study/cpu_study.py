@@ -7,7 +7,7 @@ seed. :func:`run_units` runs the next missing units in balanced order and rebuil
 ``summary.json`` from the unit files after each; the study grows across sittings.
 
 ======================= ======================================================================
-arm                     against the base config (``configs/cpu_study_smollm2.yaml``)
+arm                     against the base config (``grpo_lab/configs/cpu_study_smollm2.yaml``)
 ======================= ======================================================================
 primary (≥ 5 seeds)
 ``v1``                  v = 1, i = 1: on-policy, the reference of every comparison
