@@ -28,7 +28,7 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.cpu_study import STUDY_DIR, run_pilot, run_units, smoke_base
+from grpo_lab.study.cpu_study import run_pilot, run_units, smoke_base, study_dir
 from grpo_lab.study.design import ARMS
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     base = smoke_base(load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", args.set))
     name = ("cpu_study_pilot" if args.pilot else "cpu_study") + ("_smoke" if smoke_mode() else "")
-    out = args.out or (f"runs/{name}" if smoke_mode() else str(STUDY_DIR.parent / name))
+    out = args.out or (f"runs/{name}" if smoke_mode() else str(study_dir().parent / name))
     runs_dir = args.runs_dir or f"runs/{name}_checkpoints"
     print(f"{platform.node()}: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; task {base.task}, P = {base.prompts_per_step}, G = {base.G}, "

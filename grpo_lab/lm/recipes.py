@@ -27,13 +27,26 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The recipes, shipped with the package (package data): ``grpo_lab/configs/``."""
 
 
+def recipe_path(path: str | Path) -> Path:
+    """A recipe file: ``path`` if it is a file, else the bundled recipe of that name (``cpu_arith_smollm2``,
+    with or without ``.yaml``, in :data:`CONFIG_DIR`), so ``--config <name>`` works outside a checkout. Neither
+    is a FileNotFoundError naming the path and the bundled recipes."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    bundled = CONFIG_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if path.parent == Path(".") and bundled.is_file():
+        return bundled
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"config file {str(path)!r} does not exist, nor is it a bundled recipe (one of {names})")
+
+
 def read_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The mapping a YAML recipe holds (empty for None), with ``key=value`` overrides applied."""
+    """The mapping a YAML recipe (:func:`recipe_path`) holds (empty for None), with ``key=value`` overrides
+    applied."""
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        path = recipe_path(path)
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {str(path)!r} must hold a mapping of TrainConfig fields")

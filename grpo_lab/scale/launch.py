@@ -30,18 +30,21 @@ if TYPE_CHECKING:
     from .trl import OffPolicyGRPOConfig
 
 ROOT = CONFIG_DIR.parents[1]
+"""Where notebook 03 launches the colocate runs, and where :func:`read_result` looks for their
+``output_dir``: the checkout above the package (an editable install)."""
 COLOCATE_RECIPES = {1: "qwen7b_orz_colocate_v1", 10: "qwen7b_orz_colocate_v10"}
 """The paper's 7B colocate throughput runs (docs/theory.md §6), by lag v."""
-ACCELERATE_ZERO3 = "grpo_lab/configs/accelerate/gpu8_zero3.yaml"
+ACCELERATE_ZERO3 = CONFIG_DIR / "accelerate" / "gpu8_zero3.yaml"
 RESULT_FILE = "throughput.json"
 
 
 def colocate_command(v: int) -> list[str]:
-    """The 8-GPU launch of the paper's throughput run at lag v (run it from the repository root):
+    """The 8-GPU launch of the paper's throughput run at lag v (the bundled recipes by their full paths; its
+    ``output_dir`` is relative to where it runs, :data:`ROOT` in notebook 03):
     ``accelerate launch`` with this interpreter, so the kernel's environment is the one launched."""
     require_choice("v", v, COLOCATE_RECIPES)
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ACCELERATE_ZERO3,
-            "-m", "grpo_lab.scale.launch", "--config", f"grpo_lab/configs/{COLOCATE_RECIPES[v]}.yaml"]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_ZERO3),
+            "-m", "grpo_lab.scale.launch", "--config", str(CONFIG_DIR / f"{COLOCATE_RECIPES[v]}.yaml")]
 
 
 def read_result(v: int) -> dict[str, float] | None:

@@ -56,7 +56,7 @@ from typing import Any
 
 from ..checks import require_int_at_least
 from ..config import smoke_mode
-from ..files import atomic_write
+from ..files import atomic_write, results_path
 from ..lm.build import build_loop
 from ..lm.evaluate import EvalResult, evaluate
 from ..lm.train_config import DTYPES, TrainConfig
@@ -64,11 +64,6 @@ from ..lm.training import RunDirInUse, check_run_dir_free, train
 from .design import ARM_BY_NAME, ARMS, COMPARISONS, UNTRAINED, Arm, drift_by_lag, load_units, unit_key
 from .results import MARGIN, power, seeds_for_power, study_tests, wilson_interval
 
-ROOT = Path(__file__).resolve().parents[2]
-STUDY_DIR = ROOT / "results" / "cpu_study"
-"""Where ``experiments/cpu_study.py`` writes the committed study."""
-SCAN_PATH = ROOT / "results" / "task_scan" / "scan.json"
-"""The task scan of ``experiments/task_scan.py`` (base Pass@1 per task and token budget)."""
 METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac", "loss", "clip_low_frac",
                  "clip_high_frac", "ratio_k_mean", "ratio_k_max", "log_ratio_k_abs", "tv_estimate", "kl",
                  "grad_norm", "num_tokens", "sample_seconds", "train_seconds", "sync_seconds")
@@ -79,6 +74,18 @@ EVAL_SEED = 1234
 SMOKE_SIZES = dict(steps=4, prompts_per_step=2, G=4, max_completion_length=4, micro_batch_size=8,
                    eval_problems=4, eval_samples=2, checkpoint_every=0)
 """What smoke mode (``GRPO_LAB_SMOKE``) shrinks the study to: the plumbing in a minute."""
+
+
+def study_dir(root: str | Path | None = None) -> Path:
+    """Where ``experiments/cpu_study.py`` writes the committed study: ``results/cpu_study`` of a checkout
+    (:func:`~grpo_lab.files.results_path`)."""
+    return results_path("cpu_study", root=root)
+
+
+def scan_path(root: str | Path | None = None) -> Path:
+    """The task scan of ``experiments/task_scan.py`` (base Pass@1 per task and token budget):
+    ``results/task_scan/scan.json`` of a checkout (:func:`~grpo_lab.files.results_path`)."""
+    return results_path("task_scan", "scan.json", root=root)
 
 
 def unit_order(arms: Sequence[Arm], seeds: int, secondary_seeds: int = 3) -> list[tuple[Arm, int]]:
