@@ -36,7 +36,7 @@ class GRPOConfig:
     i: int = 1
     """Optimiser passes over each batch (TRL ``num_iterations``). i > 1 is sample reuse."""
     sync: str = "fixed"
-    """``fixed`` (every v steps) or ``adaptive`` (when drift > ``sync_threshold``, at most every v)."""
+    """``fixed`` (every v steps) or ``adaptive`` (when drift > ``sync_threshold``, and at least every v)."""
     sync_threshold: float = 0.05
     """Adaptive sync: mean |log π_k − log α| above which the next step syncs."""
     eps_low: float = 0.2
