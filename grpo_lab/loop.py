@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +131,24 @@ def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], config: GRPOConfig,
+                   named_parameters: Callable[[], Iterable[tuple[str, torch.Tensor]]], where: str) -> float:
+    """The loop's optimiser step on ``params``' gradients: clip to ``config.max_grad_norm`` (if set), then step.
+    A non-finite gradient raises first, naming ``where`` and its parameter (from ``named_parameters``), so the
+    parameters and the optimiser state stay as they were. Returns the gradient norm before clipping."""
+    params = [p for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # one foreach pass over the gradients
+    if not torch.isfinite(norm):
+        names = {id(p): name for name, p in named_parameters()}
+        bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(p.grad).all()]
+        raise FloatingPointError(f"non-finite gradient norm {norm.item()} {where} "
+                                 f"(non-finite gradients: {bad[:3] or 'none; their norm overflowed'})")
+    if config.max_grad_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, config.max_grad_norm, norm)
+    optimizer.step()
+    return float(norm)
 
 
 class GRPOLoop:
@@ -275,7 +293,7 @@ class GRPOLoop:
                 with torch.no_grad():
                     all_logp_k[rows] = self.policy.logprobs(rollout, rows)
         if not plan.trains:
-            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, all_logp_k, chunks)}, 0.0, 0.0
+            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, 0.0, 0.0
 
         logp_ref = None
         if self.reference is not None:
@@ -292,10 +310,7 @@ class GRPOLoop:
                     logp_k[c] = all_logp_k[rows] = logp.detach()  # π_θ = π_k before the first optimiser step
                 loss, metrics = grpo_objective(
                     logp, rollout.logp_alpha[rows], plan.advantages[rows], plan.weights[rows], logp_k=logp_k[c],
-                    logp_ref=None if logp_ref is None else logp_ref[c], beta=cfg.beta,
-                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, band=cfg.band, kl_kind=cfg.kl_kind,
-                    kl_importance_weighted=cfg.kl_importance_weighted, level=cfg.level,
-                    is_correction=cfg.is_correction, is_cap=cfg.is_cap)
+                    logp_ref=None if logp_ref is None else logp_ref[c], **plan.objective.kwargs())
                 loss_value = float(loss.detach())
                 if not math.isfinite(loss_value):
                     raise FloatingPointError(f"non-finite loss {loss_value} at step {self.k}, pass {pass_index}")
@@ -305,37 +320,24 @@ class GRPOLoop:
             if not trained:  # empty_step="optimizer_step" and no counted token: step on a zero gradient
                 for param in self._params:
                     param.grad = torch.zeros_like(param)
-            grad_norm = self._optimizer_step()
+            grad_norm = optimizer_step(self.optimizer, self._params, cfg, self.policy.named_parameters,
+                                       f"at step {self.k}")
         metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
-        return {**metrics, **self._sample_diagnostics(rollout, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
+        return {**metrics, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
 
-    def _sample_diagnostics(self, rollout: Rollout, logp_k: torch.Tensor, chunks: list[slice]) -> dict[str, float]:
+    def _sample_diagnostics(self, rollout: Rollout, plan: StepPlan, logp_k: torch.Tensor,
+                            chunks: list[slice]) -> dict[str, float]:
         """``tv_estimate`` and the :func:`ratio_diagnostics` over every sampled token (masked groups
-        included); ``cap_frac`` counts against C only under ``is_correction="truncated"``. With
+        included); ``cap_frac`` counts against the plan's :attr:`~grpo_lab.plan.ObjectiveArgs.diagnostic_cap`. With
         ``offpolicy_split``, the :func:`offpolicy_split` too: log π_sync from the sampler, by micro-batch."""
-        cap = self.config.is_cap if self.config.is_correction == "truncated" else None
         tv = float(tv_terms(logp_k, rollout.logp_alpha, rollout.mask).mean())
         split = {}
         if self.config.offpolicy_split:
             with torch.no_grad():
                 logp_sync = torch.cat([self.sampler.synced_logprobs(rollout, rows) for rows in chunks])
             split = offpolicy_split(logp_k, logp_sync, rollout.logp_alpha, rollout.mask)
-        return {"tv_estimate": tv, **ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, cap), **split}
-
-    def _optimizer_step(self) -> float:
-        """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
-        so π_θ and the optimiser state stay as they were."""
-        params = [p for p in self._params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # one foreach pass over the gradients
-        if not torch.isfinite(norm):
-            names = {id(p): name for name, p in self.policy.named_parameters()}
-            bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(p.grad).all()]
-            raise FloatingPointError(f"non-finite gradient norm {norm.item()} at step {self.k} "
-                                     f"(non-finite gradients: {bad[:3] or 'none; their norm overflowed'})")
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, norm)
-        self.optimizer.step()
-        return float(norm)
+        ratios = ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, plan.objective.diagnostic_cap)
+        return {"tv_estimate": tv, **ratios, **split}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: tensors and plain Python values only."""
