@@ -11,7 +11,8 @@ drives a sync schedule with the same three calls per step k, in this one order::
                     nothing (:meth:`grpo_lab.plan.StepPlan.observed_drift` decides which)
 
 ``lag(k) = k − k0`` with k0 the step of the last committed sync, so α = π_{k0}; a driver reads it
-after ``mark_synced``. ``tests/test_plan.py`` checks the order in every driver.
+after ``mark_synced``. ``tests/test_plan.py`` (the loop, the closed-form engine) and ``tests/test_trl.py`` (the
+TRL adapter) check this order.
 """
 
 from __future__ import annotations
