@@ -50,7 +50,7 @@ else
 endif
 
 demo: setup
-	$(PY) -m grpo_lab.exact.demo --out $(DEMO_DIR)
+	$(PY) -m grpo_lab.viz.demo --out $(DEMO_DIR)
 
 test: setup test-lib test-notebooks
 

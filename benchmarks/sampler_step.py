@@ -1,6 +1,6 @@
 """The loop's step with α on transformers (``sampler: hf``) vs on vLLM's engine (``sampler: vllm``), side by side.
 
-Same config (``configs/cpu_arith_smollm2.yaml``: bundled SmolLM2-135M, float32, CPU, add1), same seed, v = 1
+Same config (``grpo_lab/configs/cpu_arith_smollm2.yaml``: bundled SmolLM2-135M, float32, CPU, add1), same seed, v = 1
 (every step syncs, so the push is in every step). The two loops step in turn, so machine noise hits both
 alike; medians of sample (generation + rewards), train and sync seconds are printed, and the ratio of the
 median steps. Needs vLLM (``.venv-vllm`` from ``make test-vllm``):

@@ -1,5 +1,5 @@
 """Training with each group's prompt scored once (``share_prompt``) against every prompt + completion
-whole, side by side in one run on the CPU default (``configs/cpu_arith_smollm2.yaml``).
+whole, side by side in one run on the CPU default (``grpo_lab/configs/cpu_arith_smollm2.yaml``).
 
 One rollout is sampled; then the loop's training of it (``GRPOLoop._train``: forward, backward and
 the optimiser step over all P·G rows, micro-batched as configured) is timed with the knob on and
@@ -7,7 +7,7 @@ off in turn, ``--repeats`` times each, after one untimed warm-up each. The zero-
 off so that every row trains on both sides. Before timing, both sides score the batch at the same
 θ, and the largest log-prob difference is printed::
 
-    python benchmarks/shared_prompt.py [--config configs/cpu_arith_smollm2.yaml] [--repeats 3]
+    python benchmarks/shared_prompt.py [--config grpo_lab/configs/cpu_arith_smollm2.yaml] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from grpo_lab.lm.recipes import load_config
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/cpu_arith_smollm2.yaml")
+    parser.add_argument("--config", default="grpo_lab/configs/cpu_arith_smollm2.yaml")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     config = load_config(args.config).replace(mask_zero_variance=False)

@@ -1,6 +1,6 @@
 """P4, the reward gain: does the CPU default run raise held-out reward by >= 15 points within 10 minutes (v = 4)?
 
-Trains ``configs/cpu_arith_smollm2.yaml`` (bundled SmolLM2-135M, one-digit additions,
+Trains ``grpo_lab/configs/cpu_arith_smollm2.yaml`` (bundled SmolLM2-135M, one-digit additions,
 lagged server v = 4) for at most ``--minutes`` of wall clock, then evaluates Pass@1 on
 held-out problems (another generator seed) before and after, with the same sampling seed.
 

@@ -2,7 +2,7 @@
 and the mask at β = 0.04, as units that each write their own result file.
 
 Runs the next missing units of :func:`grpo_lab.study.cpu_study.unit_order` (every arm has n seeds before
-any gets n + 1) from ``configs/cpu_study_smollm2.yaml`` and rebuilds ``results/cpu_study/summary.json``
+any gets n + 1) from ``grpo_lab/configs/cpu_study_smollm2.yaml`` and rebuilds ``results/cpu_study/summary.json``
 after each; run it again in a later sitting and it continues where it stopped (an interrupted unit
 continues from its checkpoint in ``runs/cpu_study_checkpoints/``). Two processes started side by side
 split the missing units between them (each skips what the other has finished or is training); on a
@@ -28,7 +28,8 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.cpu_study import ARMS, STUDY_DIR, run_pilot, run_units, smoke_base
+from grpo_lab.study.cpu_study import run_pilot, run_units, smoke_base, study_dir
+from grpo_lab.study.design import ARMS
 
 
 def deadline(text: str) -> float:
@@ -52,11 +53,11 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: results/cpu_study (pilot: results/cpu_study_pilot)")
     parser.add_argument("--runs-dir", default=None, help="checkpoints while a unit trains (default: runs/...)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field of configs/cpu_study_smollm2.yaml")
+                        help="override a field of grpo_lab/configs/cpu_study_smollm2.yaml")
     args = parser.parse_args()
     base = smoke_base(load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", args.set))
     name = ("cpu_study_pilot" if args.pilot else "cpu_study") + ("_smoke" if smoke_mode() else "")
-    out = args.out or (f"runs/{name}" if smoke_mode() else str(STUDY_DIR.parent / name))
+    out = args.out or (f"runs/{name}" if smoke_mode() else str(study_dir().parent / name))
     runs_dir = args.runs_dir or f"runs/{name}_checkpoints"
     print(f"{platform.node()}: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; task {base.task}, P = {base.prompts_per_step}, G = {base.G}, "

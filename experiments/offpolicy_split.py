@@ -5,7 +5,7 @@ term is what the lag adds (π_θ moved since the sync), the second what the engi
 kernels, its dtype). Runs of the CPU default (bundled SmolLM2-135M on one-digit additions, T = 0.7, lr 1e-5)
 with the trainer in float32 and α on vLLM's CPU engine in bfloat16 and in float32, at v = 1 and v = 4, and
 on the in-process HF sampler in float32; every run with the sync audit on. Writes
-``results/offpolicy_split/split.json`` (:data:`grpo_lab.scale.throughput.SPLIT_RESULTS`), which the notebook
+``results/offpolicy_split/split.json`` (:func:`grpo_lab.scale.throughput.split_path`), which the notebook
 draws. Needs vLLM for the engine runs (``.venv-vllm`` from ``make test-vllm``); one thread is the faster on a
 shared 2-core machine::
 
@@ -46,9 +46,9 @@ def main() -> None:
     from grpo_lab.lm.models import bundled_model_dir, load_policy
     from grpo_lab.lm.policy import LMPolicy
     from grpo_lab.lm.recipes import recipe
-    from grpo_lab.scale.throughput import SPLIT_RESULTS, split_summary
+    from grpo_lab.scale.throughput import split_path, split_summary
 
-    out = args.out or SPLIT_RESULTS
+    out = args.out or split_path()
     base = recipe("cpu_arith_smollm2", steps=args.steps, prompts_per_step=args.prompts, dtype="float32",
                   offpolicy_split=True, sync_audit=True, checkpoint_every=0)
     plan = [("vllm", dtype, v) for dtype in ENGINE_DTYPES for v in VS if "vllm" in args.samplers]

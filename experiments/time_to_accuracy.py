@@ -1,7 +1,7 @@
 """Time to accuracy against TRL (issue 25 §5): grpo_lab at v = 1 and v = 8 and TRL's GRPOTrainer, each for
 the same training seconds, Pass@1 on held-out questions at fixed shares of the budget.
 
-The recipe is the CPU study's (``configs/cpu_study_smollm2.yaml``: bundled SmolLM2-135M, sum3, strict
+The recipe is the CPU study's (``grpo_lab/configs/cpu_study_smollm2.yaml``: bundled SmolLM2-135M, sum3, strict
 reward, P = 4, G = 8, 8 tokens, T = 0.7, lr 2e-5, β = 0, loss type ``grpo``); see
 :mod:`grpo_lab.study.time_to_accuracy` for what each arm runs. Each (arm, seed) is a unit that writes
 ``results/time_to_accuracy/units/<arm>_s<seed>.json`` when it finishes; run it again and it continues with
@@ -24,7 +24,7 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.time_to_accuracy import ALL_ARMS, ARMS, OUT_DIR, run_units, target_findings
+from grpo_lab.study.time_to_accuracy import ALL_ARMS, ARMS, committed_dir, run_units, target_findings
 
 SMOKE_SIZES = dict(prompts_per_step=2, G=4, max_completion_length=4, eval_problems=4, eval_samples=1,
                    train_problems=8)
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     base = load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", [f"eval_problems={args.eval_problems}"])
-    budget, out = args.budget, args.out or str(OUT_DIR)
+    budget, out = args.budget, args.out or str(committed_dir())
     if smoke_mode():
         base, budget, out = base.replace(**SMOKE_SIZES), min(budget, 4.0), args.out or "runs/time_to_accuracy_smoke"
     machine = {"node": platform.node(), "processor": platform.processor() or platform.machine(),

@@ -8,22 +8,24 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
 ``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
 ``sync_audit``              after each sync, did α take π_θ's weights? (``SyncError``)
 ``plan``                    the rules of one step: advantages, mask, token weights, empty-step decision
+``rollout``                 a sampled batch, and the loop's protocols: Policy, Sampler, Task
 ``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
 ``config``                  GRPOConfig, one field per knob
 ``checks``                  the validators that name a bad value
 ``files``                   atomic writes, whole lines; DiskError for a full or read-only disk
 ``exact/``                  exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4),
                             ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
-                            numbers), ``digits_lm`` (the same terms exactly on SmolLM2), ``demo``
+                            numbers), ``digits_lm`` (the same terms exactly on SmolLM2)
 ``lm/``                     language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged
                             α in-process), ``sampling_vllm`` (α on vLLM), ``decoding/`` (α's decoding
-                            forward), ``tasks``, ``rewards``, ``text_task``, ``train_config``, ``build``,
-                            ``training``, ``evaluate``, ``checkpoint``, ``memory``, ``recipes``,
-                            ``group_view``, ``cli``
+                            forward), ``tasks``, ``rewards``, ``verifier_pool`` (math-verify's worker),
+                            ``text_task``, ``train_config``, ``build``, ``training``, ``evaluate``,
+                            ``checkpoint``, ``memory``, ``recipes``, ``group_view``, ``cli``
 ``scale/``                  GPUs and wall clock: ``trl`` (the TRL adapter), ``launch``, ``costmodel``
                             (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
-``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``results`` (statistics)
-``viz/``                    drawing only: display switch, figures, widgets, exercises
+``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``design`` (arms,
+                            comparisons, unit files, the reader), ``results`` (statistics)
+``viz/``                    drawing only: display switch, figures, widgets, exercises, ``demo``
 =========================== ==========================================================
 
 The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study`` import
@@ -32,7 +34,7 @@ The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study
 
 from .advantages import whiten, zero_variance_mask
 from .config import GRPOConfig
-from .loop import GRPOLoop, Policy, Rollout, Sampler, ScoringSampler, StepRecord, Task
+from .loop import GRPOLoop, StepRecord
 from .objective import (
     aggregate_loss,
     clip_bounds,
@@ -43,6 +45,7 @@ from .objective import (
     tv_terms,
 )
 from .plan import StepPlan, plan_step
+from .rollout import Policy, Rollout, Sampler, ScoringSampler, Task
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 from .sync_audit import SyncError
 

@@ -36,7 +36,7 @@ class GRPOConfig:
     i: int = 1
     """Optimiser passes over each batch (TRL ``num_iterations``). i > 1 is sample reuse."""
     sync: str = "fixed"
-    """``fixed`` (every v steps) or ``adaptive`` (when drift > ``sync_threshold``, at most every v)."""
+    """``fixed`` (every v steps) or ``adaptive`` (when drift > ``sync_threshold``, and at least every v)."""
     sync_threshold: float = 0.05
     """Adaptive sync: mean |log π_k − log α| above which the next step syncs."""
     eps_low: float = 0.2
@@ -111,7 +111,7 @@ class GRPOConfig:
     """After each sync, check that α now serves π_θ's weights (:mod:`grpo_lab.sync_audit`): a few tokens of the
     first batch sampled after a sync (the probe) are scored by the sampler and by π_θ, one small forward each per
     sync, and a sync that left α where it was raises :class:`~grpo_lab.sync_audit.SyncError`. A sampler without
-    ``score`` (see :class:`~grpo_lab.loop.ScoringSampler`) cannot be audited: the loop warns once and runs
+    ``score`` (see :class:`~grpo_lab.rollout.ScoringSampler`) cannot be audited: the loop warns once and runs
     without the audit. The TRL adapter runs the same audit (``sync_audit``)."""
     offpolicy_split: bool = False
     """Split log r′ = log(π_k/α) at π_sync, the trainer's forward at the weights of the last sync, into

@@ -4,7 +4,8 @@ Every file the kit writes while it trains or measures (checkpoints, ``metrics.js
 results, the experiments' JSON) goes through :func:`atomic_write` or :func:`append_line`. A full
 disk, a quota or a read-only directory then leaves the previous contents intact (no half-written
 file, no half-written line, no temporary file) and stops with one :class:`DiskError` whose
-one-line message names the file, the cause and what to change.
+one-line message names the file, the cause and what to change. :func:`results_path` finds the committed
+results of a checkout, or says what is missing.
 """
 
 from __future__ import annotations
@@ -140,3 +141,17 @@ def _os_error(exc: BaseException | None) -> OSError | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def results_path(*parts: str, root: str | Path | None = None) -> Path:
+    """``<root>/results/<parts…>``: the committed measurements (the CPU study, the task scan, the off-policy
+    split, time to accuracy). They come with a checkout of the repository, not with the installed package, so
+    ``root`` defaults to the folder above the package, a checkout in an editable install (``git clone``, then
+    ``pip install -e .``). A root without ``results/`` is a FileNotFoundError that names the folder."""
+    base = Path(__file__).resolve().parents[1] if root is None else Path(root)
+    results = base / "results"
+    if not results.is_dir():
+        raise FileNotFoundError(f"{results} does not exist: the committed results/ come with a checkout of the "
+                                "repository (git clone, then pip install -e .), not with the installed package; "
+                                "pass root=<that checkout>")
+    return results.joinpath(*parts)

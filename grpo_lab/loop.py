@@ -1,7 +1,7 @@
 """Algorithm 1 — the (v, i) loop (docs/theory.md §5), written once for every policy.
 
 The bandit, the language models and the benchmarks all run through
-:class:`GRPOLoop`. It talks to three small protocols:
+:class:`GRPOLoop`. It talks to three small protocols (:mod:`grpo_lab.rollout`):
 
 * :class:`Policy` — a ``torch.nn.Module`` (π_θ) whose ``logprobs`` returns the
   log-probabilities of a rollout's completions, with gradient;
@@ -32,9 +32,9 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,84 +50,9 @@ from .objective import (
     tv_terms,
 )
 from .plan import StepPlan, plan_step
+from .rollout import Policy, Rollout, Sampler, Task
 from .schedules import RefResetSchedule, make_sync_schedule
 from .sync_audit import SyncAudit, probe_of
-
-
-@dataclass
-class Rollout:
-    """P prompts × G completions drawn from α, rows ordered prompt-major (row = p·G + g).
-
-    ============== ========== ================================================
-    field          shape      meaning
-    ============== ========== ================================================
-    ``prompts``    P items    whatever the task uses as a prompt
-    ``completions`` ``[B, T]`` sampled tokens (or arm indices, T = 1)
-    ``logp_alpha`` ``[B, T]`` log α of each sampled token, from the sampler
-    ``mask``       ``[B, T]`` True on real completion tokens (padding False)
-    ``extra``      dict       sampler-specific data (e.g. prompt token ids)
-    ============== ========== ================================================
-    """
-
-    prompts: Sequence[Any]
-    completions: torch.Tensor
-    logp_alpha: torch.Tensor
-    mask: torch.Tensor
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def group_size(self) -> int:
-        return self.completions.shape[0] // len(self.prompts)
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """π_θ: an ``nn.Module`` that scores a rollout's completions."""
-
-    def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
-        """log π_θ of ``rollout.completions[rows]`` at the sampling temperature, ``[b, T]``."""
-
-    def parameters(self) -> Any: ...
-
-    def state_dict(self) -> dict[str, torch.Tensor]: ...
-
-
-@runtime_checkable
-class Sampler(Protocol):
-    """The inference server: holds α, samples with log α, and is synced to π_θ."""
-
-    def sample(self, prompts: Sequence[Any], group_size: int, generator: torch.Generator) -> Rollout: ...
-
-    def sync(self, policy: Policy) -> int:
-        """Copy π_θ's weights into α in place; return the bytes moved."""
-
-    def state_dict(self) -> dict[str, torch.Tensor]: ...
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> Any: ...
-
-
-@runtime_checkable
-class ScoringSampler(Sampler, Protocol):
-    """A sampler that also scores given tokens: what the sync audit (``score``, ``GRPOConfig.sync_audit``) and
-    the off-policy split (``synced_logprobs``, ``GRPOConfig.offpolicy_split``) need. Both return ``[b, T]``
-    without gradient, as :meth:`Policy.logprobs` lays them out."""
-
-    def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
-        """log α of ``rollout.completions[rows]`` from the engine that samples, at the sampling temperature,
-        untruncated (the audit checks weights, not the truncation)."""
-
-    def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
-        """log π_sync: the trainer's forward (as :meth:`Policy.logprobs`) at the weights of the last sync."""
-
-
-@runtime_checkable
-class Task(Protocol):
-    """Prompts and a verifiable reward."""
-
-    def prompts(self, n: int, generator: torch.Generator) -> Sequence[Any]: ...
-
-    def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
-        """Rewards ``[P, G]`` in [0, 1] for the rollout's completions."""
 
 
 @dataclass
@@ -208,6 +133,24 @@ def make_optimizer(params: Any, config: GRPOConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], config: GRPOConfig,
+                   named_parameters: Callable[[], Iterable[tuple[str, torch.Tensor]]], where: str) -> float:
+    """The loop's optimiser step on ``params``' gradients: clip to ``config.max_grad_norm`` (if set), then step.
+    A non-finite gradient raises first, naming ``where`` and its parameter (from ``named_parameters``), so the
+    parameters and the optimiser state stay as they were. Returns the gradient norm before clipping."""
+    params = [p for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # one foreach pass over the gradients
+    if not torch.isfinite(norm):
+        names = {id(p): name for name, p in named_parameters()}
+        bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(p.grad).all()]
+        raise FloatingPointError(f"non-finite gradient norm {norm.item()} {where} "
+                                 f"(non-finite gradients: {bad[:3] or 'none; their norm overflowed'})")
+    if config.max_grad_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, config.max_grad_norm, norm)
+    optimizer.step()
+    return float(norm)
+
+
 class GRPOLoop:
     """Runs Algorithm 1 on (policy, sampler, task) and keeps everything needed to resume.
 
@@ -232,7 +175,7 @@ class GRPOLoop:
         self.history: list[StepRecord] = []
         if config.offpolicy_split and not callable(getattr(sampler, "synced_logprobs", None)):
             raise ValueError(f"offpolicy_split = True needs log π_sync, but {type(sampler).__name__} has no "
-                             "synced_logprobs (see grpo_lab.loop.ScoringSampler)")
+                             "synced_logprobs (see grpo_lab.rollout.ScoringSampler)")
         self.audit: SyncAudit | None = None
         if config.sync_audit and callable(getattr(sampler, "score", None)):
             self.audit = SyncAudit.for_dtype(next(iter(policy.parameters())).dtype)
@@ -350,7 +293,7 @@ class GRPOLoop:
                 with torch.no_grad():
                     all_logp_k[rows] = self.policy.logprobs(rollout, rows)
         if not plan.trains:
-            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, all_logp_k, chunks)}, 0.0, 0.0
+            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, 0.0, 0.0
 
         logp_ref = None
         if self.reference is not None:
@@ -367,10 +310,7 @@ class GRPOLoop:
                     logp_k[c] = all_logp_k[rows] = logp.detach()  # π_θ = π_k before the first optimiser step
                 loss, metrics = grpo_objective(
                     logp, rollout.logp_alpha[rows], plan.advantages[rows], plan.weights[rows], logp_k=logp_k[c],
-                    logp_ref=None if logp_ref is None else logp_ref[c], beta=cfg.beta,
-                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, band=cfg.band, kl_kind=cfg.kl_kind,
-                    kl_importance_weighted=cfg.kl_importance_weighted, level=cfg.level,
-                    is_correction=cfg.is_correction, is_cap=cfg.is_cap)
+                    logp_ref=None if logp_ref is None else logp_ref[c], **plan.objective.kwargs())
                 loss_value = float(loss.detach())
                 if not math.isfinite(loss_value):
                     raise FloatingPointError(f"non-finite loss {loss_value} at step {self.k}, pass {pass_index}")
@@ -380,37 +320,24 @@ class GRPOLoop:
             if not trained:  # empty_step="optimizer_step" and no counted token: step on a zero gradient
                 for param in self._params:
                     param.grad = torch.zeros_like(param)
-            grad_norm = self._optimizer_step()
+            grad_norm = optimizer_step(self.optimizer, self._params, cfg, self.policy.named_parameters,
+                                       f"at step {self.k}")
         metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
-        return {**metrics, **self._sample_diagnostics(rollout, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
+        return {**metrics, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
 
-    def _sample_diagnostics(self, rollout: Rollout, logp_k: torch.Tensor, chunks: list[slice]) -> dict[str, float]:
+    def _sample_diagnostics(self, rollout: Rollout, plan: StepPlan, logp_k: torch.Tensor,
+                            chunks: list[slice]) -> dict[str, float]:
         """``tv_estimate`` and the :func:`ratio_diagnostics` over every sampled token (masked groups
-        included); ``cap_frac`` counts against C only under ``is_correction="truncated"``. With
+        included); ``cap_frac`` counts against the plan's :attr:`~grpo_lab.plan.ObjectiveArgs.diagnostic_cap`. With
         ``offpolicy_split``, the :func:`offpolicy_split` too: log π_sync from the sampler, by micro-batch."""
-        cap = self.config.is_cap if self.config.is_correction == "truncated" else None
         tv = float(tv_terms(logp_k, rollout.logp_alpha, rollout.mask).mean())
         split = {}
         if self.config.offpolicy_split:
             with torch.no_grad():
                 logp_sync = torch.cat([self.sampler.synced_logprobs(rollout, rows) for rows in chunks])
             split = offpolicy_split(logp_k, logp_sync, rollout.logp_alpha, rollout.mask)
-        return {"tv_estimate": tv, **ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, cap), **split}
-
-    def _optimizer_step(self) -> float:
-        """Clip (if set) and step. A non-finite gradient raises first, naming its parameter,
-        so π_θ and the optimiser state stay as they were."""
-        params = [p for p in self._params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # one foreach pass over the gradients
-        if not torch.isfinite(norm):
-            names = {id(p): name for name, p in self.policy.named_parameters()}
-            bad = [names.get(id(p), f"#{j}") for j, p in enumerate(params) if not torch.isfinite(p.grad).all()]
-            raise FloatingPointError(f"non-finite gradient norm {norm.item()} at step {self.k} "
-                                     f"(non-finite gradients: {bad[:3] or 'none; their norm overflowed'})")
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, norm)
-        self.optimizer.step()
-        return float(norm)
+        ratios = ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, plan.objective.diagnostic_cap)
+        return {"tv_estimate": tv, **ratios, **split}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: tensors and plain Python values only."""

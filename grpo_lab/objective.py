@@ -27,6 +27,14 @@ OFFPOLICY_SPLIT = ("staleness_abs", "mismatch_abs", "staleness_share")
 """The names of :func:`offpolicy_split`'s values."""
 
 
+def clip_widths(eps_low: float, eps_high: float | None) -> tuple[float, float]:
+    """(ε_low, ε_high), each checked ≥ 0; ``eps_high=None`` means ε_high = ε_low. The one place that rule is
+    written: the loss, its metrics, the closed-form engine and the step plan (:class:`grpo_lab.plan.ObjectiveArgs`)
+    all call it."""
+    eps_low = require_number_in("eps_low", eps_low, 0.0)
+    return eps_low, eps_low if eps_high is None else require_number_in("eps_high", eps_high, 0.0)
+
+
 def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
                 band: str = "additive") -> tuple[torch.Tensor, torch.Tensor]:
     """The interval that r is clipped to, centred on r′ = π_k/α.
@@ -66,8 +74,7 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
     Exact reductions (tested): with α = π_k (r′ = 1) both bands give PPO's
     ``min(r A, clip(r, 1−ε, 1+ε) A)``; at logp = logp_k the gradient is r′·A·∇log π.
     """
-    eps_low = require_number_in("eps_low", eps_low, 0.0)
-    eps_high = eps_low if eps_high is None else require_number_in("eps_high", eps_high, 0.0)
+    eps_low, eps_high = clip_widths(eps_low, eps_high)
     require_choice("band", band, BANDS)
     require_same_shape(logp=logp, logp_k=logp_k, logp_alpha=logp_alpha)
     ratio = torch.exp(logp - logp_alpha)
@@ -403,8 +410,7 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
 
     with torch.no_grad():
         metrics = _metrics(ratio_logp - base, ratio_logp_k - base, ratio_logp_k - ratio_logp_alpha,
-                           logp_k - logp_alpha, adv, kl, mask, eps_low, eps_low if eps_high is None else eps_high,
-                           band)
+                           logp_k - logp_alpha, adv, kl, mask, *clip_widths(eps_low, eps_high), band)
     return loss, metrics
 
 

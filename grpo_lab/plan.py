@@ -4,20 +4,55 @@
 and the TRL adapter (:mod:`grpo_lab.scale.trl`) each call :func:`plan_step` on a step's rewards and
 sampled tokens, before any forward pass, and act on what it decides: the advantages A_α, the
 zero-variance mask m(x), the token weights w of the loss, whether the optimiser steps at all
-(``GRPOConfig.empty_step``), and what the sync schedule is told of the step's drift
-(:meth:`StepPlan.observed_drift`).
+(``GRPOConfig.empty_step``), what the sync schedule is told of the step's drift
+(:meth:`StepPlan.observed_drift`), and the loss's knobs, resolved once (:class:`ObjectiveArgs`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .advantages import whiten, zero_variance_mask
 from .checks import require_reward_groups
 from .config import GRPOConfig
-from .objective import loss_weights
+from .objective import clip_widths, loss_weights
+
+
+@dataclass(frozen=True)
+class ObjectiveArgs:
+    """The knobs of :func:`~grpo_lab.objective.grpo_objective`, resolved from a config once
+    (``eps_high`` None → ε_low, :func:`~grpo_lab.objective.clip_widths`): every driver passes them whole,
+    ``grpo_objective(…, **plan.objective.kwargs())``, so none spells them out again."""
+
+    beta: float
+    eps_low: float
+    eps_high: float
+    band: str
+    kl_kind: str
+    kl_importance_weighted: bool
+    level: str
+    is_correction: str
+    is_cap: float
+
+    @classmethod
+    def of(cls, config: GRPOConfig) -> ObjectiveArgs:
+        eps_low, eps_high = clip_widths(config.eps_low, config.eps_high)
+        return cls(beta=config.beta, eps_low=eps_low, eps_high=eps_high, band=config.band, kl_kind=config.kl_kind,
+                   kl_importance_weighted=config.kl_importance_weighted, level=config.level,
+                   is_correction=config.is_correction, is_cap=config.is_cap)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``grpo_objective``."""
+        return dict(vars(self))
+
+    @property
+    def diagnostic_cap(self) -> float | None:
+        """The cap C that :func:`~grpo_lab.objective.ratio_diagnostics`' ``cap_frac`` counts against: ``is_cap``
+        where the correction truncates (``is_correction="truncated"``), else None."""
+        return self.is_cap if self.is_correction == "truncated" else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +72,7 @@ class StepPlan:
     ``empty``        bool       no counted token carries a gradient: none is counted, or β = 0
                                 and A = 0 on every counted row
     ``trains``       bool       the optimiser steps: not ``empty``, or ``empty_step="optimizer_step"``
+    ``objective``    —          the loss's knobs, resolved (:class:`ObjectiveArgs`)
     ================ ========== ===============================================================
 
     With stacked runs (``run_ids``) each run is normalised alone, but ``empty`` and ``trains`` are
@@ -51,6 +87,7 @@ class StepPlan:
     masked_frac: float
     empty: bool
     trains: bool
+    objective: ObjectiveArgs
 
     @property
     def skipped(self) -> bool:
@@ -75,7 +112,8 @@ def plan_step(rewards: torch.Tensor, sampled_mask: torch.Tensor, config: GRPOCon
     ``sampled_mask`` ``[B, T]`` the tokens α sampled (padding False), B = P·G, rows prompt-major
     ``config``       —          reads ``eps_std``, ``unbiased_std``, ``eps_placement``,
                                 ``mask_zero_variance``, ``mask_normalize``, ``loss_type``,
-                                ``max_completion_length``, ``beta``, ``empty_step`` (P, G from ``rewards``)
+                                ``max_completion_length``, ``beta``, ``empty_step`` (P, G from ``rewards``),
+                                the loss's knobs (:meth:`ObjectiveArgs.of`)
     ``run_ids``      ``[B]``    optional: stacked independent runs, each normalised alone
     ``dtype``        —          of ``weights`` (the dtype of the loss they weight)
     ================ ========== ===============================================================
@@ -103,4 +141,4 @@ def plan_step(rewards: torch.Tensor, sampled_mask: torch.Tensor, config: GRPOCon
     empty = not bool(carries_gradient.any())
     return StepPlan(advantages=advantages, informative=informative, keep=keep, mask=mask, weights=weights,
                     masked_frac=1.0 - float(informative.sum()) / P, empty=empty,
-                    trains=not empty or config.empty_step == "optimizer_step")
+                    trains=not empty or config.empty_step == "optimizer_step", objective=ObjectiveArgs.of(config))

@@ -1,15 +1,18 @@
 """When the sampler's α is replaced by π_θ (sync), and when π_ref is reset (docs/theory.md §5, §7).
 
 Every driver (:class:`~grpo_lab.loop.GRPOLoop`, the closed-form bandit engine, the TRL adapter)
-drives a sync schedule with the same three calls per step k::
+drives a sync schedule with the same three calls per step k, in this one order::
 
     begin(k)        sync now? Decided before sampling from what is committed; changes nothing,
                     so a step whose sampling fails asks again, and re-syncs, when it is run again
-    mark_synced(k)  once the batch sampled after the sync exists: α = π_k is committed
+                    (if it says yes: α ← π_θ, then the batch is sampled from α and planned)
+    mark_synced(k)  only once the batch sampled after the sync exists: α = π_k is committed
     end(drift)      what the step measured of the drift of α from π_k, or None when it measured
                     nothing (:meth:`grpo_lab.plan.StepPlan.observed_drift` decides which)
 
-``lag(k) = k − k0`` with k0 the step of the last committed sync, so α = π_{k0}.
+``lag(k) = k − k0`` with k0 the step of the last committed sync, so α = π_{k0}; a driver reads it
+after ``mark_synced``. ``tests/test_plan.py`` (the loop, the closed-form engine) and ``tests/test_trl.py`` (the
+TRL adapter) check this order.
 """
 
 from __future__ import annotations
@@ -103,8 +106,8 @@ class AdaptiveSyncSchedule(SyncSchedule):
 
 def make_sync_schedule(sync: str, v: int, threshold: float) -> SyncSchedule:
     """The one sync rule of every route (GRPOLoop, the closed-form bandit engine, the TRL adapter):
-    every v steps (``sync="fixed"``) or when the measured drift passes ``threshold``, at most every
-    v steps (``"adaptive"``)."""
+    every v steps (``sync="fixed"``), or when the measured drift passes ``threshold`` and at least
+    every v steps (``"adaptive"``: v is the longest lag)."""
     require_choice("sync", sync, SYNC_MODES)
     return AdaptiveSyncSchedule(v=v, threshold=threshold) if sync == "adaptive" else SyncSchedule(v)
 

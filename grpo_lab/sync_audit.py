@@ -35,14 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from .checks import require_number_in
-
-if TYPE_CHECKING:
-    from .loop import Rollout
+from .rollout import Rollout
 
 AUDIT_TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2,
                                              torch.bfloat16: 5e-2}

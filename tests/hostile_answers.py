@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from grpo_lab.lm import rewards
+from grpo_lab.lm import verifier_pool
 from grpo_lab.lm.rewards import answer_reward, extract_answer, format_reward
 
 PARENT_SLACK_S = 1.0
@@ -69,7 +69,7 @@ def score_answer(completion: str, gold: str, timeout: float) -> tuple[float, flo
     with within(PARENT_SLACK_S, what):
         extract_answer(completion)
         format_reward(completion, "boxed")
-    warm = rewards._VERIFIER.warm()
+    warm = verifier_pool._VERIFIER.warm()
     start = time.perf_counter()
     value = answer_reward(completion, gold, "boxed", 0.1, timeout=timeout)
     return value, time.perf_counter() - start, warm

@@ -52,7 +52,7 @@ from hypothesis import HealthCheck, given, settings
 
 from grpo_lab import GRPOConfig
 from grpo_lab.exact.bandit import single_thread
-from grpo_lab.lm import rewards
+from grpo_lab.lm import rewards, verifier_pool
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -120,7 +120,7 @@ def hostile_answers(examples: int, depth: int, timeout: float) -> dict[str, Any]
         score(completion, "5", label)
     warm = max((s for s in seen if s[1]), default=(0.0, True, "-"))
     cold = max(seen, default=(0.0, False, "-"))
-    stats = rewards.verifier_stats()
+    stats = verifier_pool.verifier_stats()
     print(f"hostile answers: {len(seen) + len(raised) + len(too_slow)} scored (timeout {timeout} s), "
           f"{len(raised)} raised, {len(too_slow)} with extraction over {answers.PARENT_SLACK_S} s; worst latency "
           f"{warm[0]:.2f} s with a warm worker ({warm[2]}), {cold[0]:.2f} s including a worker restart "
@@ -156,10 +156,10 @@ def kill_the_verifier() -> scenarios.Outcome:
     """SIGKILL the math-verify worker in the middle of a call: that answer scores 0, the next is right."""
     outcome = scenarios.Outcome("math-verify worker killed mid-call")
     rewards.answers_match("\\frac{1}{2}", "0.5")
-    worker, crashes = rewards._VERIFIER.worker.proc, rewards.verifier_stats()["crashes"]
+    worker, crashes = verifier_pool._VERIFIER.worker.proc, verifier_pool.verifier_stats()["crashes"]
     threading.Timer(0.3, worker.kill).start()
     outcome.checks["the killed call scores 0"] = rewards.answers_match(POWER_TOWER, "5", timeout=10.0) is False
-    outcome.checks["counted as a crash"] = rewards.verifier_stats()["crashes"] == crashes + 1
+    outcome.checks["counted as a crash"] = verifier_pool.verifier_stats()["crashes"] == crashes + 1
     outcome.checks["the next call is right"] = rewards.answers_match("\\frac{2}{4}", "0.5")
     return outcome
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from grpo_lab.exact import demo
+from grpo_lab.viz import demo
 
 
 def test_without_a_browser_one_line_says_how_to_get_pngs(tmp_path, monkeypatch, capsys):

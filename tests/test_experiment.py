@@ -129,10 +129,10 @@ def test_interrupt_saves_a_consistent_checkpoint(tokenizer, tmp_path):
 
 
 def test_cli_config_loading(tmp_path):
-    cfg = load_config("configs/cpu_arith_smollm2.yaml", ["v=8", "eps_high=0.28"])
+    cfg = load_config("grpo_lab/configs/cpu_arith_smollm2.yaml", ["v=8", "eps_high=0.28"])
     assert (cfg.v, cfg.eps_high, cfg.model) == (8, 0.28, "smollm2-135m")
     for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10"):
-        c = load_config(f"configs/gsm8k_qwen05b_{name}.yaml")
+        c = load_config(f"grpo_lab/configs/gsm8k_qwen05b_{name}.yaml")
         assert c.model == "Qwen/Qwen2.5-0.5B-Instruct" and c.eval_samples == 50
     with pytest.raises(ValueError, match=r"unknown config field\(s\) \['vv'\]"):
         load_config(None, ["vv=3"])
@@ -145,7 +145,7 @@ def test_cli_config_loading(tmp_path):
 
 
 def test_share_prompt_knob_reaches_the_policy(tokenizer, tmp_path):
-    assert load_config("configs/cpu_arith_smollm2.yaml").share_prompt is True
+    assert load_config("grpo_lab/configs/cpu_arith_smollm2.yaml").share_prompt is True
     for share in (True, False):
         loop = tiny_loop(tiny_config(tmp_path, share_prompt=share), tokenizer)
         assert loop.policy.share_prompt is share
@@ -182,7 +182,7 @@ def test_gsm8k_recipe_reads_local_files(tmp_path):
     rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} plus {i}.\n#### {2 * i:,}"} for i in range(600, 606)]
     path = tmp_path / "gsm8k.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = load_config("configs/gsm8k_qwen05b_offpolicy_v10.yaml",
+    cfg = load_config("grpo_lab/configs/gsm8k_qwen05b_offpolicy_v10.yaml",
                       [f"eval_data_files={path}", "eval_problems=4"])
     problems = eval_problems(cfg)
     assert [p.answer for p in problems] == ["1200", "1202", "1204", "1206"]

@@ -6,7 +6,7 @@ import pytest
 from hostile_answers import GOLDS, LONG_PIECES, PARENT_SLACK_S, completions, score_answer, within
 from hypothesis import HealthCheck, given, settings
 
-from grpo_lab.lm import rewards
+from grpo_lab.lm import verifier_pool
 from grpo_lab.lm.rewards import extract_answer, format_reward, strict_answer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -20,7 +20,7 @@ FUZZ_TIMEOUT_S = 1.0
 def test_hostile_answers_never_raise_and_respect_the_timeout(completion, gold):
     value, seconds, warm = score_answer(completion, gold, FUZZ_TIMEOUT_S)
     assert value in (0.0, 0.1, 1.0)
-    bound = FUZZ_TIMEOUT_S + PARENT_SLACK_S + (0 if warm else rewards.STARTUP_TIMEOUT_S)
+    bound = FUZZ_TIMEOUT_S + PARENT_SLACK_S + (0 if warm else verifier_pool.STARTUP_TIMEOUT_S)
     assert seconds <= bound, f"{seconds:.2f} s > {bound} s on {completion[:60]!r}"
 
 

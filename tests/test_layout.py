@@ -1,9 +1,21 @@
-"""The README's map names every module of the package, and every module it names exists."""
+"""The package's layout: the README's map names every module and every module it names exists; the import
+graph has no circle and no back arrow; the recipes ship with the package and results/ is found, or named as
+missing, outside an editable checkout."""
 
+from __future__ import annotations
+
+import ast
+import fnmatch
 import re
 from pathlib import Path
 
+import pytest
+
+from grpo_lab.files import results_path
+from grpo_lab.lm.recipes import CONFIG_DIR, recipe_path
+
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "grpo_lab"
 
 
 def test_readme_map_names_every_module():
@@ -18,3 +30,173 @@ def test_every_subpackage_says_what_it_holds():
     for init in ROOT.joinpath("grpo_lab").rglob("__init__.py"):
         text = init.read_text().lstrip()
         assert text.startswith('"""') and len(text.split('"""')[1].split()) >= 8, f"{init} has no docstring"
+
+
+# ----------------------------------------------------------------------------- the import graph
+
+ALLOWED = {
+    "core": {"core"},
+    "lm": {"core", "lm"},
+    "scale": {"core", "lm", "scale"},
+    "exact": {"core", "lm", "scale", "exact"},
+    "study": {"core", "lm", "scale", "study"},
+    "viz": {"core", "exact", "lm", "scale", "study", "viz"},
+}
+"""Which layer may import which: an import against this table is a back arrow.
+
+======== =================================================== ==================================================
+layer    modules                                             may import
+======== =================================================== ==================================================
+core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpackage
+         objective, plan, schedules, rollout, sync_audit,
+         loop, config, checks, files)
+lm       ``grpo_lab/lm/`` (decoding/ included)               core, lm
+scale    ``grpo_lab/scale/``                                 core, lm, scale
+exact    ``grpo_lab/exact/``                                 core, lm (SmolLM2 exactly), scale (the cost model)
+study    ``grpo_lab/study/``                                 core, lm, scale
+viz      ``grpo_lab/viz/`` (drawing only)                    every layer: it draws what they compute
+======== =================================================== ==================================================
+
+Nothing imports viz but viz, and exact and study import neither each other nor viz."""
+
+
+def layer(module: str) -> str:
+    """``core`` for ``grpo_lab`` and its top-level modules, else the subpackage's name."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else "core"
+
+
+def module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Module name → file, for every ``.py`` under ``root/package`` (a package is its ``__init__``)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
+    """Module → the package's modules it imports, read from the source with ``ast``: every ``import`` and
+    ``from … import`` anywhere in the file (module level, in functions, under ``TYPE_CHECKING``), relative ones
+    resolved; ``from p import name`` counts as importing ``p.name`` where that is a module, else ``p``."""
+    files = module_files(root, package)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        here = module.split(".") if is_package else module.split(".")[:-1]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[:len(here) - node.level + 1] if node.level else [])
+                target = ".".join(part for part in (base, node.module or "") if part)
+                targets = [f"{target}.{alias.name}" if f"{target}.{alias.name}" in files else target
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:      # import a.b.c of a package: its deepest module
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: every strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import from a layer that :data:`ALLOWED` does not let it import."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets if layer(b) not in ALLOWED[layer(a)])
+
+
+def test_the_package_has_no_import_circle_and_no_back_arrow():
+    graph = import_graph(ROOT)
+    assert len(graph) >= 50 and sum(map(len, graph.values())) >= 150      # the whole package was read
+    assert {"grpo_lab.plan", "grpo_lab.rollout", "grpo_lab.sync_audit"} <= graph["grpo_lab.loop"]
+    assert "grpo_lab.lm.policy" in graph["grpo_lab.exact.digits_lm"]       # a subpackage's relative import
+    assert "grpo_lab.exact.studies" in graph["grpo_lab.viz.demo"]          # from ..exact import studies
+    assert cycles(graph) == [], f"import circles: {cycles(graph)}"
+    assert back_arrows(graph) == [], f"back arrows (see ALLOWED): {back_arrows(graph)}"
+
+
+def test_the_checker_finds_a_circle_and_a_back_arrow(tmp_path):
+    """The two rules on a made-up package: a top-level circle, one through a function-level import and one
+    under TYPE_CHECKING, and algorithm and exact modules importing viz."""
+    package = tmp_path / PACKAGE
+    for folder in (package, package / "exact", package / "viz"):
+        folder.mkdir()
+        (folder / "__init__.py").write_text("")
+    (package / "loop.py").write_text("from .sync_audit import probe\n")
+    (package / "sync_audit.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from .loop import Rollout\n")
+    (package / "plan.py").write_text("def f():\n    from .viz import plots\n")
+    (package / "exact" / "demo.py").write_text("from ..viz import plots\nfrom . import bandit\n")
+    (package / "exact" / "bandit.py").write_text("def g():\n    from grpo_lab.exact.demo import main\n")
+    (package / "viz" / "plots.py").write_text("from . import colours\n")   # no such module: the package
+    graph = import_graph(tmp_path)
+    assert graph["grpo_lab.viz.plots"] == {"grpo_lab.viz"}
+    assert sorted(cycles(graph)) == [["grpo_lab.exact.bandit", "grpo_lab.exact.demo"],
+                                     ["grpo_lab.loop", "grpo_lab.sync_audit"]]
+    assert back_arrows(graph) == [("grpo_lab.exact.demo", "grpo_lab.viz.plots"),
+                                  ("grpo_lab.plan", "grpo_lab.viz.plots")]
+
+
+# ----------------------------------------------------------------------------- paths outside a checkout
+
+def test_results_outside_a_checkout_name_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "results")) + " does not exist.*checkout"):
+        results_path("cpu_study", root=tmp_path)
+    (tmp_path / "results").mkdir()
+    found = results_path("cpu_study", "summary.json", root=tmp_path)
+    assert found == tmp_path / "results" / "cpu_study" / "summary.json"
+    assert results_path("cpu_study") == ROOT / "results" / "cpu_study"       # default: this checkout
+
+
+def test_the_recipes_ship_with_the_package():
+    """Every recipe is under the package and matched by pyproject's package data, and ``--config`` takes a
+    bundled recipe's name from anywhere."""
+    assert CONFIG_DIR.parent == ROOT / PACKAGE and not (ROOT / "configs").exists()
+    declared = re.search(r"\[tool\.setuptools\.package-data\]\s*grpo_lab = \[([^\]]*)\]",
+                         ROOT.joinpath("pyproject.toml").read_text())
+    patterns = re.findall(r'"([^"]+)"', declared.group(1))
+    files = [str(p.relative_to(CONFIG_DIR.parent)) for p in CONFIG_DIR.rglob("*") if p.is_file()]
+    assert len(files) >= 10 and [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)] == []
+    bundled = CONFIG_DIR / "cpu_arith_smollm2.yaml"
+    assert recipe_path("cpu_arith_smollm2") == recipe_path("cpu_arith_smollm2.yaml") == bundled
+    with pytest.raises(FileNotFoundError, match=r"'configs/cpu_arith_smollm2.yaml' does not exist, nor is it a "
+                                                r"bundled recipe \(one of \[.*'cpu_arith_smollm2'"):
+        recipe_path("configs/cpu_arith_smollm2.yaml")

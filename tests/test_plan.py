@@ -1,13 +1,15 @@
 """The rules of one step (grpo_lab.plan): plan_step by hand, the empty-step decision, the sync
-schedule's begin/end, and the same plan and the same schedule decisions in every driver."""
+schedule's begin/end, and the same plan, the same schedule decisions and the one call order (begin, plan,
+mark_synced, end) in every driver; the loss's knobs the plan carries."""
 
 import numpy as np
 import pytest
 import torch
+from schedule_calls import assert_one_call_order, record_plans_and_schedule
 
 import grpo_lab.exact.closed_form as closed_form
 import grpo_lab.loop as loop_module
-from grpo_lab import GRPOConfig, StepPlan, plan_step
+from grpo_lab import GRPOConfig, plan_step
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, build_bandit_loop, run_bandit
 from grpo_lab.schedules import make_sync_schedule
 
@@ -129,35 +131,6 @@ def test_begin_decides_without_committing_and_end_none_keeps_the_drift():
 
 # ----------------------------------------------------------------------------- one plan for every driver
 
-def record_plans_and_schedule(monkeypatch, module):
-    """Wrap ``module``'s plan_step and sync schedule: every plan, and every begin/mark_synced/end call
-    with its arguments and answer."""
-    plans: list[StepPlan] = []
-    calls: list[tuple] = []
-    real_plan, real_schedule = module.plan_step, module.make_sync_schedule
-
-    def planned(*args, **kwargs):
-        plans.append(real_plan(*args, **kwargs))
-        return plans[-1]
-
-    def make(*args):
-        schedule = real_schedule(*args)
-        for name in ("begin", "mark_synced", "end"):
-            method = getattr(schedule, name)
-
-            def recorded(*call_args, _method=method, _name=name):
-                answer = _method(*call_args)
-                calls.append((_name, *call_args, answer))
-                return answer
-
-            setattr(schedule, name, recorded)
-        return schedule
-
-    monkeypatch.setattr(module, "plan_step", planned)
-    monkeypatch.setattr(module, "make_sync_schedule", make)
-    return plans, calls
-
-
 # P = 1 group of G = 2 per run: many steps have every group masked (contexts 0 and 1 always agree).
 SMALL = BanditProblem(torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.2, 0.9]], dtype=torch.float64))
 DRIVER_CASES = {
@@ -180,12 +153,14 @@ def test_loop_and_closed_form_make_the_same_plans_and_sync_decisions(monkeypatch
     for a, b in zip(loop_plans, fast_plans, strict=True):
         for name in ("advantages", "informative", "keep", "mask", "weights"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
-        assert (a.masked_frac, a.empty, a.trains) == (b.masked_frac, b.empty, b.trains)
+        assert (a.masked_frac, a.empty, a.trains, a.objective) == (b.masked_frac, b.empty, b.trains, b.objective)
     assert [c[0:2] for c in loop_calls] == [c[0:2] for c in fast_calls]            # the same calls at the same k
     for a, b in zip(loop_calls, fast_calls, strict=True):
         assert a[-1] == b[-1] and (a[1] is None) == (b[1] is None)                 # same answers, same Nones
         if a[0] == "end" and a[1] is not None:
             assert a[1] == pytest.approx(b[1], rel=1e-12)
+    assert_one_call_order(loop_calls)                                                # begin, plan, mark, end
+    assert_one_call_order(fast_calls)
     ends = [c[1] for c in loop_calls if c[0] == "end"]
     assert [e is None for e in ends] == [p.observed_drift(0.0) is None for p in loop_plans]
     if config.sync == "adaptive":           # the case exercises both: skipped steps and syncs by drift
@@ -244,3 +219,27 @@ def test_closed_form_empty_step_matches_the_loop(changes, empty_step):
         assert (passes == config.i).all()
         # a zero gradient moves θ only through weight decay or AdamW's momentum
         assert moved[empty].any() == (config.weight_decay > 0 or config.optimizer == "adamw")
+
+
+# ----------------------------------------------------------------------------- the loss's knobs, resolved once
+
+@pytest.mark.parametrize("changes, eps_high, cap", [
+    (dict(), 0.2, None),
+    (dict(eps_high=0.28, is_correction="truncated", is_cap=1.5), 0.28, 1.5),
+    (dict(eps_low=0.1, is_correction="none", is_cap=1.5), 0.1, None),
+])
+def test_the_plan_carries_the_objectives_knobs_resolved(changes, eps_high, cap):
+    """StepPlan.objective: ε_high None → ε_low, the cap the diagnostics count against only where the correction
+    truncates, and exactly grpo_objective's keyword knobs (so a driver passes them whole)."""
+    import inspect
+
+    from grpo_lab import grpo_objective
+
+    config = GRPOConfig(G=2, beta=0.1, kl_kind="k2", band="multiplicative", level="sequence", **changes)
+    objective = plan_step(REWARDS, SAMPLED, config).objective
+    assert objective.eps_high == eps_high and objective.eps_low == config.eps_low and objective.diagnostic_cap == cap
+    assert (objective.beta, objective.kl_kind, objective.band, objective.level) == (0.1, "k2", "multiplicative",
+                                                                                      "sequence")
+    knobs = {name for name, p in inspect.signature(grpo_objective).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and not name.startswith("logp")}
+    assert set(objective.kwargs()) == knobs

@@ -13,7 +13,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.lm import rewards
 from grpo_lab.lm.rewards import (
     answer_reward,
     answers_match,
@@ -23,8 +22,8 @@ from grpo_lab.lm.rewards import (
     format_reward,
     lenient_reward,
     require_reward_values,
-    verifier_stats,
 )
+from grpo_lab.lm.verifier_pool import _VERIFIER, STARTUP_TIMEOUT_S, verifier_stats
 
 POWER_TOWER = "2^{2^{2^{2^{2^{2}}}}}"  # math-verify spends ~5 s on it, then says False
 
@@ -115,7 +114,7 @@ def test_pathological_answer_is_cut_at_the_timeout():
 
 def test_the_call_after_a_kill_does_not_wait_for_a_worker_start():
     assert answers_match(POWER_TOWER, "5", timeout=0.3) is False  # a kill: from now on a spare is kept
-    assert rewards._VERIFIER.spare.wait_ready(rewards.STARTUP_TIMEOUT_S)  # it imports while training goes on
+    assert _VERIFIER.spare.wait_ready(STARTUP_TIMEOUT_S)  # it imports while training goes on
     assert answers_match(POWER_TOWER, "5", timeout=0.3) is False  # the spare takes over at once …
     start = time.perf_counter()
     assert answers_match("\\frac{3}{6}", "0.5")                   # … and answers without an import
@@ -148,13 +147,13 @@ def test_works_from_a_thread():
 
 def test_works_from_forked_processes():
     assert answers_match("\\frac{1}{2}", "0.5")  # the parent has a live worker before the fork
-    parent_worker = rewards._VERIFIER.worker.proc
+    parent_worker = _VERIFIER.worker.proc
     calls = [("\\frac{1}{2}", "0.5", 3.0), ("(x+1)^2", "x^2+2x+1", 3.0), ("\\frac{1}{3}", "0.5", 3.0),
              (POWER_TOWER, "5", 1.0)]
     with multiprocessing.get_context("fork").Pool(2) as pool:
         results = pool.starmap(answers_match, calls)
     assert results == [True, True, False, False]
-    assert rewards._VERIFIER.worker.proc is parent_worker and parent_worker.poll() is None  # children left it alone
+    assert _VERIFIER.worker.proc is parent_worker and parent_worker.poll() is None  # children left it alone
     assert answers_match("\\sqrt{4}", "2")
 
 

@@ -14,22 +14,19 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from grpo_lab.lm.models import bundled_model_dir
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import hold_run_dir
-from grpo_lab.study.cpu_study import (
+from grpo_lab.study.cpu_study import METRIC_FIELDS, pilot_report, run_units, unit_order
+from grpo_lab.study.design import (
     ARM_BY_NAME,
     ARMS,
     COMPARISONS,
-    METRIC_FIELDS,
     PRIMARY,
     SECONDARY,
     drift_by_lag,
-    pilot_report,
-    run_units,
-    unit_order,
+    format_rows,
+    load_study,
 )
 from grpo_lab.study.results import (
     bounded_mean_ci,
-    format_rows,
-    load_study,
     mean_ci,
     paired_test,
     power,

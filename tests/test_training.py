@@ -46,7 +46,7 @@ def test_a_second_run_into_a_held_directory_is_refused_at_once(tmp_path):
             train(config, make_loop("bandit", config), progress=False)
         start = time.perf_counter()
         cli = subprocess.run([sys.executable, "-m", "grpo_lab.lm.cli", "train", "--config",
-                              "configs/cpu_arith_smollm2.yaml", "--set", f"output_dir={out}"],
+                              "grpo_lab/configs/cpu_arith_smollm2.yaml", "--set", f"output_dir={out}"],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         seconds = time.perf_counter() - start
     finally:
@@ -91,7 +91,7 @@ def test_a_killed_runs_stale_lock_is_taken_over(tmp_path, capsys):
 
 def test_missing_model_is_one_line_not_a_traceback(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "grpo_lab.lm.cli", "train",
-                          "--config", "configs/cpu_arith_smollm2.yaml",
+                          "--config", "grpo_lab/configs/cpu_arith_smollm2.yaml",
                           "--set", "model=/does/not/exist", "--set", f"output_dir={tmp_path / 'run'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 2

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from schedule_calls import assert_one_call_order, record_plans_and_schedule
 
 from grpo_lab.scale.trl import OffPolicyGRPOTrainer
 from grpo_lab.sync_audit import SyncError
@@ -196,6 +197,7 @@ def test_the_adapters_sync_decisions_follow_the_step_plans_as_in_the_loop(model_
     for k, (plan, drift) in enumerate(script):
         trainer.state.global_step = k * trainer.num_iterations
         trainer._maybe_sync()
+        trainer._commit_sync()                                       # the batch exists
         trainer._plan, trainer._drift = plan, [10 * drift, 10.0]    # Σ |log π_k − log α| over 10 tokens
         if reference.begin(k):
             reference.mark_synced(k)
@@ -252,15 +254,22 @@ def test_vllm_path_pushes_only_every_v_steps(model_dir, tmp_path):
     assert torch.isfinite(trainer.compute_loss(trainer.model, out))
 
 
-def test_adaptive_sync_on_the_trl_route_follows_the_drift(model_dir, tmp_path):
+def test_adaptive_sync_on_the_trl_route_follows_the_drift(model_dir, tmp_path, monkeypatch):
     """sync='adaptive' (the lab's AdaptiveSyncSchedule): α ← π_θ at the step after one whose drift
-    mean |log π_k − log α| passed sync_threshold, and at the latest when the lag reaches v."""
+    mean |log π_k − log α| passed sync_threshold, and at the latest when the lag reaches v; the schedule is
+    called in the loop's one order (begin, plan, mark_synced once the batch exists, end), as tests/test_plan.py
+    checks for the loop and the closed-form engine."""
+    import grpo_lab.scale.trl as adapter
+
     def run(threshold, v):
+        plans, calls = record_plans_and_schedule(monkeypatch, adapter)
         trainer = trainer_for(model_dir, tmp_path / f"{threshold}", alternating_reward, max_steps=6,
                               vllm_sync_interval=v, sync="adaptive", sync_threshold=threshold)
         drifts, end = [], trainer.sync_schedule.end
         trainer.sync_schedule.end = lambda drift: drifts.append(drift) or end(drift)
         trainer.train()
+        assert len(plans) == 6 and [c[1] for c in calls if c[0] == "begin"] == list(range(6))
+        assert_one_call_order(calls, last_end_pending=True)   # step 5 ends when a step 6 would begin
         return trainer.sync_steps, drifts
 
     syncs, drifts = run(threshold=0.005, v=5)

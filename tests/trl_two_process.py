@@ -11,7 +11,7 @@ Two parts, on every process, results written as JSON by the main process:
 
 Usage (the test runs the first line with a tiny model)::
 
-    accelerate launch --config_file configs/accelerate/cpu_2proc.yaml tests/trl_two_process.py \\
+    accelerate launch --config_file grpo_lab/configs/accelerate/cpu_2proc.yaml tests/trl_two_process.py \\
         --model-dir DIR --out result.json --steps 4 --v 2
     SMOL="$(python -c 'import grpo_lab.lm.models as m; print(m.bundled_model_dir())')"
     python tests/trl_two_process.py --model-dir "$SMOL" --out smol.json --parts train --steps 3 \\

@@ -38,7 +38,7 @@ from ..checks import require_int_at_least
 from ..config import GRPOConfig
 from ..loop import make_optimizer
 from ..objective import clip_bounds, is_correction_terms
-from ..plan import plan_step
+from ..plan import ObjectiveArgs, plan_step
 from ..schedules import RefResetSchedule, make_sync_schedule
 from .bandit import (
     BanditProblem,
@@ -93,11 +93,11 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
         prompts = task.prompts(P, generator)                           # [N] contexts
         arms, logp_alpha = sampler.draw(prompts, G, generator)         # [N, G]
         rewards = task.bernoulli(prompts, arms, generator)             # [N, G]
+        plan = plan_step(rewards, sampled, cfg, run_ids, dtype=logp_alpha.dtype)
         if synced:
             schedule.mark_synced(k)
         lags.append(schedule.lag(k))
 
-        plan = plan_step(rewards, sampled, cfg, run_ids, dtype=logp_alpha.dtype)
         informative_per_step.append(plan.informative)
         passes.append(cfg.i if plan.trains else 0)
         grad_norm, drift = 0.0, None
@@ -106,7 +106,7 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
             rows = group_run * problem.contexts + prompts             # [N] rows of the [R·C, K] table
             logp_ref = (torch.log_softmax(reference.view(-1, K).index_select(0, rows), -1).gather(1, arms)
                         if reference is not None else None)
-            grad_norm, drift = _train_passes(policy, theta, optimizer, cfg, rows, arms, logp_alpha,
+            grad_norm, drift = _train_passes(policy, theta, optimizer, cfg, plan.objective, rows, arms, logp_alpha,
                                              plan.advantages.view(-1, G) * weights, weights, logp_ref)
         schedule.end(plan.observed_drift(drift))
         grad_norms.append(grad_norm)
@@ -123,8 +123,8 @@ def _run(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditRun:
 
 
 def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.optim.Optimizer | None,
-                  cfg: GRPOConfig, rows: torch.Tensor, arms: torch.Tensor, logp_alpha: torch.Tensor,
-                  weighted_advantages: torch.Tensor, weights: torch.Tensor,
+                  cfg: GRPOConfig, objective: ObjectiveArgs, rows: torch.Tensor, arms: torch.Tensor,
+                  logp_alpha: torch.Tensor, weighted_advantages: torch.Tensor, weights: torch.Tensor,
                   logp_ref: torch.Tensor | None) -> tuple[float, float | None]:
     """The ``cfg.i`` optimiser passes on one batch; returns the last gradient norm and the drift
     mean |log r′| over the counted draws (None when no draw counts: an empty step that
@@ -133,6 +133,7 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
     ============================ ============ =============================================
     argument                     shape        meaning
     ============================ ============ =============================================
+    ``objective``                —            the plan's loss knobs (:class:`~grpo_lab.plan.ObjectiveArgs`)
     ``theta``                    ``[R, C, K]`` the logits table, updated in place
     ``rows``                     ``[N]``      the table row of each group (run · C + context)
     ``arms``, ``logp_alpha``     ``[N, G]``   the sampled arms and their log α
@@ -159,12 +160,11 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
         logp = np.take_along_axis(logp_table, arms, 1)                # [N, G]
         if pass_index == 0:                                           # π_θ = π_k
             base, correction = is_correction_terms(torch.from_numpy(logp), torch.from_numpy(logp_alpha),
-                                                   cfg.is_correction, cfg.is_cap)
+                                                   objective.is_correction, objective.is_cap)
             base = base.numpy().copy()                                # log α, or log π_k
             minus_cwa = minus_wa if correction is None else correction.numpy() * minus_wa
-            low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(np.exp(logp - base)), cfg.eps_low,
-                                                        cfg.eps_low if cfg.eps_high is None else cfg.eps_high,
-                                                        cfg.band))
+            low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(np.exp(logp - base)),
+                                                        objective.eps_low, objective.eps_high, objective.band))
             # u = 0 where the band clipped r on the side A pushes towards: above hi if A > 0, below lo if not
             upper, lower = np.where(positive, high, np.inf), np.where(positive, -np.inf, low)
             drift = float(np.abs(logp - logp_alpha)[counted].mean()) if counted.any() else None
@@ -172,8 +172,8 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
         # w·∂(−c·f_ε)/∂ log π = −c·r·w·A·u
         g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_cwa)
         if logp_ref is not None:
-            dkl = kl_gradient(torch.from_numpy(logp_ref.numpy() - logp), cfg.kl_kind).numpy()
-            g = g + (cfg.beta * weights.numpy()) * (dkl * ratio if cfg.kl_importance_weighted else dkl)
+            dkl = kl_gradient(torch.from_numpy(logp_ref.numpy() - logp), objective.kl_kind).numpy()
+            g = g + (objective.beta * weights.numpy()) * (dkl * ratio if objective.kl_importance_weighted else dkl)
         g = np.where(counted, g, 0.0)                                 # [N, G]
         # Σ_g g_g (onehot(y_g) − π): g added at the drawn arms, (Σ_g g_g)·π taken from the row's K logits
         grad = (np.bincount(sampled, g.ravel(), minlength=table.size)

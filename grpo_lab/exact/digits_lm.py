@@ -56,8 +56,9 @@ from ..lm.rewards import answer_reward
 from ..lm.sampling import HFSampler, build_rollout, tokenize_prompts
 from ..lm.tasks import Problem
 from ..lm.text_task import TextTask
-from ..loop import GRPOLoop, Rollout
+from ..loop import GRPOLoop
 from ..objective import tv_terms
+from ..rollout import Rollout
 from . import bandit
 
 DIGITS = tuple("0123456789")

@@ -1,7 +1,7 @@
 """``grpo-lab train | eval`` — the LLM path from a YAML recipe.
 
-    grpo-lab train --config configs/cpu_arith_smollm2.yaml [--set v=4 --set steps=20]
-    grpo-lab eval  --config configs/cpu_arith_smollm2.yaml [--checkpoint runs/x/checkpoint.pt]
+    grpo-lab train --config grpo_lab/configs/cpu_arith_smollm2.yaml [--set v=4 --set steps=20]
+    grpo-lab eval  --config grpo_lab/configs/cpu_arith_smollm2.yaml [--checkpoint runs/x/checkpoint.pt]
 
 A recipe is a flat YAML mapping of :class:`~grpo_lab.lm.train_config.TrainConfig`
 fields; ``--set key=value`` overrides one (the value is read as YAML: ``v=4``,
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("train", "train (or resume) a run"), ("eval", "Pass@1 of a model or checkpoint")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--config", help="YAML recipe (see configs/)")
+        p.add_argument("--config", help="YAML recipe (see grpo_lab/configs/)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.choices["train"].add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")

@@ -1,4 +1,4 @@
-"""Recipes: the YAML files of ``configs/`` read into a :class:`~grpo_lab.lm.train_config.TrainConfig`.
+"""Recipes: the YAML files of ``grpo_lab/configs/`` read into a :class:`~grpo_lab.lm.train_config.TrainConfig`.
 
 A recipe is a flat YAML mapping of TrainConfig fields; ``key=value`` overrides (``--set`` on the
 command line) replace one field, the value read as YAML (``v=4``, ``eps_high=0.28``,
@@ -23,16 +23,30 @@ from ..checks import require_choice
 from ..config import smoke_mode
 from .train_config import TrainConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The recipes, shipped with the package (package data): ``grpo_lab/configs/``."""
+
+
+def recipe_path(path: str | Path) -> Path:
+    """A recipe file: ``path`` if it is a file, else the bundled recipe of that name (``cpu_arith_smollm2``,
+    with or without ``.yaml``, in :data:`CONFIG_DIR`), so ``--config <name>`` works outside a checkout. Neither
+    is a FileNotFoundError naming the path and the bundled recipes."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    bundled = CONFIG_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if path.parent == Path(".") and bundled.is_file():
+        return bundled
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise FileNotFoundError(f"config file {str(path)!r} does not exist, nor is it a bundled recipe (one of {names})")
 
 
 def read_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The mapping a YAML recipe holds (empty for None), with ``key=value`` overrides applied."""
+    """The mapping a YAML recipe (:func:`recipe_path`) holds (empty for None), with ``key=value`` overrides
+    applied."""
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        path = recipe_path(path)
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {str(path)!r} must hold a mapping of TrainConfig fields")
@@ -70,7 +84,7 @@ class LaunchRecipe:
     """What ``python -m grpo_lab.scale.launch`` runs.
 
     ================== =================================================================
-    ``config``         the TrainConfig fields of the YAML (a ``configs/*.yaml`` recipe)
+    ``config``         the TrainConfig fields of the YAML (a ``grpo_lab/configs/*.yaml`` recipe)
     ``trl``            its ``trl:`` mapping: extra :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig`
                        fields (vLLM mode, tensor parallelism, memory share)
     ``orz_data_files`` its ``orz_data_files:`` path: orz-math-57k's JSON, which then
@@ -115,7 +129,7 @@ def run_dir(name: str) -> str:
 
 
 def recipe(name: str, **changes: Any) -> TrainConfig:
-    """``configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
+    """``grpo_lab/configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
     return load_config(CONFIG_DIR / f"{name}.yaml").replace(**changes)
 
 

@@ -5,7 +5,7 @@
 changes only at :meth:`HFSampler.sync`, an in-place copy of π_θ's weights, so
 between syncs the sampler lags the trainer exactly as a separate inference
 server would. The small functions before it (tokenising prompts, masking after
-EOS, building the :class:`~grpo_lab.loop.Rollout`) are what any sampler of
+EOS, building the :class:`~grpo_lab.rollout.Rollout`) are what any sampler of
 text needs, a vLLM one included.
 
 Rollout layout (what :class:`~grpo_lab.lm.policy.LMPolicy` reads), B = P·G rows, row = p·G + g:
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..checks import require_choice, require_int_at_least, require_number_in, require_truncation
-from ..loop import Rollout
+from ..rollout import Rollout
 from .decoding.decoder import Decoder, LeanDecoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
 

@@ -2,7 +2,7 @@
 
 :class:`~grpo_lab.config.GRPOConfig` holds the knobs of Algorithm 1; :class:`TrainConfig` adds what an
 LLM run needs around them (model, task, evaluation, dtype/device, output folder, loggers). Recipes in
-``configs/`` are read by :mod:`grpo_lab.lm.recipes`.
+``grpo_lab/configs/`` are read by :mod:`grpo_lab.lm.recipes`.
 """
 
 from __future__ import annotations

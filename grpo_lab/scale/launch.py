@@ -1,6 +1,6 @@
 """Launch a recipe at scale: ``accelerate launch ... -m grpo_lab.scale.launch --config R``.
 
-A recipe (``configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
+A recipe (``grpo_lab/configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
 :class:`~grpo_lab.lm.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
 :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor parallelism, memory share) and
 an optional ``orz_data_files:`` path. :func:`trl_args` maps the theory's
@@ -29,19 +29,22 @@ from ..lm.train_config import TrainConfig
 if TYPE_CHECKING:
     from .trl import OffPolicyGRPOConfig
 
-ROOT = CONFIG_DIR.parent
+ROOT = CONFIG_DIR.parents[1]
+"""Where notebook 03 launches the colocate runs, and where :func:`read_result` looks for their
+``output_dir``: the checkout above the package (an editable install)."""
 COLOCATE_RECIPES = {1: "qwen7b_orz_colocate_v1", 10: "qwen7b_orz_colocate_v10"}
 """The paper's 7B colocate throughput runs (docs/theory.md §6), by lag v."""
-ACCELERATE_ZERO3 = "configs/accelerate/gpu8_zero3.yaml"
+ACCELERATE_ZERO3 = CONFIG_DIR / "accelerate" / "gpu8_zero3.yaml"
 RESULT_FILE = "throughput.json"
 
 
 def colocate_command(v: int) -> list[str]:
-    """The 8-GPU launch of the paper's throughput run at lag v (run it from the repository root):
+    """The 8-GPU launch of the paper's throughput run at lag v (the bundled recipes by their full paths; its
+    ``output_dir`` is relative to where it runs, :data:`ROOT` in notebook 03):
     ``accelerate launch`` with this interpreter, so the kernel's environment is the one launched."""
     require_choice("v", v, COLOCATE_RECIPES)
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ACCELERATE_ZERO3,
-            "-m", "grpo_lab.scale.launch", "--config", f"configs/{COLOCATE_RECIPES[v]}.yaml"]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_ZERO3),
+            "-m", "grpo_lab.scale.launch", "--config", str(CONFIG_DIR / f"{COLOCATE_RECIPES[v]}.yaml")]
 
 
 def read_result(v: int) -> dict[str, float] | None:

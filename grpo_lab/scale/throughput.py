@@ -11,7 +11,7 @@ lag 0           :func:`log_ratio_at_lag0`: log r′ right after a sync, α ≠ �
                 floating point
 split           staleness log(π_k/π_sync) vs mismatch log(π_sync/α) along short runs,
                 vLLM in bf16 / fp32 and HF (``experiments/offpolicy_split.py`` writes
-                :data:`SPLIT_RESULTS`; :func:`split_summary`, :func:`split_table`)
+                :func:`split_path`; :func:`split_summary`, :func:`split_table`)
 paper           the same model fitted to the 7B colocate run (0.02828 vs 0.03828
                 iter/s, PAPER): predicted speed-up against v and against model size
 full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.scale.launch`
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..checks import require_choice, require_int_at_least, require_number_in
+from ..files import results_path
 from ..lm.build import build_loop
 from ..lm.recipes import recipe
 from ..lm.train_config import TrainConfig
@@ -63,7 +64,7 @@ MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.
 # ----------------------------------------------------------------------------- measure (reduced / smoke)
 
 def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]:
-    """Notebook 03's CPU runs of ``configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
+    """Notebook 03's CPU runs of ``grpo_lab/configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
     ``vllm``): fixed v = 1, 2, 4, 8 and the adaptive schedule (``v`` = its longest lag). Steps = warm-up +
     a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size."""
     require_choice("mode", mode, ("smoke", "reduced", "full"))
@@ -138,8 +139,10 @@ def log_ratio_at_lag0(loop: Any, prompts: int = 4, seed: int = 0) -> np.ndarray:
     return (logp - rollout.logp_alpha)[rollout.mask].double().numpy()
 
 
-SPLIT_RESULTS = Path(__file__).resolve().parents[2] / "results" / "offpolicy_split" / "split.json"
-"""``experiments/offpolicy_split.py``'s output (committed), which notebook 03 draws."""
+def split_path(root: str | Path | None = None) -> Path:
+    """``experiments/offpolicy_split.py``'s output (committed), which notebook 03 draws:
+    ``results/offpolicy_split/split.json`` of a checkout (:func:`~grpo_lab.files.results_path`)."""
+    return results_path("offpolicy_split", "split.json", root=root)
 
 
 def split_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
@@ -158,9 +161,9 @@ def split_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, float | Non
             "staleness_share_lagged": mean(lagged, "staleness_share")}
 
 
-def load_split(path: str | Path = SPLIT_RESULTS) -> dict[str, Any]:
-    """The split's results file (:data:`SPLIT_RESULTS`), or a ValueError saying how to make it."""
-    path = Path(path)
+def load_split(path: str | Path | None = None) -> dict[str, Any]:
+    """The split's results file (default: :func:`split_path`), or a ValueError saying how to make it."""
+    path = split_path() if path is None else Path(path)
     if not path.is_file():
         raise ValueError(f"{path} does not exist: run experiments/offpolicy_split.py (its docstring has the command)")
     return json.loads(path.read_text())

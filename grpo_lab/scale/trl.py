@@ -7,8 +7,8 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
 
 * α ← π_θ when the lab's sync schedule (:func:`grpo_lab.schedules.make_sync_schedule`)
   says so: at steps k with k % v == 0 (``vllm_sync_interval`` = v), or with
-  ``sync="adaptive"`` when the drift of the last step passed ``sync_threshold``, at
-  most every v steps; in one place, :meth:`OffPolicyGRPOTrainer._sync_sampler`.
+  ``sync="adaptive"`` when the drift of the last step passed ``sync_threshold``, and at
+  least every v steps; in one place, :meth:`OffPolicyGRPOTrainer._sync_sampler`.
   vLLM's prefix cache is reset only by real syncs. Without vLLM, generation comes from an in-process frozen
   copy α of the model, refreshed by the same schedule (so v works on a CPU);
   log α of the sampled tokens costs one extra no-grad forward of the copy.
@@ -80,7 +80,7 @@ from trl.trainer.utils import add_fused_lm_head
 from ..checks import require_truncation
 from ..lm.sampling import cuts, truncate_logprobs
 from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
-from ..plan import StepPlan, plan_step
+from ..plan import ObjectiveArgs, StepPlan, plan_step
 from ..schedules import make_sync_schedule
 from ..sync_audit import PROBE_CONTEXT, SyncAudit, SyncError, probe_span
 from .knobs import lab_field, validate_trl_values
@@ -244,6 +244,8 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         self._rewards: torch.Tensor | None = None
         self._plan_config = validate_trl_values(self.args)  # the lab's GRPOConfig of these knobs, for plan_step
         self._plan: StepPlan | None = None  # the plan of the last training step
+        self._objective: ObjectiveArgs | None = None  # the loss's knobs, from the plan of the batch being trained
+        self._pending_sync: tuple[bool, float, float] | None = None  # this step's (synced, sync s, audit s)
         self.alpha_model = None if self.use_vllm else self._make_alpha()
         self._audit = self._make_audit()
         self._probe: dict[str, torch.Tensor] | None = None  # the audit's probe: a few tokens of a batch after a sync
@@ -307,11 +309,18 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         else:
             self.alpha_model.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
 
+    @property
+    def _k(self) -> int:
+        """k, the step of Algorithm 1 being drawn or trained: one generation batch is ``num_iterations``
+        optimiser steps of TRL's (``global_step = k · num_iterations`` when it is drawn)."""
+        return self.state.global_step // self.num_iterations
+
     def _maybe_sync(self) -> None:
         """Sync when the schedule says so (always at the first step after start or resume: α is
-        unknown). The schedule first ends the previous step: it sees the drift that step measured,
-        as the step's plan rules (:meth:`grpo_lab.plan.StepPlan.observed_drift`)."""
-        k = self.state.global_step // self.num_iterations
+        unknown), before the batch is sampled; :meth:`_commit_sync` commits it once the batch exists (the
+        order of :mod:`grpo_lab.schedules`). The schedule first ends the previous step: it sees the drift that
+        step measured, as the step's plan rules (:meth:`grpo_lab.plan.StepPlan.observed_drift`)."""
+        k = self._k
         if self._plan is not None:
             total, tokens = self._drift
             self.sync_schedule.end(self._plan.observed_drift(total / tokens if tokens > 0 else None))
@@ -323,6 +332,17 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             self._sync_sampler()
             seconds = time.perf_counter() - start
             audit_seconds = self._audit_sync(k)
+        self._pending_sync = (synced, seconds, audit_seconds)
+
+    def _commit_sync(self) -> bool:
+        """Once the training batch sampled after this step's sync exists: commit the sync (``mark_synced``;
+        a step whose generation failed asks ``begin`` again and re-syncs), and log the step's lag and sync.
+        Returns whether this step synced."""
+        pending, self._pending_sync = self._pending_sync, None
+        if pending is None:
+            return False
+        (synced, seconds, audit_seconds), k = pending, self._k
+        if synced:
             self.sync_schedule.mark_synced(k)
             self.sync_steps.append(k)
         metrics = self._metrics["train"]
@@ -331,6 +351,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         metrics["off_policy/sync_seconds"].append(seconds)
         metrics["off_policy/audit_seconds"].append(audit_seconds)
         metrics["off_policy/sync_count"].append(float(len(self.sync_steps)))
+        return synced
 
     def _take_probe(self, output: dict[str, Any], sampled: torch.Tensor) -> None:
         """The audit's probe — process 0's first :data:`~grpo_lab.sync_audit.PROBE_TOKENS` sampled tokens of the
@@ -349,7 +370,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
                  "completion_ids": output["completion_ids"][rows, columns],
                  "completion_mask": output["completion_mask"][rows, columns], "sampled": keep}
         (self._probe,) = broadcast_object_list([{key: value.cpu() for key, value in probe.items()}])
-        self._audit_sync(self.state.global_step // self.num_iterations)
+        self._audit_sync(self._k)
 
     def _audit_sync(self, k: int) -> float:
         """The sync audit after the sync of step k (the first time, its reference): log π_θ of the probe's sampled
@@ -427,6 +448,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         output["advantages"] = plan.advantages[rows].to(device)
         output["loss_mask"], output["sampled_mask"] = plan.mask[rows, :T].to(device), sampled
         output["loss_weights"] = self._global_loss_weights(plan, rows, T)
+        self._objective = plan.objective
         if mode == "train":
             self._plan = plan
         self._metrics[mode]["off_policy/masked_frac"].append(plan.masked_frac)
@@ -434,9 +456,11 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         if not self.use_vllm:
             with torch.no_grad():
                 output["sampling_per_token_logps"] = self._alpha_logps(output, sampled)
-        synced_now = bool(self.sync_steps) and self.sync_steps[-1] == self.state.global_step // self.num_iterations
-        if mode == "train" and self._audit is not None and self._probe is None and synced_now:
-            self._take_probe(output, sampled)
+        if mode == "train":
+            synced = self._pending_sync is not None and self._pending_sync[0]
+            if synced and self._audit is not None and self._probe is None:
+                self._take_probe(output, sampled)
+            self._commit_sync()
         return output
 
     def _alpha_logps(self, inputs: dict[str, Any], sampled: torch.Tensor) -> torch.Tensor:
@@ -501,10 +525,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         logp_alpha = torch.where(torch.isnan(logp_alpha), logp_k, logp_alpha)
         loss, metrics = grpo_objective(
             logp, logp_alpha, inputs["advantages"], inputs["loss_weights"], logp_k=logp_k,
-            logp_ref=inputs.get("ref_per_token_logps"), beta=self.beta, eps_low=self.epsilon_low,
-            eps_high=self.epsilon_high, band=self.args.clip_band,
-            kl_importance_weighted=self.args.use_bias_correction_kl, level=self.importance_sampling_level,
-            is_correction=self.args.is_correction, is_cap=self.args.is_cap)
+            logp_ref=inputs.get("ref_per_token_logps"), **self._objective.kwargs())
         tv = tv_terms(logp_k, logp_alpha, inputs["sampled_mask"])
         self._log_loss_metrics(metrics, entropies, inputs["loss_mask"], tv)
         self._log_ratio_diagnostics(logp_k, logp_alpha, inputs["sampled_mask"])
@@ -517,8 +538,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         acc = self.accelerator
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
-        cap = self.args.is_cap if self.args.is_correction == "truncated" else None
-        diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), cap)
+        diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.diagnostic_cap)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 

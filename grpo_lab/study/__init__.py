@@ -1,2 +1,3 @@
-"""The CPU study behind notebook 02: running its units (:mod:`~grpo_lab.study.cpu_study`) and reading
-them with confidence intervals and paired tests (:mod:`~grpo_lab.study.results`)."""
+"""The CPU study behind notebook 02: running its units (:mod:`~grpo_lab.study.cpu_study`), its design and
+the reader of its folder (:mod:`~grpo_lab.study.design`), and the statistics, which know no study: confidence
+intervals and paired tests (:mod:`~grpo_lab.study.results`)."""

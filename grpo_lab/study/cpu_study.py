@@ -7,7 +7,7 @@ seed. :func:`run_units` runs the next missing units in balanced order and rebuil
 ``summary.json`` from the unit files after each; the study grows across sittings.
 
 ======================= ======================================================================
-arm                     against the base config (``configs/cpu_study_smollm2.yaml``)
+arm                     against the base config (``grpo_lab/configs/cpu_study_smollm2.yaml``)
 ======================= ======================================================================
 primary (≥ 5 seeds)
 ``v1``                  v = 1, i = 1: on-policy, the reference of every comparison
@@ -50,25 +50,20 @@ import copy
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..checks import require_int_at_least
 from ..config import smoke_mode
-from ..files import atomic_write
+from ..files import atomic_write, results_path
 from ..lm.build import build_loop
 from ..lm.evaluate import EvalResult, evaluate
 from ..lm.train_config import DTYPES, TrainConfig
 from ..lm.training import RunDirInUse, check_run_dir_free, train
+from .design import ARM_BY_NAME, ARMS, COMPARISONS, UNTRAINED, Arm, drift_by_lag, load_units, unit_key
 from .results import MARGIN, power, seeds_for_power, study_tests, wilson_interval
 
-ROOT = Path(__file__).resolve().parents[2]
-STUDY_DIR = ROOT / "results" / "cpu_study"
-"""Where ``experiments/cpu_study.py`` writes the committed study."""
-SCAN_PATH = ROOT / "results" / "task_scan" / "scan.json"
-"""The task scan of ``experiments/task_scan.py`` (base Pass@1 per task and token budget)."""
 METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac", "loss", "clip_low_frac",
                  "clip_high_frac", "ratio_k_mean", "ratio_k_max", "log_ratio_k_abs", "tv_estimate", "kl",
                  "grad_norm", "num_tokens", "sample_seconds", "train_seconds", "sync_seconds")
@@ -76,49 +71,21 @@ METRIC_FIELDS = ("step", "lag", "synced", "skipped", "reward_mean", "masked_frac
 OPTIONAL_METRIC_FIELDS = ("ess_token", "log_ratio_k_p99")
 EVAL_SEED = 1234
 """Sampling seed of every held-out evaluation."""
-UNTRAINED = "untrained"
 SMOKE_SIZES = dict(steps=4, prompts_per_step=2, G=4, max_completion_length=4, micro_batch_size=8,
                    eval_problems=4, eval_samples=2, checkpoint_every=0)
 """What smoke mode (``GRPO_LAB_SMOKE``) shrinks the study to: the plumbing in a minute."""
 
 
-@dataclass(frozen=True)
-class Arm:
-    """One configuration of the study."""
-
-    name: str
-    v: int = 1
-    i: int = 1
-    is_correction: str = "ratio"
-    mask: bool = True
-    beta: float = 0.0
-    step_factor: int = 1
-    """Steps × this (``v1_steps4``: the optimiser passes of i = 4 on fresh samples)."""
-    primary: bool = True
-
-    def config(self, base: TrainConfig, seed: int) -> TrainConfig:
-        return base.replace(v=self.v, i=self.i, is_correction=self.is_correction, mask_zero_variance=self.mask,
-                            beta=self.beta, steps=base.steps * self.step_factor, mask_normalize="batch",
-                            empty_step="skip", seed=seed)
-
-    def row(self) -> dict[str, Any]:
-        return {"name": self.name, "v": self.v, "i": self.i, "mask": self.mask, "beta": self.beta,
-                "is_correction": self.is_correction}
+def study_dir(root: str | Path | None = None) -> Path:
+    """Where ``experiments/cpu_study.py`` writes the committed study: ``results/cpu_study`` of a checkout
+    (:func:`~grpo_lab.files.results_path`)."""
+    return results_path("cpu_study", root=root)
 
 
-PRIMARY = (Arm("v1"), Arm("v8_ratio", v=8), Arm("v32_ratio", v=32),
-           Arm("v8_none", v=8, is_correction="none"), Arm("v32_none", v=32, is_correction="none"))
-SECONDARY = (Arm("v1_i4", i=4, primary=False), Arm("v1_steps4", step_factor=4, primary=False),
-             Arm("mask_b04", beta=0.04, primary=False), Arm("nomask_b04", mask=False, beta=0.04, primary=False))
-ARMS = PRIMARY + SECONDARY
-ARM_BY_NAME = {a.name: a for a in ARMS}
-COMPARISONS = (("v8_ratio", "v1"), ("v32_ratio", "v1"), ("v8_none", "v1"), ("v32_none", "v1"),
-               ("v1_i4", "v1"), ("v1_i4", "v1_steps4"), ("mask_b04", "nomask_b04"))
-"""(a, reference b): the primary question, then the secondary ones; tested as a − b."""
-
-
-def unit_key(arm: str, seed: int) -> str:
-    return f"{arm}_s{seed}"
+def scan_path(root: str | Path | None = None) -> Path:
+    """The task scan of ``experiments/task_scan.py`` (base Pass@1 per task and token budget):
+    ``results/task_scan/scan.json`` of a checkout (:func:`~grpo_lab.files.results_path`)."""
+    return results_path("task_scan", "scan.json", root=root)
 
 
 def unit_order(arms: Sequence[Arm], seeds: int, secondary_seeds: int = 3) -> list[tuple[Arm, int]]:
@@ -154,25 +121,6 @@ def eval_entry(result: EvalResult) -> dict[str, Any]:
             "pass_at_1_lenient": result.pass_at(1, "lenient"), "truncated_frac": result.truncated_frac(),
             "accuracy_finished": result.accuracy_finished(), "correct": sum(result.correct),
             "completions": completions, "examples": [list(e) for e in result.examples]}
-
-
-def load_units(out_dir: str | Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The untrained unit (None if not yet scored) and every finished run unit in ``out_dir/units``,
-    checked to share one study's settings."""
-    units = Path(out_dir) / "units"
-    untrained, runs = None, []
-    for path in sorted(units.glob("*.json")) if units.is_dir() else []:
-        unit = json.loads(path.read_text())
-        if path.name.startswith(UNTRAINED):
-            untrained = unit
-        else:
-            runs.append(unit)
-    for unit in runs:
-        if untrained is not None and unit["study"] != untrained["study"]:
-            key = unit_key(unit["run"]["name"], unit["run"]["seed"])
-            raise ValueError(f"unit {key} in {units} was made with {unit['study']}, the untrained unit with "
-                             f"{untrained['study']}: one folder holds one study")
-    return untrained, runs
 
 
 def rebuild_summary(out_dir: str | Path, margin: float = MARGIN) -> dict[str, Any]:
@@ -335,21 +283,6 @@ def _train_and_score(config: TrainConfig, model: Any, tokenizer: Any, problems: 
 # ----------------------------------------------------------------------------- the pilot
 
 PILOT_ARMS = (ARM_BY_NAME["v1"], ARM_BY_NAME["v32_ratio"])
-PILOT_LAGS = (1, 8, 31)
-"""Lags whose drift the pilot reports: 1, 8 and the largest lag of v = 32 (lags run 0…v−1)."""
-
-
-def drift_by_lag(units: Iterable[dict[str, Any]], lags: Sequence[int] = PILOT_LAGS) -> dict[int, float | None]:
-    """Mean |log r′| = ``log_ratio_k_abs`` over the trained steps at each lag, pooled over ``units``
-    (None where no step had that lag)."""
-    values: dict[int, list[float]] = {lag: [] for lag in lags}
-    for unit in units:
-        for m in unit["metrics"]:
-            if m["lag"] in values and not m["skipped"]:
-                values[m["lag"]].append(m["log_ratio_k_abs"])
-    return {lag: (sum(v) / len(v) if v else None) for lag, v in values.items()}
-
-
 def pilot_report(out_dir: str | Path, effect: float = 0.05, margin: float = MARGIN) -> dict[str, Any]:
     """What a pilot's units say: drift by lag (from ``v32_ratio``), the paired SD of Pass@1 after
     (``v32_ratio`` − ``v1`` by seed; one degree of freedom with two seeds, so a rough figure), and

@@ -17,10 +17,11 @@ TOST                      two one-sided t-tests at 5 % each ⇔ the 90 % CI of m
 "worse"                   the 95 % CI of mean d lies below 0
 ========================= ============================================================
 
-A study folder of :mod:`grpo_lab.study.cpu_study` (one unit file per finished run) is read by
-:func:`load_study` as it stands: any arms, any number of seeds each (one seed gives a point and
-no interval, and its comparisons stay "not resolved"). Its ``summary.json`` gets its ``tests``
-from :func:`study_tests`, the reader from :meth:`Study.tests`: the same :func:`paired_test`.
+These statistics know no study: the study's arms, comparisons and unit files are
+:mod:`grpo_lab.study.design`'s, whose reader (:func:`~grpo_lab.study.design.load_study`) applies them to
+a study folder as it stands (one seed gives a point and no interval, and its comparisons stay "not
+resolved"). A ``summary.json`` gets its ``tests`` from :func:`study_tests`, the reader from
+:meth:`~grpo_lab.study.design.Study.tests`: the same :func:`paired_test`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,15 +38,6 @@ MARGIN = 0.03
 EFFECT = 0.05
 """The difference the power is reported for: the size of the paper's mask effect on GSM8K (45 % → 50 %)."""
 VERDICTS = ("equivalent", "worse", "better", "not resolved")
-PAPER_GSM8K = (
-    ("on-policy (v = 1, i = 1), no mask", "45 % (unstable)", ("nomask_b04",)),
-    ("on-policy + zero-variance mask", "50 %", ("mask_b04", "v1")),
-    ("lagged server (v = 10, i = 1)", "50 % (stable)", ("v8_ratio", "v32_ratio")),
-    ("sample reuse (v = 1, i = 10)", "slower; 10× the training", ("v1_i4",)),
-    ("not in the paper: a lagged server without the correction", "-", ("v8_none", "v32_none")),
-)
-"""The paper's GSM8K table (Qwen2.5-0.5B-Instruct, β = 0.04; ``docs/theory.md`` §6): each row, its Pass@1,
-and the arms of the CPU study that play its role."""
 
 
 def t_cdf(t: float, df: int) -> float:
@@ -278,128 +269,6 @@ def study_tests(runs: Sequence[Mapping[str, Any]], comparisons: Sequence[tuple[s
         by_arm.setdefault(run["name"], {})[run["seed"]] = run["pass_at_1_after"]
     return [row for a, b in comparisons if a in by_arm and b in by_arm
             for row in paired_test(by_arm[a], by_arm[b], a, b, margin).entries()]
-
-
-# ----------------------------------------------------------------------------- reading a study folder
-
-@dataclass(frozen=True)
-class Study:
-    """The finished units of one study folder, as they stand (:func:`load_study`).
-
-    ``units``: arm → seed → unit file (``study``, ``run``, ``eval``, ``metrics``: see
-    :mod:`grpo_lab.study.cpu_study`); ``untrained``: the untrained model's evaluation, step 0 of
-    every run (None before it was scored); ``settings``: what every unit shares ({} with none).
-    """
-
-    folder: Path
-    settings: dict[str, Any]
-    untrained: dict[str, Any] | None
-    units: dict[str, dict[int, dict[str, Any]]]
-
-    @property
-    def arms(self) -> list[str]:
-        """Arms with at least one finished unit, in the study's order (an arm it does not know last)."""
-        from .cpu_study import ARMS
-
-        order = {arm.name: k for k, arm in enumerate(ARMS)}
-        return sorted(self.units, key=lambda name: (order.get(name, len(order)), name))
-
-    def n(self, arm: str) -> int:
-        """Seeds ``arm`` has finished (0 for an arm without a unit)."""
-        return len(self.units.get(arm, {}))
-
-    def seeds(self, arm: str) -> list[int]:
-        return sorted(self.units.get(arm, {}))
-
-    def _units(self, arm: str) -> list[dict[str, Any]]:
-        if arm not in self.units:
-            raise ValueError(f"arm must be one with a finished unit in {self.folder}, one of {self.arms}; got {arm!r}")
-        return [self.units[arm][seed] for seed in self.seeds(arm)]
-
-    def runs(self, arm: str) -> list[dict[str, Any]]:
-        """The summary rows of ``arm``'s units, by seed."""
-        return [unit["run"] for unit in self._units(arm)]
-
-    def after(self, arm: str) -> dict[int, float]:
-        """Seed → held-out Pass@1 (strict) at the last step."""
-        return {run["seed"]: run["pass_at_1_after"] for run in self.runs(arm)}
-
-    def pass_curve(self, arm: str) -> tuple[np.ndarray, np.ndarray]:
-        """Scoring steps (0 = untrained) and ``[steps, seeds]`` held-out Pass@1; NaN where a seed was not
-        scored at that step."""
-        curves = [run["pass_at_1_curve"] for run in self.runs(arm)]
-        steps = sorted({int(s) for curve in curves for s in curve})
-        return np.array(steps), np.array([[curve.get(str(s), math.nan) for curve in curves] for s in steps])
-
-    def metric(self, arm: str, key: str) -> np.ndarray:
-        """``[steps, seeds]`` of a per-step field (``reward_mean``, ``lag``, …: ``METRIC_FIELDS``); NaN
-        past a seed's last step or where a step did not log the field."""
-        rows = [unit["metrics"] for unit in self._units(arm)]
-        if not any(key in m for metrics in rows for m in metrics):
-            raise ValueError(f"key must be a per-step field of arm {arm!r}'s units, got {key!r}")
-        out = np.full((max(len(metrics) for metrics in rows), len(rows)), math.nan)
-        for seed, metrics in enumerate(rows):
-            out[:len(metrics), seed] = [float(m.get(key, math.nan)) for m in metrics]
-        return out
-
-    def drift_by_lag(self, arm: str) -> tuple[np.ndarray, np.ndarray]:
-        """The lags of 0…v−1 that a trained step reached, and ``[lags, seeds]``: each seed's mean |log r′|
-        (``log_ratio_k_abs``) over its trained steps at that lag (:func:`grpo_lab.study.cpu_study.drift_by_lag`
-        of one unit); NaN where that seed trained no step at that lag."""
-        from .cpu_study import drift_by_lag
-
-        units = self._units(arm)
-        means = [drift_by_lag([unit], range(max(u["run"]["v"] for u in units))) for unit in units]
-        lags = [lag for lag in means[0] if any(m[lag] is not None for m in means)]
-        return np.array(lags), np.array([[math.nan if m[lag] is None else m[lag] for m in means] for lag in lags])
-
-    def tests(self, margin: float = MARGIN) -> list[PairedTest]:
-        """The paired test of each comparison of :data:`~grpo_lab.study.cpu_study.COMPARISONS` whose two
-        arms have a unit (the ``tests`` of ``summary.json`` come from the same :func:`paired_test`)."""
-        from .cpu_study import COMPARISONS
-
-        return [paired_test(self.after(a), self.after(b), a, b, margin) for a, b in COMPARISONS
-                if a in self.units and b in self.units]
-
-    def row(self, arm: str) -> dict[str, Any]:
-        """What ``arm``'s seeds ended at: Pass@1 strict (mean and 95 % t interval over seeds, clipped
-        to [0, 1]; with one seed, that run's Wilson interval over its evaluation samples, ``interval``
-        saying which), lenient Pass@1, truncated share, optimiser passes, skipped steps, unit seconds."""
-        runs = self.runs(arm)
-        mean, low, high = (float(x) for x in bounded_mean_ci([r["pass_at_1_after"] for r in runs]))
-        interval = "t over seeds"
-        if len(runs) == 1:
-            final = self.units[arm][runs[0]["seed"]]["eval"][str(runs[0]["steps"])]
-            (low, high), interval = wilson_interval(final["correct"], final["completions"]), "Wilson, one run's samples"
-        average = {key: float(np.mean([r[key] for r in runs])) for key in
-                   ("pass_at_1_lenient_after", "truncated_frac_after", "train_passes", "skipped_steps", "unit_seconds")}
-        return {"arm": arm, "n": len(runs), "seeds": [r["seed"] for r in runs], "steps": runs[0]["steps"],
-                "pass_at_1_after": mean, "low": low, "high": high, "interval": interval, **average}
-
-
-def load_study(out_dir: str | Path) -> Study:
-    """The finished units in ``out_dir/units`` (none yet, or no folder: a study without arms)."""
-    from .cpu_study import load_units
-
-    untrained, runs = load_units(out_dir)
-    units: dict[str, dict[int, dict[str, Any]]] = {}
-    for unit in runs:
-        units.setdefault(unit["run"]["name"], {})[unit["run"]["seed"]] = unit
-    settings = untrained["study"] if untrained else runs[0]["study"] if runs else {}
-    return Study(Path(out_dir), dict(settings), None if untrained is None else untrained["eval"], units)
-
-
-def format_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    """:meth:`Study.row` of several arms as aligned text (what notebook 02 prints)."""
-    lines = [f"{'arm':11} {'n':>2} {'steps':>5} {'Pass@1 strict [95 % interval]':>30} {'lenient':>7} "
-             f"{'truncated':>9} {'passes':>6} {'unit s':>6}"]
-    for r in rows:
-        strict = f"{r['pass_at_1_after']:.3f} [{r['low']:.3f}, {r['high']:.3f}]{'*' if r['n'] == 1 else ' '}"
-        lines.append(f"{r['arm']:11} {r['n']:2d} {r['steps']:5d} {strict:>30} {r['pass_at_1_lenient_after']:7.3f} "
-                     f"{r['truncated_frac_after']:9.3f} {r['train_passes']:6.0f} {r['unit_seconds']:6.0f}")
-    if any(r["n"] == 1 for r in rows):
-        lines.append("* one seed: no interval over seeds; the run's Wilson interval over its evaluation samples")
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- power

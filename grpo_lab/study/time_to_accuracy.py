@@ -45,13 +45,13 @@ from typing import Any
 import numpy as np
 
 from ..checks import require_int_at_least, require_number_in
-from ..files import atomic_write
+from ..files import atomic_write, results_path
 from ..lm.evaluate import EvalResult
 from ..lm.train_config import TrainConfig
-from .cpu_study import EVAL_SEED, ROOT, UNTRAINED, eval_entry
+from .cpu_study import EVAL_SEED, eval_entry
+from .design import UNTRAINED
 from .results import bounded_mean_ci
 
-OUT_DIR = ROOT / "results" / "time_to_accuracy"
 ARMS = ("grpo_lab_v1", "grpo_lab_v8", "trl")
 """The compared arms: every (arm, seed) unit of :func:`unit_order` by default."""
 ALL_ARMS = (*ARMS, "trl_every_batch")
@@ -355,9 +355,16 @@ def run_units(base: TrainConfig, budget_seconds: float, out_dir: str | Path, see
     return rebuild_summary(out)
 
 
-def load_summary(out_dir: str | Path = OUT_DIR) -> dict[str, Any]:
-    """The committed ``summary.json`` (``experiments/time_to_accuracy.py`` writes it)."""
-    path = Path(out_dir) / "summary.json"
+def committed_dir(root: str | Path | None = None) -> Path:
+    """Where ``experiments/time_to_accuracy.py`` writes the committed comparison: ``results/time_to_accuracy``
+    of a checkout (:func:`~grpo_lab.files.results_path`)."""
+    return results_path("time_to_accuracy", root=root)
+
+
+def load_summary(out_dir: str | Path | None = None) -> dict[str, Any]:
+    """The ``summary.json`` in ``out_dir`` (default: :func:`committed_dir`; ``experiments/time_to_accuracy.py``
+    writes it)."""
+    path = Path(committed_dir() if out_dir is None else out_dir) / "summary.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run experiments/time_to_accuracy.py first")
     return json.loads(path.read_text())

@@ -10,6 +10,7 @@ The numbers they draw are computed elsewhere (:mod:`grpo_lab.exact.studies`,
 ``exercises``       ``check(name, fn)`` against the library, ``show_solution(name)``
 ``dashboard``       a run's metrics over steps (notebooks 02 and 03)
 ``throughput``      notebook 03's figures: step times, predicted speed-ups
+``demo``            ``make demo``: notebook 01's headline figures without a browser
 =================== ============================================================
 """
 

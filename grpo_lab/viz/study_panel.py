@@ -40,8 +40,7 @@ from ..lm.train_config import DTYPES, TrainConfig
 from ..lm.training import CHECKPOINT_FILE
 from ..loop import GRPOLoop
 from ..objective import IS_CORRECTIONS
-from ..study.cpu_study import PRIMARY
-from ..study.results import Study
+from ..study.design import PRIMARY, Study
 from .display import display_mode, new_figure, show_panel
 from .plots import HEIGHT
 from .study_plots import arm_color, arm_label, ci_traces

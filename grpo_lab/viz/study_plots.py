@@ -2,7 +2,7 @@
 paired differences against v = 1 with their equivalence margin, the secondary arms, and one
 group's tokens.
 
-Everything drawn comes from :mod:`grpo_lab.study.results` (or a live loop); nothing here computes
+Everything drawn comes from :mod:`grpo_lab.study.design`'s reader (or a live loop); nothing here computes
 more than a mean and an interval. Every band is a 95 % t interval over seeds clipped to the range
 of its quantity (Pass@1 and reward in [0, 1], drift ≥ 0, :func:`~grpo_lab.study.results.bounded_mean_ci`);
 an arm with one seed is drawn as a line without a band.
@@ -17,8 +17,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..study.cpu_study import ARM_BY_NAME, ARMS, PRIMARY
-from ..study.results import PairedTest, Study, bounded_mean_ci
+from ..study.design import ARM_BY_NAME, ARMS, PRIMARY, Study
+from ..study.results import PairedTest, bounded_mean_ci
 from .plots import COLORS, HEIGHT
 
 ARM_LABELS = {"v1": "v = 1", "v8_ratio": "v = 8, ratio", "v32_ratio": "v = 32, ratio", "v8_none": "v = 8, none",

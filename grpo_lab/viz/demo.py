@@ -1,4 +1,4 @@
-"""``make demo`` / ``python -m grpo_lab.exact.demo --out DIR``: the bandit lab without a browser.
+"""``make demo`` / ``python -m grpo_lab.viz.demo --out DIR``: the bandit lab without a browser.
 
 Runs notebook 01's headline experiments (the paper's findings with 8 runs each,
 and Theorem 1 along a lagged run), prints a table of final rewards, and writes
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ..viz import plots
-from . import studies
-from .bandit import run_bandit
+from ..exact import studies
+from ..exact.bandit import run_bandit
+from . import plots
 
 HOW_TO_GET_PNGS = ("for PNGs, install Chromium (scripts/browser_deps.sh, as make test-browser does) or point "
                    "BROWSER_PATH at a Chrome")
