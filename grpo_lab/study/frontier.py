@@ -241,3 +241,85 @@ def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_a
 
 RUN_KEYS = ("arm", "v", "is_correction", "seed", "git_commit", "j_curve", "j_auc", "j_final", "pruned_max")
 """The fields of a unit that ``summary.json``'s ``runs`` keeps."""
+
+
+# ----------------------------------------------------------------------------- running a unit
+
+
+def eval_steps(steps: int) -> list[int]:
+    """The evaluation steps: 0, ¼, ½, ¾ and the end of the budget."""
+    return [steps * q // 4 for q in range(5)]
+
+
+def provenance(root: Path) -> dict[str, Any]:
+    """What a unit records of where it ran: the commit (and whether grpo_lab/ had changes on top), torch's
+    threads and the load average."""
+    import os
+    import subprocess
+
+    import torch
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    return {"git_commit": git("rev-parse", "HEAD"), "grpo_lab_dirty": bool(git("status", "--porcelain", "grpo_lab")),
+            "torch_threads": torch.get_num_threads(), "load_start": list(os.getloadavg())}
+
+
+def exact_j(model: Any, tokenizer: Any, questions: Sequence[Any], config: Any) -> Any:
+    """Exact J of ``model`` on ``questions`` under ``config``'s sampling (T, top-p/k, T_max) and stop tokens."""
+    from ..exact.strict_j import Sampling, exact_evaluate
+    from ..lm.sampling import stop_and_pad_ids
+
+    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_tokens=config.max_completion_length)
+    return exact_evaluate(model, tokenizer, questions, sampling, system_prompt=config.system_prompt,
+                          eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
+
+
+def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path) -> dict[str, Any] | None:
+    """Train one unit (``base`` with the arm's changes and the seed), with exact J on the task's whole question
+    set at each evaluation step (off the clock), and write ``<out_dir>/units/<arm>_s<seed>.json``.
+
+    Skipped (None) if the file exists. The unit keeps every step's record (lag, r′ statistics, ESS, drift, the
+    empty-step decisions), J per question at each evaluation step, and its provenance."""
+    import dataclasses
+    import os
+    import time
+
+    import torch
+
+    from ..lm.build import build_loop
+    from ..lm.tasks import all_questions
+
+    path = out_dir / "units" / f"{arm.name}_s{seed}.json"
+    if path.exists():
+        return None
+    unit: dict[str, Any] = {"arm": arm.name, "v": arm.v, "is_correction": arm.is_correction, "beta": arm.beta,
+                            "seed": seed, **provenance(root)}
+    wall, cpu, eval_seconds = time.perf_counter(), time.process_time(), 0.0
+    config = base.replace(seed=seed, **arm.changes())
+    loop = build_loop(config)
+    questions = all_questions(config.task)
+    curve, per_question, pruned_max, records = {}, {}, 0.0, []
+    for k in range(config.steps + 1):
+        if k in eval_steps(config.steps):
+            start = time.perf_counter()
+            with torch.no_grad():
+                result = exact_j(loop.policy.model, loop.tokenizer, questions, config)
+            eval_seconds += time.perf_counter() - start
+            curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
+            pruned_max = max(pruned_max, float(result.pruned.max()))
+        if k < config.steps:
+            records.append(dataclasses.asdict(loop.step()))
+    steps = sorted(curve)
+    unit.update(task=config.task, steps=config.steps, lr=config.lr, j_curve=curve, j_per_question=per_question,
+                j_auc=sum(curve[s] for s in steps[1:]) / (len(steps) - 1), j_final=curve[steps[-1]],
+                pruned_max=pruned_max, records=records, load_end=list(os.getloadavg()),
+                wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
+                eval_seconds=eval_seconds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(unit) + "\n")
+    tmp.replace(path)
+    return unit
