@@ -39,7 +39,7 @@ ALLOWED = {
     "lm": {"core", "lm"},
     "scale": {"core", "lm", "scale"},
     "exact": {"core", "lm", "scale", "exact"},
-    "study": {"core", "lm", "scale", "study"},
+    "study": {"core", "lm", "scale", "exact", "study"},
     "viz": {"core", "exact", "lm", "scale", "study", "viz"},
 }
 """Which layer may import which: an import against this table is a back arrow.
@@ -53,11 +53,11 @@ core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpac
 lm       ``grpo_lab/lm/`` (decoding/ included)               core, lm
 scale    ``grpo_lab/scale/``                                 core, lm, scale
 exact    ``grpo_lab/exact/``                                 core, lm (SmolLM2 exactly), scale (the cost model)
-study    ``grpo_lab/study/``                                 core, lm, scale
+study    ``grpo_lab/study/``                                 core, lm, scale, exact (studies measure exact J)
 viz      ``grpo_lab/viz/`` (drawing only)                    every layer: it draws what they compute
 ======== =================================================== ==================================================
 
-Nothing imports viz but viz, and exact and study import neither each other nor viz."""
+Nothing imports viz but viz; exact imports no study (a study measures with exact's tools, not the reverse)."""
 
 
 def layer(module: str) -> str:
