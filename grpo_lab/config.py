@@ -15,7 +15,7 @@ from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
 OPTIMIZERS = ("adamw", "sgd")
-EMPTY_STEPS = ("skip", "optimizer_step")
+EMPTY_STEPS = ("skip", "optimizer_step", "skip_kl_only")
 RESUME_FREE_FIELDS = ("micro_batch_size", "steps", "output_dir", "checkpoint_every")
 """Fields a resumed run may change: they set how far to go, in what pieces and where and how often it saves,
 not what any step computes (the memory guard may pick a different ``micro_batch_size`` on another machine;
@@ -74,7 +74,10 @@ class GRPOConfig:
     """What a step with no signal does (docs/theory.md §2): no counted token, or β = 0 and every counted
     advantage 0 (every group masked, or with the mask off every group's rewards agree). ``skip``
     (default): no optimiser step, recorded as ``skipped``. ``optimizer_step`` (TRL's behaviour): the
-    optimiser steps on the zero gradient, so AdamW's momentum and weight decay still move θ."""
+    optimiser steps on the zero gradient, so AdamW's momentum and weight decay still move θ.
+    ``skip_kl_only``: also skip a step whose only gradient is the KL's (β > 0 with the mask off and every
+    group's rewards agreeing), so a run without the mask takes the optimiser steps the masked run takes
+    (the frontier study's mask arms compare the mask, not the count of AdamW steps)."""
     loss_type: str = "grpo"
     """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
     level: str = "token"

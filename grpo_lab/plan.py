@@ -71,7 +71,8 @@ class StepPlan:
     ``masked_frac``  float      1 − mean m(x): measured with the mask on or off
     ``empty``        bool       no counted token carries a gradient: none is counted, or β = 0
                                 and A = 0 on every counted row
-    ``trains``       bool       the optimiser steps: not ``empty``, or ``empty_step="optimizer_step"``
+    ``trains``       bool       the optimiser steps: not ``empty``, or ``empty_step="optimizer_step"``;
+                                with ``empty_step="skip_kl_only"``: some counted row has A ≠ 0
     ``objective``    —          the loss's knobs, resolved (:class:`ObjectiveArgs`)
     ================ ========== ===============================================================
 
@@ -139,6 +140,10 @@ def plan_step(rewards: torch.Tensor, sampled_mask: torch.Tensor, config: GRPOCon
     counted_rows = mask.any(dim=1).to(advantages.device)
     carries_gradient = counted_rows if config.beta > 0 else counted_rows & (advantages != 0)
     empty = not bool(carries_gradient.any())
+    if config.empty_step == "skip_kl_only":  # a step whose only gradient is the KL's is empty too
+        trains = bool((counted_rows & (advantages != 0)).any())
+    else:
+        trains = not empty or config.empty_step == "optimizer_step"
     return StepPlan(advantages=advantages, informative=informative, keep=keep, mask=mask, weights=weights,
-                    masked_frac=1.0 - float(informative.sum()) / P, empty=empty,
-                    trains=not empty or config.empty_step == "optimizer_step", objective=ObjectiveArgs.of(config))
+                    masked_frac=1.0 - float(informative.sum()) / P, empty=empty, trains=trains,
+                    objective=ObjectiveArgs.of(config))

@@ -94,6 +94,19 @@ def test_a_step_with_no_signal(empty_step):
     assert signal.observed_drift(None) is None
 
 
+def test_skip_kl_only_skips_a_step_whose_only_gradient_is_the_kl():
+    """β > 0 with the mask off: every step has a KL gradient, so ``skip`` never skips; ``skip_kl_only`` skips
+    the steps with no reward signal, as the masked run does, and trains the others."""
+    agree = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    sampled = torch.ones(4, 3, dtype=torch.bool)
+    for mask in (False, True):
+        config = GRPOConfig(G=2, mask_zero_variance=mask, beta=0.1, empty_step="skip_kl_only")
+        no_signal, signal = plan_step(agree, sampled, config), plan_step(REWARDS, SAMPLED, config)
+        assert no_signal.skipped and not signal.skipped
+        masked = plan_step(agree, sampled, GRPOConfig(G=2, mask_zero_variance=mask, beta=0.1))
+        assert masked.skipped == mask    # the plain rule: only the masked run skips it
+
+
 def test_plan_step_names_bad_input():
     config = GRPOConfig(G=2)
     with pytest.raises(ValueError, match=r"sampled_mask must have shape \[B, T\] with B = P·G = 6, got \(5, 3\)"):
