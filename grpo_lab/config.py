@@ -58,7 +58,7 @@ class GRPOConfig:
     unbiased_std: bool = False
     """Whitening variance: population /G (False, the paper's theory) or sample /(G−1)."""
     eps_placement: str = "under_sqrt"
-    """``under_sqrt`` (paper) or ``added_to_std`` (TRL's std + ε)."""
+    """``under_sqrt`` (paper) or ``added_to_std`` (TRL's std + ε; TRL's std also divides by G − 1, ``unbiased_std``)."""
     mask_zero_variance: bool = True
     """Drop groups whose G rewards all agree (m(x) = 1[σ ≠ 0]) from the loss's terms."""
     mask_normalize: str = "batch"
