@@ -44,7 +44,8 @@ class GRPOConfig:
     eps_high: float | None = None
     """ε_high, upper clip half-width; None means ε_high = ε_low (DAPO uses 0.28)."""
     band: str = "additive"
-    """Clip interval around r′: ``additive`` [max(r′−ε,0), r′+ε] (paper) or ``multiplicative`` r′(1±ε) (TRL)."""
+    """Clip interval around r′: ``additive`` [max(r′−ε,0), r′+ε] (paper) or ``multiplicative`` r′(1±ε) (TRL's
+    formula, when its weight is a token's r′: docs/theory.md §3)."""
     beta: float = 0.0
     """β, weight of KL(π_θ ‖ π_ref). 0 keeps no reference model at all (TRL ``beta``)."""
     kl_kind: str = "k3"
