@@ -21,7 +21,8 @@ def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
     Equation (docs/theory.md §2, the paper's σ_{α,r,ε})::
 
         A_α(x, y_j) = (r_j − μ_α(x)) / sqrt(σ_α(x)² + eps)          eps_placement="under_sqrt"
-        A(x, y_j)   = (r_j − μ(x))   / (σ(x) + eps)                  eps_placement="added_to_std" (TRL's form)
+        A(x, y_j)   = (r_j − μ(x))   / (σ(x) + eps)                  eps_placement="added_to_std" (TRL's ε; TRL's σ
+                                                                     also divides by G − 1: add unbiased_std=True)
 
     ====== ========== ==========================================================
     symbol shape      meaning

@@ -44,7 +44,8 @@ class GRPOConfig:
     eps_high: float | None = None
     """ε_high, upper clip half-width; None means ε_high = ε_low (DAPO uses 0.28)."""
     band: str = "additive"
-    """Clip interval around r′: ``additive`` [max(r′−ε,0), r′+ε] (paper) or ``multiplicative`` r′(1±ε) (TRL)."""
+    """Clip interval around r′: ``additive`` [max(r′−ε,0), r′+ε] (paper) or ``multiplicative`` r′(1±ε) (TRL's
+    formula, when its weight is a token's r′: docs/theory.md §3)."""
     beta: float = 0.0
     """β, weight of KL(π_θ ‖ π_ref). 0 keeps no reference model at all (TRL ``beta``)."""
     kl_kind: str = "k3"
@@ -58,7 +59,7 @@ class GRPOConfig:
     unbiased_std: bool = False
     """Whitening variance: population /G (False, the paper's theory) or sample /(G−1)."""
     eps_placement: str = "under_sqrt"
-    """``under_sqrt`` (paper) or ``added_to_std`` (TRL's std + ε)."""
+    """``under_sqrt`` (paper) or ``added_to_std`` (TRL's std + ε; TRL's std also divides by G − 1, ``unbiased_std``)."""
     mask_zero_variance: bool = True
     """Drop groups whose G rewards all agree (m(x) = 1[σ ≠ 0]) from the loss's terms."""
     mask_normalize: str = "batch"

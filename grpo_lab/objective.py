@@ -40,9 +40,10 @@ def clip_bounds(ratio_k: torch.Tensor, eps_low: float, eps_high: float,
     """The interval that r is clipped to, centred on r′ = π_k/α.
 
     ``additive`` (the paper):  [max(r′ − ε_low, 0), r′ + ε_high]
-    ``multiplicative`` (TRL):  [r′(1 − ε_low),      r′(1 + ε_high)]
+    ``multiplicative`` (TRL*): [r′(1 − ε_low),      r′(1 + ε_high)]
 
     Both equal PPO's [1 − ε_low, 1 + ε_high] when r′ = 1 (on-policy).
+    * TRL's formula only when its weight is a token's r′, never by default (docs/theory.md §3).
     """
     if band == "additive":
         return (ratio_k - eps_low).clamp(min=0.0), ratio_k + eps_high

@@ -34,7 +34,7 @@ def test_notebook01_page_has_its_figures_inline_and_no_error(tmp_path):
     assert "(smoke mode)" in html                                           # GRPO_LAB_SMOKE reached the kernel
     assert '<script type="application/vnd.jupyter.widget' not in html     # static figures, no dead widgets
     assert 'data-mime-type="application/vnd.jupyter.stderr"' not in html and "Traceback" not in html
-    assert "all claims hold" in html                                        # the last cell ran
+    assert "lr = 30, v = 20, truncated" in html                             # the last cell ran
     assert page.title.startswith("01 · The bandit lab")
 
     index = build_gallery.write_index([page], tmp_path).read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""KL estimators on sequences (docs/theory.md §3): what a per-token estimator estimates, and its gradient.
+"""KL estimators and token ratios on sequences (docs/theory.md §3): what a per-token term estimates, and its gradient.
 
 A two-token model over a vocabulary of 3 has 9 responses, so every expectation is an exact sum. Token 1 is
 drawn from softmax(θ₁), token 2 from softmax(θ₂[y₁]); π_ref and α are models of the same form.
@@ -8,7 +8,7 @@ import itertools
 
 import torch
 
-from grpo_lab.objective import kl_estimate
+from grpo_lab.objective import clipped_surrogate, kl_estimate
 
 V = 3
 RESPONSES = list(itertools.product(range(V), repeat=2))
@@ -84,3 +84,34 @@ def test_token_weights_correct_the_token_not_the_prefix():
     assert abs(float(token_weighted - on_policy)) > 1e-3      # prefixes still α's
     assert torch.allclose(token_weighted, per_position_kl(pi, ref, alpha), atol=1e-12)
     assert torch.allclose(expected_token_loss(pi, ref, alpha, "k3", weight="prefix"), on_policy, atol=1e-12)
+
+
+def first_pass_gradient(pi: list[torch.Tensor], sampler: list[torch.Tensor], advantage: torch.Tensor,
+                        weight: str) -> torch.Tensor:
+    """∇ of E_{y ~ sampler}[Σ_t f_ε(r_t, r′_t, A(y))] at π_θ = π_k = ``pi`` (the first pass), exact over the 9
+    responses. ``weight="ratio"``: the kit's per-token surrogate (``clipped_surrogate``, r_t = π_θ/α per token), so
+    Σ_t r′_t A ∇log π(y_t|·); ``"sequence"``: the sequence weight Π_t r′_t (detached) on A·Σ_t ∇log π(y_t|·)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for y, a in zip(RESPONSES, advantage, strict=True):
+        logp, logp_s = token_logps(pi, y), token_logps(sampler, y).detach()
+        if weight == "ratio":
+            term = clipped_surrogate(logp[None], logp.detach()[None], logp_s[None], a.view(1, 1)).sum()
+        else:
+            term = (logp.detach() - logp_s).sum().exp() * a * logp.sum()
+        total = total + logp_s.sum().exp() * term
+    return grad(total, pi)
+
+
+def test_token_ratios_are_a_partial_correction_on_sequences_the_sequence_weight_is_exact():
+    """The first-pass gradient under ``is_correction="ratio"`` keeps α's prefixes and α's suffixes (which decide A):
+    it is not the on-policy gradient E_π[A ∇log π(y)]. Under the sequence weight Π_t r′_t it is, exactly."""
+    pi, alpha = [p.requires_grad_() for p in model(0)], model(2)
+    g = torch.Generator().manual_seed(3)
+    reward = torch.rand(len(RESPONSES), generator=g, dtype=torch.float64)
+    advantage = reward - reward.mean()  # any A(y) fixed during the step; a constant baseline adds no gradient
+    on_policy = grad(sum(sequence_prob(pi, y).detach() * a * token_logps(pi, y).sum()
+                         for y, a in zip(RESPONSES, advantage, strict=True)), pi)
+    ratio = first_pass_gradient(pi, alpha, advantage, "ratio")
+    assert (ratio - on_policy).abs().max() > 1e-2
+    assert torch.allclose(first_pass_gradient(pi, alpha, advantage, "sequence"), on_policy, atol=1e-12)
+    assert torch.allclose(first_pass_gradient(pi, pi, advantage, "ratio"), on_policy, atol=1e-12)  # lag 0: exact

@@ -10,7 +10,7 @@ from grpo_lab.exact import studies
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.scale.costmodel import StepCostModel
 from grpo_lab.viz import BanditPanel, check, display_mode, new_figure, plots, show_solution
-from grpo_lab.viz.exercises import SOLUTIONS, check_prediction
+from grpo_lab.viz.exercises import SOLUTIONS, ExerciseMismatch, check_prediction
 
 # ----------------------------------------------------------------------------- exercises
 
@@ -90,6 +90,16 @@ def lag_from_one(steps, v):
 def test_wrong_implementations_fail(name, wrong):
     with pytest.raises(AssertionError, match=name):
         check(name, wrong)
+
+
+def test_a_wrong_answer_shows_one_line_not_a_traceback():
+    """IPython renders ``_render_traceback_`` in place of the traceback: one line with the expected value, the
+    value that came and the hint."""
+    with pytest.raises(ExerciseMismatch) as caught:
+        check("whiten", sample_variance_whiten)
+    lines = caught.value._render_traceback_()
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert all(word in lines[0] for word in ("expected", "got", "hint: per row"))
 
 
 def test_check_prediction_scores_against_the_observed_value(capsys):

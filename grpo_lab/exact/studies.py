@@ -43,8 +43,10 @@ LAB_PROBLEM = dict(contexts=16, arms=8, seed=0, hardness=3.0)
 LAB_LR = 1.0
 """SGD step on the logits: slow enough to stay stable, fast enough to converge in ~1000 steps."""
 TRL_IS_CAP = 3.0
-"""TRL 1.16's ``vllm_importance_sampling_clip_max``: with its default ``vllm_importance_sampling_mode="sequence_mask"``
-a sequence whose π_k/α exceeds it is zeroed (``trl/trainer/grpo_trainer.py``, ``_generate_and_score_completions``)."""
+"""TRL 1.16's ``vllm_importance_sampling_clip_max``. TRL's weight w it caps is π_old/α_vLLM (π_old: the trainer's own
+forward at generation, with the weights just pushed to vLLM), so it measures the engine's mismatch, never a lag; in
+the default ``vllm_importance_sampling_mode="sequence_mask"`` w is one number per sequence, set to 0 above the cap
+(``trl/trainer/grpo_trainer.py``, ``_generate_and_score_completions``; docs/theory.md §3)."""
 TRAIN_SHARE = 0.4
 """Assumed share of training in the paper's non-sync step time (the paper reports only the total)."""
 
@@ -117,9 +119,11 @@ def surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: floa
 
 def trl_surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: float, eps: float,
                          cap: float = TRL_IS_CAP) -> torch.Tensor:
-    """The surrogate as TRL 1.16 applies it with its defaults, written as TRL writes it (one-token responses, α ≡ 1):
-    ρ = π_θ/π_k, w = r′ if r′ ≤ ``cap`` else 0, f = w · min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A). For r′ ≤ cap this is
-    the multiplicative band (w·ρ = r), beyond it the response is masked. ``[len(ratio_ks), N]``."""
+    """TRL 1.16's loss formula, written as TRL writes it, with its weight fed the kit's r′ (one-token responses,
+    α ≡ 1): ρ = π_θ/π_k, w = r′ if r′ ≤ ``cap`` else 0, f = w · min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A). For r′ ≤ cap this
+    is the multiplicative band (w·ρ = r), beyond it the response is masked. Stock TRL never feeds its w a lag (its w
+    is π_old/α_vLLM, the engine's mismatch; ``TRL_IS_CAP``): this is what its formula would do with a lagged
+    one-token sampler. ``[len(ratio_ks), N]``."""
     rows = []
     for rk in ratio_ks:
         rho, weight = ratio / rk, rk if rk <= cap else 0.0

@@ -30,9 +30,10 @@ from ..checks import require_int_at_least, require_number_in
 # The paper's throughput run (docs/theory.md §6): Qwen2.5-7B, TRL colocate, vLLM TP=4, 8 GPUs.
 PAPER_ITERS_PER_SECOND = {1: 0.02828, 10: 0.03828}
 PAPER_ITERS_PER_SECOND_SPREAD = {1: 0.017, 10: 0.016}
-"""The ± the paper reports with each rate: the spread of the rate across a run's iterations, not an
-interval for the mean. The mean's standard error is spread / √N, N the iterations averaged, which the
-paper does not give (:func:`paper_standard_errors`)."""
+"""The ± the paper reports with each rate, which it does not define (docs/theory.md §7 shows both readings).
+If it is the spread of the rate across a run's iterations, the mean's standard error is spread / √N for N
+independent iterations (:func:`paper_standard_errors`), and the paper gives no N; as bounds on the mean it
+would allow a negative sync time."""
 PAPER_PARAMS_7B = 7.6e9
 
 

@@ -17,8 +17,9 @@ answers against values observed in the run.
 
 A stub that raises ``NotImplementedError`` is not a failure: the check then
 verifies the reference solution instead (so the notebook runs unattended) and
-prints a hint; ``show_solution(name)`` prints it. A wrong function raises
-``AssertionError`` naming the first case where it differs from the library.
+prints a hint; ``show_solution(name)`` prints it. A wrong function raises :class:`ExerciseMismatch`
+(an ``AssertionError``), which a notebook shows as one line: the first case where it differs from the
+library, what was expected, what came, and a hint, not a traceback into this module.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ from ..exact.bandit import improvement_lower_bound
 from ..lm.group_view import token_ratios
 from ..objective import clipped_surrogate, tv_terms
 from ..schedules import make_sync_schedule
+
+
+class ExerciseMismatch(AssertionError):
+    """A learner's function differs from the library. IPython shows ``_render_traceback_``'s lines in place of
+    the traceback, so the learner reads one line (expected, got, hint), not this module's internals."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"✗ {self}"]
 
 
 def solution_whiten(rewards: torch.Tensor, eps_std: float) -> torch.Tensor:
@@ -174,13 +183,13 @@ def check(name: str, candidate: Callable[..., torch.Tensor]) -> str:
         expected = reference(*args)
         got = candidate(*args)
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-            raise AssertionError(f"{name}, case {n}: expected a tensor of shape {tuple(expected.shape)}, "
-                                 f"got {getattr(got, 'shape', type(got).__name__)}")
+            raise ExerciseMismatch(f"{name}, case {n}: expected a tensor of shape {tuple(expected.shape)}, got "
+                                   f"{getattr(got, 'shape', type(got).__name__)}; hint: {HINTS[name]}")
         if not torch.allclose(got.to(expected.dtype), expected, rtol=1e-6, atol=1e-9):
             worst = int((got - expected).abs().argmax())
-            raise AssertionError(f"{name}, case {n}: differs from the library, e.g. at flat index {worst}: "
-                                 f"expected {expected.flatten()[worst].item():.6g}, "
-                                 f"got {got.flatten()[worst].item():.6g}\n  hint: {HINTS[name]}")
+            raise ExerciseMismatch(f"{name}, case {n}: differs from the library at flat index {worst}: expected "
+                                   f"{expected.flatten()[worst].item():.6g}, got {got.flatten()[worst].item():.6g}; "
+                                   f"hint: {HINTS[name]}")
     if checked == "yours":
         print(f"{name}: your function matches the library on {len(cases())} cases ✓")
     else:  # no ✓: nothing of yours was checked

@@ -1,0 +1,144 @@
+"""What TRL 1.16's vLLM importance weight is (docs/theory.md §3 and §5), on TRL's own code path.
+
+Stock ``trl.GRPOTrainer`` trains a tiny random Llama; a stand-in for its vLLM engine (the two methods the trainer
+calls, ``sync_weights`` and ``generate``) holds its own copy α of the weights and returns, for each sampled token,
+log α plus a controlled offset δ: the engine's numerical mismatch. TRL itself computes the weight
+(``_generate_and_score_completions``:
+``per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask``,
+summed per sequence in the default ``sequence_mask`` mode, then ``torch.exp``) and multiplies the clipped loss by it
+(``_compute_loss``: ``per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]``).
+"""
+
+import copy
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+from trl_two_process import TRAIN_PROMPTS, build_tiny_model
+
+from grpo_lab.objective import clipped_surrogate
+
+S, STEPS, G = 2, 4, 4  # steps_per_generation = 2 optimiser steps per generation, so step 1 of each is lagged
+
+
+class Engine:
+    """Stands in for TRL's ``VLLMGeneration``. ``sync_weights`` copies π_θ into α (TRL calls it before a generation
+    whenever ``global_step`` moved: ``_generate_single_turn``); ``generate`` returns fixed completions of 3–5 tokens
+    and log α + ``mismatch`` for each token, as vLLM's ``logprobs`` (one per token)."""
+
+    def __init__(self, model: torch.nn.Module, mismatch: float):
+        self.model, self.alpha, self.mismatch, self.pushes = model, copy.deepcopy(model), mismatch, 0
+
+    def sync_weights(self) -> None:
+        self.alpha.load_state_dict(self.model.state_dict())
+        self.pushes += 1
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None):
+        completions = [[2 + (j + 3 * t) % 14 for t in range(3 + j % 3)] for j in range(len(prompts))]
+        logprobs = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            logits = self.alpha(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+            logp = logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+            logprobs.append([[float(x) + self.mismatch] for x in logp])
+        return prompts, completions, logprobs, None
+
+
+def alternating_reward(completions, **kwargs):
+    """Half of every group right: every step trains, so π_θ leaves the weights of the generation."""
+    return [float(j % 2) for j in range(len(completions))]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def trl_trainer(model_dir: str, out: str, mismatch: float) -> tuple[GRPOTrainer, Engine]:
+    """Stock GRPOTrainer, built without vLLM, then given the engine above: the vLLM branches of TRL's own code run."""
+    config = GRPOConfig(output_dir=out, per_device_train_batch_size=G, gradient_accumulation_steps=1,
+                        steps_per_generation=S, num_generations=G, max_completion_length=8, learning_rate=0.05,
+                        beta=0.0, loss_type="grpo", max_steps=STEPS, logging_steps=1, report_to="none",
+                        save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=alternating_reward, args=config,
+                          train_dataset=Dataset.from_dict({"prompt": list(TRAIN_PROMPTS)}))
+    engine = Engine(trainer.model, mismatch)
+    trainer.use_vllm, trainer.vllm_mode, trainer.vllm_generation = True, "colocate", engine
+    trainer._last_loaded_step = -1  # as TRL's __init__ sets it with vLLM: the first generation pushes
+    return trainer, engine
+
+
+def current_logps(trainer: GRPOTrainer, inputs: dict) -> torch.Tensor:
+    """log π_θ of the batch's completion tokens at the weights of this optimiser step (π_k), TRL's own forward."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with torch.no_grad():
+        return trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
+                                                          inputs["completion_ids"].size(1))[0]
+
+
+def train_and_record(trainer: GRPOTrainer) -> list[dict]:
+    """Each optimiser step's TRL weight, π_old, log α as the engine returned it, π_k and the mask."""
+    seen, compute_loss = [], trainer._compute_loss
+
+    def recorded(model, inputs):
+        seen.append({"step": trainer.state.global_step, "weight": inputs["importance_sampling_ratio"].clone(),
+                     "old": inputs["old_per_token_logps"].clone(), "engine": inputs["sampling_per_token_logps"].clone(),
+                     "pi_k": current_logps(trainer, inputs), "mask": inputs["completion_mask"].bool()})
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = recorded
+    trainer.train()
+    return seen
+
+
+@pytest.mark.parametrize("mismatch", [0.0, 0.05])
+def test_the_default_weight_moves_with_the_engine_mismatch_and_not_with_the_lag(model_dir, tmp_path, mismatch):
+    """Default ``sequence_mask``: one weight per sequence, exp(Σ_t (log π_old − log α_engine)) = exp(−δ·L_b), the same
+    at the step right after a generation and at the next one, where π_θ has moved (π_k ≠ π_old, the lag that the
+    kit's r′ = π_k/α carries). TRL pushes before every generation, so π_old and α share weights: the weight sees
+    only the engine's δ. The old text (TRL's weight is the detached r′ = π_k/α) fails on the lagged steps."""
+    trainer, engine = trl_trainer(model_dir, str(tmp_path / "out"), mismatch)
+    assert trainer.vllm_importance_sampling_mode == "sequence_mask" and trainer.vllm_importance_sampling_clip_max == 3
+    seen = train_and_record(trainer)
+    assert [s["step"] for s in seen] == list(range(STEPS))
+    assert engine.pushes == STEPS // S  # one push per generation
+    lag_seen = []
+    for s in seen:
+        lengths = s["mask"].sum(1)
+        assert s["weight"].shape == (len(lengths), 1)  # one number per sequence, applied to every token
+        assert torch.allclose(s["weight"][:, 0], torch.exp(-mismatch * lengths.double()).float(), atol=1e-5)
+        alpha = s["engine"] - mismatch  # log α at the pushed weights
+        assert (s["old"] - alpha)[s["mask"]].abs().max() < 1e-5  # π_old: the trainer's forward at those weights
+        r_prime = torch.exp(((s["pi_k"] - alpha) * s["mask"]).sum(1))  # the kit's sequence r′ = π_k/α
+        lag_seen.append(float((r_prime - 1).abs().max()))
+        if s["step"] % S == 0:  # right after a generation: π_k = π_old, no lag
+            assert lag_seen[-1] < 1e-4
+    lagged = [gap for s, gap in zip(seen, lag_seen, strict=True) if s["step"] % S]
+    assert min(lagged) > 0.02, lag_seen  # the lag is there (π_k ≠ π_old), and TRL's weight did not move with it
+    if mismatch:
+        assert all(float(s["weight"].max()) < 0.9 for s in seen)  # δ = 0.05 on ≥ 3 tokens: ≤ exp(−0.15)
+
+
+def test_token_weights_on_one_token_responses_give_the_multiplicative_band(model_dir, tmp_path):
+    """TRL's ``_compute_loss`` fed a per-token weight w = π_old/α and ρ = π_θ/π_old on one-token responses:
+    w·min(ρA, clip(ρ)A) is the multiplicative band of the kit's ``clipped_surrogate`` around r′ = w (``token_*``
+    modes, or one token per response). What notebook 01 §2's dashed TRL curves draw, checked on TRL's code."""
+    trainer, _ = trl_trainer(model_dir, str(tmp_path / "out"), 0.0)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; one micro-batch here
+    B = 8
+    generator = torch.Generator().manual_seed(0)
+    inputs = {"prompt_ids": torch.tensor([[2, 3, 4]] * B), "prompt_mask": torch.ones(B, 3, dtype=torch.long),
+              "completion_ids": torch.arange(5, 5 + B)[:, None], "completion_mask": torch.ones(B, 1, dtype=torch.long),
+              "advantages": torch.tensor([1.0, -1.0] * (B // 2))}
+    logp = current_logps(trainer, inputs)
+    log_rho = 0.6 * torch.randn(B, 1, generator=generator)  # π_θ/π_old: inside and outside [1 − ε, 1 + ε]
+    log_w = 0.8 * torch.randn(B, 1, generator=generator)  # π_old/α = r′
+    inputs |= {"old_per_token_logps": logp - log_rho, "importance_sampling_ratio": log_w.exp()}
+    trainer.model.train()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    band = clipped_surrogate(logp, logp - log_rho, logp - log_rho - log_w, inputs["advantages"][:, None],
+                             trainer.args.epsilon, band="multiplicative")
+    assert torch.allclose(loss.detach(), -band.mean(), atol=1e-6)
+    assert (log_rho.abs() > 0.2).any() and (log_w.exp() > 1.5).any()  # the clip and a weight far from 1 both act
