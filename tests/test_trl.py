@@ -15,6 +15,7 @@ import torch
 from datasets import Dataset
 from schedule_calls import assert_one_call_order, record_plans_and_schedule
 
+from grpo_lab.lm.recipes import CONFIG_DIR
 from grpo_lab.scale.trl import OffPolicyGRPOTrainer
 from grpo_lab.sync_audit import SyncError
 
@@ -343,7 +344,7 @@ def test_two_processes_match_one_process(model_dir, tmp_path):
     adapter's; a 4-step run with v = 2 syncs at k = 0, 2 on both processes."""
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
+               str(CONFIG_DIR / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
                str(ROOT / "tests" / "trl_two_process.py"), "--model-dir", model_dir, "--out", str(out),
                "--steps", "4", "--v", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
