@@ -59,7 +59,7 @@ CONFIG_CASES = [
     (dict(kl_kind="k4"), "kl_kind must be one of .* got 'k4'"),
     (dict(level="word"), "level must be one of .* got 'word'"),
     (dict(eps_placement="inside"), "eps_placement must be one of .* got 'inside'"),
-    (dict(empty_step="adam"), "empty_step must be one of \\('skip', 'optimizer_step'\\), got 'adam'"),
+    (dict(empty_step="adam"), "empty_step must be one of \\('skip', 'optimizer_step', 'skip_kl_only'\\), got 'adam'"),
     (dict(sync="sometimes"), "sync must be one of .* got 'sometimes'"),
     (dict(sync_threshold=0.0), "sync_threshold must be a finite number .* got 0.0"),
     (dict(ref_period=-1), "ref_period must be an integer >= 0, got -1"),
