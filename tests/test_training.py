@@ -163,3 +163,30 @@ def test_train_stops_at_config_steps_of_a_loop_built_for_more(tmp_path):
         loop = train(config.replace(steps=stop), loop, progress=False)
         assert loop.k == stop and len(loop.history) == stop
         assert len(load_metrics(tmp_path / "run")) == stop
+
+
+def test_a_stop_event_ends_the_run_after_the_step_and_on_step_sees_each_step(tmp_path):
+    """What notebook 02's live panel drives: ``on_step`` after every logged step, and a ``stop`` set from it
+    (as the Stop button would) ends the run after that step with a checkpoint; a stop already set runs no
+    step and leaves the checkpoint as it was."""
+    import threading
+
+    import torch
+
+    config = train_config("bandit", tmp_path / "run", checkpoint_every=0)
+    stop, seen = threading.Event(), []
+
+    def on_step(loop, record):
+        seen.append((loop.k, record.step, len(load_metrics(tmp_path / "run"))))
+        if loop.k == 3:
+            stop.set()
+
+    loop = train(config, make_loop("bandit", config), progress=False, stop=stop, on_step=on_step)
+    assert loop.k == 3 and seen == [(1, 0, 1), (2, 1, 2), (3, 2, 3)]    # called once each step is logged
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    assert torch.load(checkpoint, weights_only=True)["k"] == 3
+    written = checkpoint.stat().st_mtime_ns
+    again = train(config, make_loop("bandit", config), progress=False, stop=stop, on_step=on_step)
+    assert again.k == 3 and len(seen) == 3 and checkpoint.stat().st_mtime_ns == written   # resumed, no step, no save
+    stop.clear()
+    assert train(config, again, progress=False).k == config.steps

@@ -2,7 +2,8 @@
 
 The loop itself is :class:`~grpo_lab.loop.GRPOLoop` (built by :func:`~grpo_lab.lm.build.build_loop`); this
 module drives it: progress bar, one line of ``metrics.jsonl`` per step, periodic checkpoints, and a
-clean stop on Ctrl-C (or a notebook's stop button) that leaves a checkpoint to continue from.
+clean stop on Ctrl-C (or a stop event set by a notebook's Stop button) that leaves a checkpoint to continue
+from. A live figure follows the run through a per-step callback (notebook 02's panel trains through here).
 A run directory has one owner at a time (:func:`hold_run_dir`). Every file goes through
 :mod:`grpo_lab.files`: a full or read-only disk stops the run with one
 :class:`~grpo_lab.files.DiskError`, the last checkpoint and ``metrics.jsonl`` (whole lines) intact.
@@ -14,7 +15,8 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +28,20 @@ from .memory import estimate_checkpoint, guard_disk
 from .train_config import TrainConfig
 
 
-def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = True,
-          resume: bool = True) -> GRPOLoop:
+def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = True, resume: bool = True,
+          stop: threading.Event | None = None, on_step: Callable[[GRPOLoop, StepRecord], None] | None = None
+          ) -> GRPOLoop:
     """Run (or continue) a training run up to step ``config.steps``: progress bar, ``metrics.jsonl``, checkpoints.
 
     A given ``loop`` stops at ``config.steps`` even if it was built for more (the study scores
     held-out Pass@1 part-way by training to each scoring step in turn).
 
     With ``resume`` and a checkpoint in ``output_dir``, continues from it exactly.
-    Interrupting (Ctrl-C, a notebook's stop button) finishes the current step,
-    saves a checkpoint and returns the loop, ready to continue. Raises :class:`RunDirInUse`
+    ``on_step(loop, record)`` runs after each step is logged (a live figure redraws there).
+    Interrupting (Ctrl-C), or setting ``stop`` (from another thread: a notebook's Stop button),
+    finishes the current step, saves a checkpoint and returns the loop, ready to continue; a ``stop``
+    set before the first step runs none. A sitting that ran no step leaves the checkpoint it found.
+    Raises :class:`RunDirInUse`
     at once, before any model loads, if another live process is training into ``output_dir``;
     :class:`~grpo_lab.files.DiskError` before α is copied (before the first step, for a given
     ``loop``) if the checkpoints will not fit (:func:`~grpo_lab.lm.memory.guard_disk`), or when a
@@ -52,35 +58,42 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
             loop = build_loop(config, checkpoint=out / CHECKPOINT_FILE)
         else:
             guard_disk(config, estimate_checkpoint(loop, config.steps), out / CHECKPOINT_FILE)
-        return _train(config, loop, out, progress, resume)
+        return _train(config, loop, out, progress, resume, stop or threading.Event(), on_step)
 
 
-def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resume: bool) -> GRPOLoop:
+def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resume: bool, stop: threading.Event,
+           on_step: Callable[[GRPOLoop, StepRecord], None] | None) -> GRPOLoop:
     ckpt = out / CHECKPOINT_FILE
     if resume and ckpt.is_file() and loop.k == 0:
         load_checkpoint(loop, ckpt)
+    first = loop.k
     atomic_write(out / "config.json", json.dumps(config.to_dict(), indent=2, default=list), what="the run's config")
     # metrics.jsonl restarts from the history the checkpoint holds: steps logged after it are redone
     _write_metrics(out, loop.history)
     loggers = _open_loggers(config, out)
     bar = _progress(total=config.steps, initial=loop.k, enabled=progress)
     try:
-        for record in loop.run(max(config.steps - loop.k, 0)):  # up to config.steps, whatever the loop's own
+        while loop.k < config.steps and not stop.is_set():  # up to config.steps, whatever the loop's own
+            record = loop.step()
             _log(record, out, loggers, bar)
             if config.checkpoint_every and loop.k % config.checkpoint_every == 0:
                 save_checkpoint(loop, ckpt)
+            if on_step is not None:
+                on_step(loop, record)
     except KeyboardInterrupt:
-        # a step that deferred_interrupt let finish is in the history but was never yielded
+        # a step that deferred_interrupt let finish is in the history but was never logged
         _write_metrics(out, loop.history)
-        print(f"interrupted: saving a checkpoint at step {loop.k} in {ckpt}")
+        print(f"interrupted: saving a checkpoint at step {loop.k} in {ckpt}" if loop.k > first else
+              f"interrupted at step {loop.k}: no step finished, the checkpoint stays as it was")
     finally:
         bar.close()
         for logger in loggers:
             logger.close()
-    # Not after any other exception: a failed step (e.g. FloatingPointError) may have left π_θ
-    # half-updated, a failed write (DiskError) would fail again; the last checkpoint written stays
-    # the one to resume from.
-    save_checkpoint(loop, ckpt)
+    # Not after any other exception: a failed step (e.g. FloatingPointError at pass 2 of i > 1) may
+    # have left π_θ half-updated while k stayed, a failed write (DiskError) would fail again; the last
+    # checkpoint written stays the one to resume from.
+    if loop.k > first:
+        save_checkpoint(loop, ckpt)
     return loop
 
 
