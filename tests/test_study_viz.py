@@ -1,25 +1,35 @@
 """Notebook 02's figures and live panel on fake study folders (any seeds per arm, arms missing): bands stay
-inside their quantity's range, a Stop pressed during set-up counts, Kernel > Interrupt reaches a background
-run (in a real ipykernel too), one checkpoint per panel, and the group view."""
+inside their quantity's range, the panel trains through ``training.train`` (a Stop pressed during set-up
+counts, Kernel > Interrupt reaches a background run, in a real ipykernel too, one checkpoint per panel, a
+step that fails at pass 2 saves nothing and the run resumes exactly), and the group view says why r′ is
+what it is."""
 
 import html
 import json
 import math
 import os
+import queue
 import re
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
-from reliability_runs import problems, tiny_model, tokenizer
+from fault_scenarios import poison_gradients
+from reliability_runs import even_length, problems, rows_of, tiny_model, tokenizer
 from test_study import write_fake_units
+from test_viz import title_clears_toolbar
 
 from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import load_metrics
 from grpo_lab.viz import study_panel
 from grpo_lab.viz.study_panel import LivePanel
 from grpo_lab.viz.study_plots import paired_figure, pass_figure, secondary_figure, token_ratio_figure
+
+RUN_FOLDER = ["checkpoint.pt", "config.json", "metrics.jsonl", "run.lock"]
+"""What the panel's run folder holds: ``training.train``'s files, one checkpoint."""
 
 
 def band_values(fig, axis="x"):
@@ -81,7 +91,20 @@ def test_token_ratio_figure_blanks_padding_and_labels_the_colour_bar_in_r():
     assert math.isnan(z[0, 2]) and z[0, 1] == pytest.approx(1.0) and z[1, 0] == pytest.approx(-1.0)   # log2 r′
     bar = fig.data[0].colorbar
     assert list(bar.ticktext) == ["0.5", "0.707", "1", "1.41", "2"] and len(bar.tickvals) == 5
-    assert fig.layout.height >= 300
+    assert fig.layout.height >= 300 and fig.layout.title.text == "Per-token r′ = π_k/α at lag 3"
+
+
+def test_token_ratio_figure_at_r_one_everywhere_has_distinct_ticks_integer_positions_and_says_why():
+    """π_θ unmoved since the sync: r′ = 1 on every token. The colour bar still reads five distinct values
+    (not "1, 1"), token positions tick at integers, and the note says why."""
+    flat = token_ratio_figure([["a", "b", "c"]], np.ones((1, 3)), [1.0], [0.0], lag=2, note="π_θ has not moved")
+    ticks = list(flat.data[0].colorbar.ticktext)
+    assert len(set(ticks)) == 5 and ticks[2] == "1"
+    assert flat.layout.title.text.endswith("<br><sup>π_θ has not moved</sup>")
+    for width in (3, 100):                                   # a short completion, and one of 100 tokens
+        axis = token_ratio_figure([["a"]], np.ones((1, width)), [1.0], [0.0], lag=1).layout.xaxis
+        assert axis.tick0 == 0 and float(axis.dtick).is_integer() and axis.dtick >= 1
+        assert width / axis.dtick <= 20                      # at most 20 ticks, each on a token
 
 
 @pytest.fixture
@@ -96,10 +119,11 @@ def status(panel):
     return html.unescape(panel.status.value)
 
 
-def make_panel(panel_parts, tmp_path, steps=3):
+def make_panel(panel_parts, tmp_path, steps=3, out="live", **changes):
+    """A panel on the tiny model, its knobs at ``base`` with ``changes``, its run folder ``tmp_path / out``."""
     study, base, problems, model, tokenizer = panel_parts
-    return LivePanel(study, base, problems, steps=steps, model=model, tokenizer=tokenizer, out_dir=tmp_path / "live",
-                     mode="none")
+    return LivePanel(study, base.replace(**changes), problems, steps=steps, model=model, tokenizer=tokenizer,
+                     out_dir=tmp_path / out, mode="none")
 
 
 def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_parts, tmp_path):
@@ -110,13 +134,14 @@ def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_part
     bands = band_values(panel.figure)
     assert [t.name for t in panel.figure.data if t.fill != "toself"] == ["v = 1 (study, n = 2)",
                                                                           "v = 8, none (study, n = 1)", "live run"]
-    assert 0.0 <= bands.min() and bands.max() <= 1.0
+    assert 0.0 <= bands.min() and bands.max() <= 1.0 and title_clears_toolbar(panel.figure)
     first = panel.run(steps=2)
     assert first.k == 2 and list(panel.figure.data[-1].x) == [0, 1] and panel.progress.value == 2
-    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["checkpoint.pt"]
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == RUN_FOLDER
     where = re.escape(str(tmp_path / "live" / "checkpoint.pt"))
     assert re.search(rf"checkpoint {where} \(0\.\d\d GiB, one per panel", status(panel)) and "step 2/3" in status(panel)
     assert panel.run() is first and first.k == 3                       # same knobs: the run continues
+    assert rows_of(load_metrics(tmp_path / "live")) == rows_of(first.history)     # train's metrics.jsonl, all 3
     assert panel.run() is first and status(panel).startswith("the run has all 3 steps")
 
     panel.knobs["is_correction"].value = "none"                          # a knob: a new run from the untrained model
@@ -124,15 +149,20 @@ def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_part
     second = panel.run()
     assert second is not first and second.k == 1 and second.config.is_correction == "none"
     assert "stopped by Stop at step 1" in status(panel)
-    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["checkpoint.pt"]   # replaced, not added
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == RUN_FOLDER   # replaced, not added
     assert torch.load(tmp_path / "live" / "checkpoint.pt", weights_only=True)["k"] == 1
+    assert len(load_metrics(tmp_path / "live")) == 1
 
+    # the tiny model never answers add12: every group is masked, every step skipped, π_θ never moved
+    assert all(r.skipped for r in first.history)
     view = group_view(first, seed=3)
     G, T = panel.base.G, panel.base.max_completion_length
     assert len(view.texts) == G and view.ratios.shape[0] == G and view.ratios.shape[1] <= T
     assert view.lag == first.k - first.schedule.last_sync and view.kept == bool(view.rewards.std() > 0)
     assert abs(float(view.advantages.sum())) < 1e-5 and view.tv >= 0
     assert all(len(tokens) == int((row > 0).sum()) for tokens, row in zip(view.tokens, view.ratios, strict=True))
+    assert view.trained == 0 and view.note.startswith("π_θ has not moved since α was last synced")
+    assert float((view.ratios[view.ratios > 0] - 1).abs().max()) < 1e-3 and view.lag == 1
     r = token_ratios(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.tensor([[True, False]]))
     assert r.tolist() == [[1.0, 0.0]]
 
@@ -149,7 +179,66 @@ def test_a_stop_pressed_while_run_sets_up_is_kept(panel_parts, tmp_path, monkeyp
     panel.run_button.click()
     panel._thread.join(timeout=120)
     assert panel.loop.k == 0 and "stopped by Stop at step 0" in status(panel)
-    assert not (tmp_path / "live").exists()                              # nothing trained: nothing saved
+    assert not (tmp_path / "live" / "checkpoint.pt").exists()              # nothing trained: nothing saved
+
+
+def same_state(a, b) -> bool:
+    """Equal nested state: tensors bit for bit, everything else by ==."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_state, a, b))
+    return a == b
+
+
+def training_state(loop) -> dict:
+    """Everything a checkpoint holds but the config (its output_dir differs) and the history's wall-clock fields."""
+    state = {key: value for key, value in loop.state_dict().items() if key not in ("config", "history")}
+    return {**state, "history": rows_of(loop.history)}
+
+
+def test_a_fault_at_pass_2_saves_nothing_and_the_panel_resumes_exactly(panel_parts, tmp_path, monkeypatch):
+    """i = 2: a NaN gradient at the second optimiser pass of step 2 comes after the first pass moved π_θ,
+    while k stayed 2. The panel saves nothing of that state and drops its loop; Run resumes from the
+    checkpoint of step 2 and ends bit for bit where an uninterrupted run ends."""
+    from grpo_lab.lm.group_view import group_view
+
+    real = study_panel.build_loop
+
+    def rewarded(*args, **kwargs):                   # a reward that varies within groups: the steps train
+        loop = real(*args, **kwargs)
+        loop.task.reward_fn = even_length
+        return loop
+
+    monkeypatch.setattr(study_panel, "build_loop", rewarded)
+    uninterrupted = make_panel(panel_parts, tmp_path, steps=4, out="uninterrupted", i=2).run()
+    assert uninterrupted.k == 4 and not uninterrupted.history[2].skipped and uninterrupted.config.i == 2
+
+    panel = make_panel(panel_parts, tmp_path, steps=4, out="live", i=2)
+    faulty = panel.run(steps=2)
+    poison_gradients(faulty, step=2, pass_index=1)
+    with pytest.raises(FloatingPointError, match="non-finite gradient norm nan at step 2"):
+        panel.run()
+    assert faulty.k == 2 and panel.loop is None
+    assert ("stopped at step 2 by FloatingPointError" in status(panel)
+            and "Run with the same knobs resumes from its checkpoint at step 2" in status(panel))
+    saved = torch.load(tmp_path / "live" / "checkpoint.pt", weights_only=True)
+    assert saved["k"] == 2 and not same_state(saved["policy"], faulty.policy.state_dict())   # pass 1 had moved π_θ
+    assert len(load_metrics(tmp_path / "live")) == 2
+
+    drawn = []
+    panel._draw = lambda loop, *_: drawn.append(loop.k)
+    resumed = panel.run()
+    assert resumed is panel.loop and resumed is not faulty and resumed.k == 4
+    assert drawn == [3, 4]                                                 # it trained steps 2 and 3 only
+    assert same_state(training_state(resumed), training_state(uninterrupted))
+    assert rows_of(load_metrics(tmp_path / "live")) == rows_of(uninterrupted.history)
+
+    view = group_view(uninterrupted, seed=3)                # steps 2 and 3 trained since the sync at step 2
+    assert view.lag == 2 and view.trained == 2 and "took 2 optimiser steps since α was last synced" in view.note
+    assert float((view.ratios[view.ratios > 0] - 1).abs().max()) > 1e-3   # r′ drifts from 1
 
 
 def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
@@ -178,7 +267,9 @@ def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
 
 def test_hook_interrupt_in_a_real_ipykernel(tmp_path):
     """ipykernel ignores SIGINT while idle; after :func:`hook_interrupt` an interrupt between messages
-    reaches the registered runs, and the kernel keeps executing cells."""
+    reaches the registered runs, and the kernel keeps executing cells. The test waits for the run's own
+    word that it was stopped (a line on IOPub), not for a time: the next cell is sent only once the
+    handler has run, so the interrupt cannot land in that cell instead."""
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3")
@@ -188,19 +279,33 @@ def test_hook_interrupt_in_a_real_ipykernel(tmp_path):
             assert reply["content"]["status"] == "ok", reply["content"]
             return "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
 
+        def wait_for_line(text, seconds=120):
+            """Read IOPub until a stream message holds ``text`` (the handler runs between messages, so no
+            execute request is its parent); queue.Empty if none comes within ``seconds``."""
+            deadline, seen = time.monotonic() + seconds, ""
+            while text not in seen:
+                msg = kc.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
+                seen += msg["content"].get("text", "") if msg["msg_type"] == "stream" else ""
+            return seen
+
         outputs = []
         hooked = execute("""
-import threading
 from grpo_lab.viz import study_panel
 class Run:
     def __init__(self): self.by = None
-    def stop(self, by): self.by = by
+    def stop(self, by):
+        self.by = by
+        print("stopped by", by, flush=True)
 run = Run(); study_panel._RUNNING.add(run)
 print(study_panel.hook_interrupt())""")
         assert hooked.strip() == "True"
         km.interrupt_kernel()                                            # the kernel is idle: SIGINT between messages
+        try:
+            wait_for_line("stopped by Kernel > Interrupt")
+        except queue.Empty:
+            pytest.fail("the interrupt did not reach the registered run within 120 s")
         outputs.clear()
-        assert execute("import time; time.sleep(0.5); print(run.by)").strip() == "Kernel > Interrupt"
+        assert execute("print(run.by)").strip() == "Kernel > Interrupt"
         outputs.clear()
         assert json.loads(execute("import json; print(json.dumps(1 + 1))")) == 2
     finally:
@@ -217,10 +322,25 @@ def test_static_mode_shows_the_panel_as_the_run_left_it(panel_parts, tmp_path, c
     assert loop.k == 1 and "step 1/3" in printed and "checkpoint" in printed and "press Run" not in printed
 
 
-def test_quiet_loading_silences_transformers_progress_bars_and_puts_them_back():
+def test_model_loading_silences_transformers_progress_bars_and_puts_them_back(monkeypatch):
+    """The "Loading weights" bar is silenced where every model loads (notebook 02 loads one per run)."""
     from transformers.utils import logging
 
+    from grpo_lab.lm import models
+
+    seen = []
+
+    class Loader:
+        @staticmethod
+        def from_pretrained(source, **kwargs):
+            seen.append(logging.is_progress_bar_enabled())
+            return source
+
+    monkeypatch.setattr(models, "AutoTokenizer", Loader)
+    monkeypatch.setattr(models, "AutoModelForCausalLM", Loader)
     logging.enable_progress_bar()                     # transformers' default, unless the environment turned it off
-    with study_panel.quiet_loading():
+    assert models._from_pretrained("a model", torch.float32, False, True) == ("a model", "a model")
+    assert seen == [True, False] and logging.is_progress_bar_enabled()   # the model loads without a bar
+    with models.quiet_loading():
         assert not logging.is_progress_bar_enabled()
     assert logging.is_progress_bar_enabled()

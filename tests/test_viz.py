@@ -1,5 +1,7 @@
-"""grpo_lab.viz: the exercise checks catch wrong answers, the display switch, the live panel, the studies."""
+"""grpo_lab.viz: the exercise checks catch wrong answers, the display switch, the live panel (its knobs' labels, its
+title clear of the toolbar, the restart hint), the run dashboard's gaps, the studies."""
 
+import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 import pytest
@@ -7,9 +9,11 @@ import torch
 
 from grpo_lab.config import smoke_mode
 from grpo_lab.exact import studies
-from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
+from grpo_lab.exact.bandit import BanditProblem, bandit_config, build_bandit_loop, run_bandit
 from grpo_lab.scale.costmodel import StepCostModel
-from grpo_lab.viz import BanditPanel, check, display_mode, new_figure, plots, show_solution
+from grpo_lab.viz import BanditPanel, check, display, display_mode, new_figure, plots, show_solution
+from grpo_lab.viz.dashboard import OVER_COUNTED_TOKENS, PANELS, dashboard
+from grpo_lab.viz.display import TITLE_LINE_PX, TOOLBAR_PX
 from grpo_lab.viz.exercises import SOLUTIONS, ExerciseMismatch, check_prediction
 
 # ----------------------------------------------------------------------------- exercises
@@ -293,3 +297,68 @@ def test_figures_build(monkeypatch):
                plots.mask_optimizer_figure(studies.mask_optimizer_study(problem, config, runs=2))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
     assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each
+
+
+# ----------------------------------------------------------------------------- what a reader sees of a panel
+
+
+def title_clears_toolbar(fig) -> bool:
+    """The title starts below plotly's toolbar (which covers the figure's top right corner on hover) and
+    ends above the plot area: the top margin holds the toolbar and every line of the title."""
+    title, height = fig.layout.title, fig.layout.height
+    lines = title.text.count("<br>") + 1
+    return (title.yref == "container" and title.yanchor == "top" and (1 - title.y) * height >= TOOLBAR_PX - 1e-9
+            and fig.layout.margin.t >= TOOLBAR_PX + lines * TITLE_LINE_PX)
+
+
+def test_every_knob_shows_its_whole_label_and_a_tooltip():
+    """Both panels' knobs come from one table; no label is cut to "…": each fits its label width at 10 px a
+    character (the widest label, "mask norm.", is 77 px in JupyterLab's 13 px DejaVu Sans, 7.7 px a character)."""
+    from grpo_lab.lm.train_config import TrainConfig
+    from grpo_lab.viz.study_panel import make_knobs
+    from grpo_lab.viz.widgets import KNOBS, LABEL_PX, make_controls
+
+    panels = [make_controls(studies.lab_config(), runs=2), make_knobs(TrainConfig())]
+    assert set(panels[1]) < set(panels[0]) == set(KNOBS)                 # the LM panel's knobs are the bandit's
+    for knobs in panels:
+        for name, widget in knobs.items():
+            assert (widget.description, widget.tooltip) == KNOBS[name] and name in widget.tooltip.split(":")[0]
+    labelled = [w for knobs in panels for w in knobs.values() if not isinstance(w, W.Checkbox)]
+    assert {w.style.description_width for w in labelled} == {f"{LABEL_PX}px"}
+    assert max(len(w.description) for w in labelled) * 10 <= LABEL_PX
+    assert "…" not in "".join(w.description for w in labelled)
+    assert {w.description for w in labelled} >= {"mask norm.", "empty step"}   # the names notebook 01's exercise 6 uses
+
+
+def test_live_figures_keep_their_title_below_the_toolbar():
+    panel = BanditPanel(BanditProblem.random(contexts=3, arms=2), bandit_config(steps=5), runs=1, mode="none")
+    assert title_clears_toolbar(panel.figure)
+    assert title_clears_toolbar(dashboard({"v=1": []}, title="two runs<br>in smoke mode"))
+
+
+def test_a_panel_in_a_kernel_prints_the_restart_hint_above_its_widget(monkeypatch, capsys):
+    shown = []
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append((obj, capsys.readouterr().out)))
+    display.show_panel("widget", lambda: "the panel", None, "")
+    assert shown == [("the panel", display.RESTART_HINT + "\n")]           # printed before the widget
+    assert "re-run this cell" in display.RESTART_HINT and "model not found" in display.RESTART_HINT
+
+
+def test_dashboard_leaves_a_gap_where_a_step_counted_no_token():
+    """A ratio cannot be 0: on a step whose groups were all masked the r′, clip and KL panels show nothing."""
+    loop = build_bandit_loop(BanditProblem.random(contexts=4, arms=3, seed=0),
+                             bandit_config(steps=12, G=2, prompts_per_step=1, beta=0.1), runs=1)
+    records = list(loop.run())
+    empty = [r.step for r in records if r.num_tokens == 0]
+    assert empty and len(empty) < len(records)                          # G = 2: some steps fully masked, not all
+    fig = dashboard({"G = 2": records, "G = 2 again": [r.to_dict() for r in records]}, title="a bandit")
+    assert [t.name for t in fig.data if t.showlegend] == ["G = 2", "G = 2 again"]
+    assert [a.text for a in fig.layout.annotations] == [title for _, title in PANELS]
+    gap = np.isin(np.arange(len(records)), empty)
+    for trace, (key, _) in zip(fig.data, PANELS * 2, strict=True):
+        expected = gap if key in OVER_COUNTED_TOKENS else np.zeros_like(gap)
+        assert np.array_equal(np.isnan(np.asarray(trace.y, dtype=float)), expected), key
+    assert {"ratio_k_max", "clip_low_frac", "kl"} <= OVER_COUNTED_TOKENS
+    ratio_max = np.asarray(fig.data[3].y, dtype=float)
+    assert np.nanmin(ratio_max) > 0                                      # no 0 plotted for max r′

@@ -34,6 +34,16 @@ class GroupView:
     ratios: torch.Tensor               # [G, T] r′ per token, 0 on padding
     tv: float                          # TV(π_k, α) estimated from these G samples
     lag: int                           # steps since α was synced
+    trained: int                       # optimiser steps π_θ took since α was synced (skipped steps take none)
+
+    @property
+    def note(self) -> str:
+        """Why r′ is what it is: π_θ moved since the sync (r′ drifts from 1), or it did not (r′ = 1)."""
+        if self.trained:
+            return (f"π_θ took {self.trained} optimiser step{'s' * (self.trained > 1)} since α was last synced: "
+                    "r′ drifts from 1")
+        return ("π_θ has not moved since α was last synced (no step since took an optimiser step: a step whose "
+                "groups are all masked is skipped), so π_k = α and r′ = 1 on every token")
 
 
 @torch.no_grad()
@@ -58,4 +68,5 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
     return GroupView(prompt=prompts[0], texts=list(rollout.extra["texts"]), tokens=tokens, rewards=rewards[0].float(),
                      advantages=plan.advantages.float(), kept=bool(plan.informative[0]),
                      ratios=token_ratios(logp_k, rollout.logp_alpha, mask),
-                     tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.schedule.lag(loop.k))
+                     tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.schedule.lag(loop.k),
+                     trained=sum(not r.skipped for r in loop.history[max(loop.schedule.last_sync, 0):]))

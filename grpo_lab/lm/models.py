@@ -26,11 +26,13 @@ LEFT, so that a batch of prompts ends where generation starts.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,8 +210,24 @@ def _from_pretrained(source: str | Path, dtype: torch.dtype, trust_remote_code: 
                      local_files_only: bool) -> tuple[Any, Any]:
     kwargs = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' progress bars off while a model loads, back as they were afterwards: its "Loading
+    weights" bar would print in a notebook at every load (notebook 02 loads a model for each run)."""
+    from transformers.utils import logging
+
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
 
 
 def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> None:

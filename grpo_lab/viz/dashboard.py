@@ -3,17 +3,21 @@
 One figure, one panel per question a reader asks of a run: is reward rising,
 how many groups carry signal, how stale is α, how far did α drift, what does a
 step cost. Several runs (e.g. v = 1 and v = 4) share the panels, one colour each.
+A step whose loss counted no token (every group masked) has no r′, clip fraction or KL
+over counted tokens: those panels leave a gap there, not a 0.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .display import new_figure
+from ..objective import NO_TOKEN_METRICS
+from .display import new_figure, title_below_toolbar
 
 PANELS = (
     ("reward_mean", "reward (mean of P·G)"),
@@ -27,22 +31,31 @@ PANELS = (
 )
 """(field, title): titles short enough for a quarter of a notebook's width; seconds per step are
 sample + train + sync."""
+OVER_COUNTED_TOKENS = {*NO_TOKEN_METRICS, "kl"} - {"num_tokens"}
+"""Fields that are means or maxima over the loss's counted tokens: undefined on a step that counted none."""
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+HEIGHT = 620
+SUBPLOT_TITLE_PX = 20
+"""Room above the top row for its subplot titles (12 px font)."""
 
 
 def _values(records: Sequence[Any], key: str) -> list[float]:
+    """``key`` of each record; NaN (a gap) where the field is over counted tokens and the step counted none."""
     rows = [r if isinstance(r, Mapping) else r.to_dict() for r in records]
     if key == "step_seconds":
         return [r["sample_seconds"] + r["train_seconds"] + r["sync_seconds"] for r in rows]
+    if key in OVER_COUNTED_TOKENS:
+        return [r[key] if r["num_tokens"] else math.nan for r in rows]
     return [r[key] for r in rows]
 
 
-def dashboard(runs: Mapping[str, Sequence[Any]], mode: str | None = None) -> go.Figure:
+def dashboard(runs: Mapping[str, Sequence[Any]], title: str = "", mode: str | None = None) -> go.Figure:
     """Panels of the metrics in ``docs/metrics.md`` for each named run's records
-    (``StepRecord`` s or their dicts, e.g. from ``training.load_metrics``)."""
-    fig = make_subplots(rows=2, cols=4, subplot_titles=[title for _, title in PANELS],
+    (``StepRecord`` s or their dicts, e.g. from ``training.load_metrics``), under ``title``."""
+    fig = make_subplots(rows=2, cols=4, subplot_titles=[heading for _, heading in PANELS],
                         horizontal_spacing=0.06, vertical_spacing=0.14)
-    fig.update_layout(height=620, margin=dict(t=40, b=30))
+    fig.update_layout(**title_below_toolbar(title, HEIGHT, headroom=SUBPLOT_TITLE_PX))
+    fig.update_layout(margin=dict(b=30))
     fig.update_annotations(font_size=12)
     for colour, (name, records) in zip(COLOURS * 4, runs.items()):
         steps = _values(records, "step")

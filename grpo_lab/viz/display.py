@@ -16,6 +16,10 @@ mode       effect
 Every code path runs in every mode: only the display differs, so a notebook
 executed without a front end (nbval, ``jupyter nbconvert --execute``) builds the
 same figures and raises no error.
+
+A live panel prints a one-line hint above itself for after a kernel restart
+(:data:`RESTART_HINT`), and a title placed by :func:`title_below_toolbar` stays clear of
+plotly's toolbar.
 """
 
 from __future__ import annotations
@@ -72,11 +76,34 @@ def show(obj: Any, mode: str | None = None) -> None:
     display(obj)
 
 
+RESTART_HINT = 'After a kernel restart this panel reads "Error displaying widget: model not found": re-run this cell.'
+"""Printed above a live panel: a notebook saved with its outputs keeps this line, while the panel's widgets
+lived in the kernel and are gone once it restarts."""
+
+
 def show_panel(mode: str, widget: Callable[[], Any], figure: Any, status: str) -> None:
-    """A live panel: the whole widget in widget mode; in static mode its figure as it is now,
-    then its status line (the knobs do nothing without a front end)."""
+    """A live panel: in widget mode the whole widget, under a one-line hint for after a kernel restart
+    (:data:`RESTART_HINT`); in static mode its figure as it is now, then its status line (the knobs do
+    nothing without a front end)."""
     if mode == "widget":
+        if in_kernel():
+            print(RESTART_HINT)
         show(widget(), mode)
     elif mode == "static":
         show(figure, mode)
         print(status)
+
+
+TOOLBAR_PX = 32
+"""Height of plotly's toolbar (the mode bar), drawn over the top right corner of a figure on hover."""
+TITLE_LINE_PX = 24
+"""Height of one line of a figure's title (plotly's 17 px title font, with its line spacing)."""
+
+
+def title_below_toolbar(text: str, height: int, headroom: int = 0) -> dict[str, Any]:
+    """Layout of a figure ``height`` px tall whose title plotly's toolbar cannot cover: the title's top
+    sits :data:`TOOLBAR_PX` below the figure's top, and the top margin holds the toolbar, the title's
+    lines (``<br>`` breaks them) and ``headroom`` px more (subplots' own titles)."""
+    lines = text.count("<br>") + 1 if text else 0
+    return dict(height=height, title=dict(text=text, y=1 - TOOLBAR_PX / height, yref="container", yanchor="top"),
+                margin=dict(t=TOOLBAR_PX + lines * TITLE_LINE_PX + headroom))

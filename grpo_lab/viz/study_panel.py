@@ -1,6 +1,8 @@
 """Notebook 02's live ablation: knobs (v, i, the correction, ε, β, mask) train a short run on the CPU
 study's task and overlay its reward, step by step, on the study's cached curves.
 
+The run trains through :func:`grpo_lab.lm.training.train`, like any other: its stop event is the
+**Stop** button, its per-step callback redraws the figure; this module only draws and keeps the knobs.
 In a kernel with a front end, **Run** trains in a background thread (the notebook stays
 responsive); **Stop**, or **Kernel > Interrupt** while no cell is executing, ends the run after the
 step in progress (:func:`hook_interrupt`). The loop and the figure keep everything done so far,
@@ -8,15 +10,16 @@ and **Run** with the same knobs continues it; changing a knob starts a new run f
 model. Without a front end, :meth:`LivePanel.run` trains synchronously; a kernel interrupt
 (Ctrl-C) there also finishes the step, saves the checkpoint and returns.
 
-Each panel keeps one checkpoint, ``<out_dir>/checkpoint.pt``, replaced whenever a run stops or
-ends (a SmolLM2-135M checkpoint holds π_θ, α and AdamW's moments: its size is in the status line).
-A disk too full (or read-only) for it stops the run with one line in the status, and the kernel
-stays usable.
+Each panel keeps one run folder, ``<out_dir>`` (``checkpoint.pt``, ``metrics.jsonl``, ``config.json``),
+whose checkpoint is replaced whenever a run stops or ends (a SmolLM2-135M checkpoint holds π_θ, α and
+AdamW's moments: its size is in the status line). A step that fails (a non-finite gradient at pass 2
+of i = 2, after pass 1 moved π_θ) saves nothing: the panel drops that loop, and **Run** with the same
+knobs resumes from the last checkpoint. A disk too full (or read-only) for the checkpoint stops the
+run with one line in the status, and the kernel stays usable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import html
 import math
@@ -24,7 +27,6 @@ import statistics
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,48 +35,30 @@ import numpy as np
 
 from ..files import DiskError
 from ..lm.build import build_loop
-from ..lm.checkpoint import save_checkpoint
-from ..lm.memory import estimate_checkpoint, guard_disk
+from ..lm.checkpoint import load_checkpoint
 from ..lm.recipes import run_dir
 from ..lm.train_config import DTYPES, TrainConfig
-from ..lm.training import CHECKPOINT_FILE
+from ..lm.training import CHECKPOINT_FILE, RunDirInUse, train
 from ..loop import GRPOLoop
 from ..objective import IS_CORRECTIONS
 from ..study.design import PRIMARY, Study
-from .display import display_mode, new_figure, show_panel
+from .display import display_mode, new_figure, show_panel, title_below_toolbar
 from .plots import HEIGHT
 from .study_plots import arm_color, arm_label, ci_traces
-
-KNOBS = ("v", "i", "is_correction", "eps_low", "beta", "mask_zero_variance")
+from .widgets import knob
 
 
 def make_knobs(config: TrainConfig) -> dict[str, W.ValueWidget]:
-    """One widget per knob, named as the :class:`TrainConfig` field it sets."""
-    style: dict[str, Any] = dict(style={"description_width": "80px"}, continuous_update=False)
+    """The live run's knobs (:func:`~grpo_lab.viz.widgets.knob`), named as the :class:`TrainConfig` field
+    each sets."""
     return {
-        "v": W.IntSlider(config.v, 1, 32, description="v (sync)", **style),
-        "i": W.IntSlider(config.i, 1, 8, description="i (passes)", **style),
-        "is_correction": W.Dropdown(options=IS_CORRECTIONS, value=config.is_correction, description="correction",
-                                    style=style["style"]),
-        "eps_low": W.FloatSlider(config.eps_low, min=0.05, max=0.5, step=0.05, description="ε clip", **style),
-        "beta": W.FloatSlider(config.beta, min=0.0, max=0.2, step=0.01, description="β (KL)", **style),
-        "mask_zero_variance": W.Checkbox(config.mask_zero_variance, description="zero-variance mask", indent=False),
+        "v": knob("v", W.IntSlider, config.v, min=1, max=32),
+        "i": knob("i", W.IntSlider, config.i, min=1, max=8),
+        "is_correction": knob("is_correction", W.Dropdown, config.is_correction, options=IS_CORRECTIONS),
+        "eps_low": knob("eps_low", W.FloatSlider, config.eps_low, min=0.05, max=0.5, step=0.05),
+        "beta": knob("beta", W.FloatSlider, config.beta, min=0.0, max=0.2, step=0.01),
+        "mask_zero_variance": knob("mask_zero_variance", W.Checkbox, config.mask_zero_variance),
     }
-
-
-@contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
-    """transformers' progress bars off while a model loads (its "Loading weights" bar would sit in the
-    notebook above the knobs), back as they were afterwards."""
-    from transformers.utils import logging
-
-    was_on = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            logging.enable_progress_bar()
 
 
 # ----------------------------------------------------------------------------- Kernel > Interrupt
@@ -114,8 +98,8 @@ class LivePanel:
 
     ``study``: the cached study (its primary arms are drawn); ``base``: the study's config (task, P,
     G, T_max, lr); ``problems``: the training problems; ``steps``: a run's length; ``model`` /
-    ``tokenizer``: the untrained model (default: ``base.model``, loaded without progress bars), of
-    which each new run trains a copy; ``out_dir``: where the panel's one checkpoint goes (default
+    ``tokenizer``: the untrained model (default: ``base.model``), of which each new run trains a copy;
+    ``out_dir``: the panel's run folder, holding its one checkpoint (default
     :func:`~grpo_lab.lm.recipes.run_dir` ``("nb02_live")``).
     """
 
@@ -124,8 +108,7 @@ class LivePanel:
         if model is None:
             from ..lm.models import load_policy
 
-            with quiet_loading():
-                model, tokenizer = load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
+            model, tokenizer = load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
         self.study, self.base, self.model, self.tokenizer, self.problems = study, base, model, tokenizer, problems
         self.steps, self.mode = steps, display_mode(mode)
         self.out_dir = Path(out_dir if out_dir is not None else run_dir("nb02_live"))
@@ -135,9 +118,10 @@ class LivePanel:
         self.stop_button = W.Button(description="Stop", button_style="warning", icon="stop")
         self.progress = W.IntProgress(value=0, min=0, max=steps, description="step 0")
         self.status = W.HTML(f"press Run: {steps} steps; {self._expected()}")
-        self.figure = new_figure(self.mode, height=HEIGHT, xaxis_title="step k", margin=dict(t=60),
+        self.figure = new_figure(self.mode, xaxis_title="step k",
                                  yaxis=dict(range=[0, 1], title="training reward (mean of P·G)"),
-                                 title="Live run over the study's curves (mean ± 95 % CI over seeds, in [0, 1])")
+                                 **title_below_toolbar("Live run over the study's curves (mean ± 95 % CI over "
+                                                       "seeds, in [0, 1])", HEIGHT))
         for arm in (a.name for a in PRIMARY if a.name in study.arms):
             reward = study.metric(arm, "reward_mean")
             for trace in ci_traces(np.arange(reward.shape[0]), reward, f"{arm_label(arm)} (study, n = {study.n(arm)})",
@@ -145,6 +129,8 @@ class LivePanel:
                 self.figure.add_trace(trace)
         self.figure.add_scatter(x=[], y=[], name="live run", mode="lines+markers", line=dict(color="black", width=3))
         self.loop: GRPOLoop | None = None
+        self._saved: tuple[dict[str, Any], int] | None = None
+        """The knobs and the step of the run whose checkpoint this panel last wrote (None: none yet)."""
         self._stop = threading.Event()
         self._stopped_by, self._line = "", ""
         self.interruptible = False
@@ -155,8 +141,14 @@ class LivePanel:
 
     def config(self) -> TrainConfig:
         """The live run's config: the study's, with the knobs' values (β = 0 keeps no π_ref)."""
-        values = {name: knob.value for name, knob in self.knobs.items()}
-        return self.base.replace(**values, steps=self.steps, output_dir=str(self.out_dir), checkpoint_every=0)
+        return self.base.replace(**self._knob_values(), steps=self.steps, output_dir=str(self.out_dir),
+                                 checkpoint_every=0)
+
+    def _knob_values(self, config: TrainConfig | None = None) -> dict[str, Any]:
+        """The knobs' values: the widgets' (default), or those ``config`` was built with."""
+        if config is None:
+            return {name: knob.value for name, knob in self.knobs.items()}
+        return {name: getattr(config, name) for name in self.knobs}
 
     def _expected(self) -> str:
         """The expected run time before any live step: the study's median step time when the study ran
@@ -172,30 +164,46 @@ class LivePanel:
         return "the expected time shows after the first step"
 
     def _loop_for(self, config: TrainConfig) -> GRPOLoop:
-        """The current loop if it was built with these knobs, else a fresh one from the untrained model."""
-        knobs = {k: getattr(config, k) for k in KNOBS}
-        if self.loop is None or {k: getattr(self.loop.config, k) for k in KNOBS} != knobs:
+        """The current loop if it was built with these knobs, else a fresh one from the untrained model,
+        resumed from the panel's checkpoint when that holds a run with these knobs (a failed step dropped
+        the run's loop)."""
+        knobs = self._knob_values(config)
+        if self.loop is None or self._knob_values(self.loop.config) != knobs:
             self.status.value = "setting up a new run: copying the untrained model"
-            self.loop = build_loop(config, copy.deepcopy(self.model), self.tokenizer, self.problems)
+            loop = build_loop(config, copy.deepcopy(self.model), self.tokenizer, self.problems)
+            if self._checkpoint_step(knobs) is not None:
+                load_checkpoint(loop, self.checkpoint)
+            self.loop = loop
         return self.loop
+
+    def _checkpoint_step(self, knobs: dict[str, Any]) -> int | None:
+        """The step of the panel's checkpoint if it holds a run with ``knobs`` (None: another run's, or none)."""
+        return self._saved[1] if self._saved is not None and self._saved[0] == knobs else None
 
     def stop(self, by: str = "Stop") -> None:
         """End the run after the step in progress (what Stop and Kernel > Interrupt do)."""
         self._stopped_by = by
         self._stop.set()
 
+    def _clear_stop(self) -> None:
+        self._stopped_by = ""
+        self._stop.clear()
+
     def run(self, steps: int | None = None) -> GRPOLoop:
         """:meth:`_train` in the caller's thread (what a cell calls), after clearing an earlier Stop."""
-        self._stop.clear()
+        self._clear_stop()
         return self._train(steps)
 
     def _train(self, steps: int | None = None) -> GRPOLoop:
-        """Train up to ``steps`` more steps (default: to the panel's total), redrawing after each.
+        """Train up to ``steps`` more steps (default: to the panel's total) through
+        :func:`~grpo_lab.lm.training.train`, redrawing after each; returns the loop.
 
         Stops early on Stop or an interrupt, also one pressed while the run is set up; a sitting that
         trained leaves a checkpoint of whole steps. A disk that cannot hold the checkpoint
-        (:class:`~grpo_lab.files.DiskError`, checked before the first step) ends the run with the error's
-        one line in the status; the last checkpoint stays."""
+        (:class:`~grpo_lab.files.DiskError`, checked before the first step) or a run folder in use
+        ends the run with the error's one line in the status; the last checkpoint stays. Any other
+        error (a failed step) is raised, after the status names it and the panel drops the loop, whose
+        π_θ may be half-updated: **Run** then resumes from the last checkpoint."""
         config = self.config()
         start = time.perf_counter()
         loop = self._loop_for(config)
@@ -204,27 +212,30 @@ class LivePanel:
             self.status.value = f"the run has all {self.steps} steps: change a knob to start a new one"
             return loop
         first = loop.k
-        self._line = f"set up in {time.perf_counter() - start:.0f} s"
+        self._line = f"set up in {time.perf_counter() - start:.0f} s" + (f", resumed at step {first}" if first else "")
+        self.status.value = html.escape(f"{self._line} · step {first + 1}/{self.steps} under way")
         try:
-            guard_disk(config, estimate_checkpoint(loop, config.steps), self.checkpoint)
-            try:
-                while loop.k < last and not self._stop.is_set():
-                    self.status.value = f"{self._line} · step {loop.k + 1}/{self.steps} under way"
-                    loop.step()
-                    self._draw(loop, first, start, last)
-            except KeyboardInterrupt:
-                self.stop("an interrupt")
-            finally:
-                line = self._line
-                if self._stop.is_set():
-                    line += f" · stopped by {self._stopped_by} at step {loop.k}: Run with the same knobs continues"
-                if loop.k > first:
-                    path = save_checkpoint(loop, self.checkpoint)
-                    line += (f" · checkpoint {path} ({path.stat().st_size / 2**30:.2f} GiB, one per panel, "
-                             f"replaced at every save)")
-                self.status.value = html.escape(line)
-        except DiskError as exc:
+            train(config.replace(steps=last), loop, progress=False, resume=False, stop=self._stop,
+                  on_step=lambda trained, _: self._draw(trained, first, start, last))
+        except (DiskError, RunDirInUse) as exc:
             self.status.value = f"stopped: {html.escape(str(exc))}"
+            return loop
+        except Exception as exc:
+            self.loop = None
+            step = self._checkpoint_step(self._knob_values(config))
+            resume = "starts over" if step is None else f"resumes from its checkpoint at step {step}"
+            self.status.value = html.escape(f"{self._line} · stopped at step {loop.k} by {type(exc).__name__}: {exc} "
+                                            f"· nothing saved from this step; Run with the same knobs {resume}")
+            raise
+        line = self._line
+        if loop.k < last:
+            line += (f" · stopped by {self._stopped_by or 'an interrupt'} at step {loop.k}: Run with the same knobs "
+                     "continues")
+        if loop.k > first:
+            self._saved = self._knob_values(config), loop.k
+            line += (f" · checkpoint {self.checkpoint} ({self.checkpoint.stat().st_size / 2**30:.2f} GiB, one per "
+                     "panel, replaced at every save)")
+        self.status.value = html.escape(line)
         return loop
 
     def _draw(self, loop: GRPOLoop, first: int, start: float, last: int) -> None:
@@ -238,14 +249,15 @@ class LivePanel:
         self._line = (f"step {loop.k}/{self.steps} · reward {record.reward_mean:.3f} · lag {record.lag} · "
                       f"masked {record.masked_frac:.0%} · {per_step:.1f} s a step (set-up included)"
                       + (f", ~{per_step * (last - loop.k):.0f} s left" if loop.k < last else ""))
-        self.status.value = html.escape(self._line)
+        going = loop.k < last and not self._stop.is_set()
+        self.status.value = html.escape(self._line + (f" · step {loop.k + 1}/{self.steps} under way" if going else ""))
 
     def start(self) -> None:
         """Run in a background thread (what the Run button does); ignored while a run is going. The stop
         flag is cleared here, before the run is set up, so that a Stop pressed during the set-up counts."""
         if self._thread is not None and self._thread.is_alive():
             return
-        self._stop.clear()
+        self._clear_stop()
         self.interruptible = hook_interrupt()
         _RUNNING.add(self)
 

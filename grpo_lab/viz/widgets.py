@@ -7,6 +7,9 @@ times both), through :func:`~grpo_lab.exact.studies.train_runs` (under AdamW or 
 trains alone, so that it clips its own gradient), and replaces the traces of the figure inside
 ``batch_update``. Without a front end the same code runs: the figure is a plain ``go.Figure`` and
 :meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
+
+Every knob widget, here and in notebook 02's live panel (:mod:`grpo_lab.viz.study_panel`), is built by
+:func:`knob` from one table, :data:`KNOBS`: its label, its tooltip, the label's width.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ..config import EMPTY_STEPS, GRPOConfig
 from ..exact.bandit import MAX_EPS_STD, BanditProblem, BanditRun
 from ..exact.studies import OPTIMIZER_SETTINGS, lab_config, lab_problem, lab_size, train_runs
 from ..objective import BANDS, IS_CORRECTIONS, MASK_NORMALIZATIONS
-from .display import display_mode, new_figure, show_panel
+from .display import display_mode, new_figure, show_panel, title_below_toolbar
 from .plots import COLORS, HEIGHT, band_traces
 
 
@@ -35,34 +38,70 @@ def optimizer_setting(config: GRPOConfig) -> str:
                      f"max_grad_norm = {config.max_grad_norm!r}")
 
 
+KNOBS: dict[str, tuple[str, str]] = {
+    "v": ("v (sync)", "v: α ← π_θ every v steps (v = 1: on-policy)"),
+    "i": ("i (passes)", "i: optimiser passes on each batch (i > 1: sample reuse)"),
+    "eps_low": ("ε clip", "eps_low: how far r = π_θ/α may move from r′ = π_k/α before it is clipped"),
+    "beta": ("β (KL)", "beta: weight of the KL penalty towards π_ref (0: no π_ref)"),
+    "G": ("G", "G: completions sampled per prompt (a group)"),
+    "eps_std": ("ε_std", "eps_std: added to the group's reward variance before whitening"),
+    "mask_zero_variance": ("zero-variance mask", "mask_zero_variance: drop groups whose G rewards agree (σ = 0)"),
+    "mask_normalize": ("mask norm.", "mask_normalize: masked groups stay in the loss's denominator (batch) "
+                                     "or leave it (unmasked)"),
+    "empty_step": ("empty step", "empty_step: a step with no signal is skipped, or takes an optimiser step "
+                                 "on a zero gradient (optimizer_step)"),
+    "band": ("band", "band: the clip interval around r′, additive (the paper) or multiplicative (TRL)"),
+    "is_correction": ("correction", "is_correction: ratio (the paper's r′ = π_k/α), truncated (min(r′, C)) "
+                                    "or none (ignore α)"),
+    "ref_period": ("ref period", "ref_period: steps between resets π_ref ← π_θ (0: never)"),
+    "optimizer": ("optimiser", "optimizer and max_grad_norm: plain SGD, or AdamW with gradient clipping"),
+    "lr": ("lr", "lr: the learning rate"),
+    "runs": ("runs", "runs trained with these knobs: the band is their mean ± std"),
+    "seed": ("seed", "seed: the runs' random seed"),
+}
+"""Every panel knob, by the config field it sets: (label, tooltip). Both panels build their widgets
+from here (:func:`knob`), so a knob reads the same in notebooks 01 and 02."""
+LABEL_PX = 100
+"""Width of a knob's label: the longest ("i (passes)", "mask norm.", "empty step", "correction", "ref
+period": 10 characters, 62–77 px in JupyterLab's 13 px font) fits whole, with no "…"."""
+SLIDERS = (W.IntSlider, W.FloatSlider, W.FloatLogSlider)
+
+
+def knob(name: str, kind: type[W.ValueWidget], value: Any, **options: Any) -> W.ValueWidget:
+    """The ``kind`` widget of knob ``name`` (a key of :data:`KNOBS`) at ``value``: its label and tooltip,
+    a label :data:`LABEL_PX` wide; a slider fires on release, not while dragging. ``options``: the
+    widget's range or choices."""
+    label, tooltip = KNOBS[name]
+    if kind is W.Checkbox:
+        return W.Checkbox(value, description=label, tooltip=tooltip, indent=False)
+    if issubclass(kind, SLIDERS):
+        options = {"continuous_update": False, **options}
+    return kind(value=value, description=label, tooltip=tooltip, style={"description_width": f"{LABEL_PX}px"},
+                **options)
+
+
 def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
-    """One widget per knob, named as the :class:`~grpo_lab.GRPOConfig` field it sets (``optimizer`` picks
-    a setting of :data:`~grpo_lab.exact.studies.OPTIMIZER_SETTINGS`: optimiser and clip; ``runs`` is the
-    number of runs); they fire on release, not while dragging."""
-    style: dict[str, Any] = dict(style={"description_width": "70px"})
-    common: dict[str, Any] = dict(continuous_update=False, **style)
+    """The bandit panel's knobs, named as the :class:`~grpo_lab.GRPOConfig` field each sets (``optimizer``
+    picks a setting of :data:`~grpo_lab.exact.studies.OPTIMIZER_SETTINGS`: optimiser and clip; ``runs`` is
+    the number of runs)."""
     return {
-        "v": W.IntSlider(config.v, 1, 20, description="v (sync)", **common),
-        "i": W.IntSlider(config.i, 1, 10, description="i (passes)", **common),
-        "eps_low": W.FloatSlider(config.eps_low, min=0.0, max=0.5, step=0.05, description="ε clip", **common),
-        "beta": W.FloatSlider(config.beta, min=0.0, max=2.0, step=0.05, description="β (KL)", **common),
-        "G": W.IntSlider(config.G, 2, 32, description="G", **common),
-        "eps_std": W.FloatLogSlider(config.eps_std, base=10, min=-6, max=math.log10(MAX_EPS_STD), step=0.25,
-                                    description="ε_std", readout_format=".1e", **common),
-        "mask_zero_variance": W.Checkbox(config.mask_zero_variance, description="zero-variance mask", indent=False),
-        "mask_normalize": W.Dropdown(options=list(MASK_NORMALIZATIONS), value=config.mask_normalize,
-                                     description="mask norm.", **style),
-        "empty_step": W.Dropdown(options=list(EMPTY_STEPS), value=config.empty_step, description="empty step",
-                                 **style),
-        "band": W.Dropdown(options=list(BANDS), value=config.band, description="band", **style),
-        "is_correction": W.Dropdown(options=list(IS_CORRECTIONS), value=config.is_correction,
-                                    description="correction", **style),
-        "ref_period": W.IntSlider(config.ref_period, 0, 100, step=5, description="ref period", **common),
-        "optimizer": W.Dropdown(options=list(OPTIMIZER_SETTINGS), value=optimizer_setting(config),
-                                description="optimiser", **style),
-        "lr": W.FloatLogSlider(config.lr, base=10, min=-3, max=1.5, step=0.1, description="lr", **common),
-        "runs": W.IntSlider(runs, 1, 16, description="runs", **common),
-        "seed": W.IntSlider(config.seed, 0, 99, description="seed", **common),
+        "v": knob("v", W.IntSlider, config.v, min=1, max=20),
+        "i": knob("i", W.IntSlider, config.i, min=1, max=10),
+        "eps_low": knob("eps_low", W.FloatSlider, config.eps_low, min=0.0, max=0.5, step=0.05),
+        "beta": knob("beta", W.FloatSlider, config.beta, min=0.0, max=2.0, step=0.05),
+        "G": knob("G", W.IntSlider, config.G, min=2, max=32),
+        "eps_std": knob("eps_std", W.FloatLogSlider, config.eps_std, base=10, min=-6, max=math.log10(MAX_EPS_STD),
+                        step=0.25, readout_format=".1e"),
+        "mask_zero_variance": knob("mask_zero_variance", W.Checkbox, config.mask_zero_variance),
+        "mask_normalize": knob("mask_normalize", W.Dropdown, config.mask_normalize, options=list(MASK_NORMALIZATIONS)),
+        "empty_step": knob("empty_step", W.Dropdown, config.empty_step, options=list(EMPTY_STEPS)),
+        "band": knob("band", W.Dropdown, config.band, options=list(BANDS)),
+        "is_correction": knob("is_correction", W.Dropdown, config.is_correction, options=list(IS_CORRECTIONS)),
+        "ref_period": knob("ref_period", W.IntSlider, config.ref_period, min=0, max=100, step=5),
+        "optimizer": knob("optimizer", W.Dropdown, optimizer_setting(config), options=list(OPTIMIZER_SETTINGS)),
+        "lr": knob("lr", W.FloatLogSlider, config.lr, base=10, min=-3, max=1.5, step=0.1),
+        "runs": knob("runs", W.IntSlider, runs, min=1, max=16),
+        "seed": knob("seed", W.IntSlider, config.seed, min=0, max=99),
     }
 
 
@@ -80,8 +119,8 @@ class BanditPanel:
         self.mode = display_mode(mode)
         self.controls = make_controls(self.base, runs if runs is not None else lab_size().runs)
         self.status = W.HTML()
-        self.figure = new_figure(self.mode, height=HEIGHT, xaxis_title="step k", yaxis_title="J(π_θ)",
-                                 title="Live bandit: change a knob, the runs re-train")
+        self.figure = new_figure(self.mode, xaxis_title="step k", yaxis_title="J(π_θ)",
+                                 **title_below_toolbar("Live bandit: change a knob, the runs re-train", HEIGHT))
         baseline = train_runs(self.problem, self.base, runs=self.controls["runs"].value)
         x = np.arange(len(baseline.J))
         for trace in band_traces(x, baseline.J, "baseline: v = 1, i = 1, mask", "grey", dash="dot"):
