@@ -1,6 +1,7 @@
 # grpo_lab — every target sets up .venv first (idempotent), then does its job.
 #   make lab     set up and open JupyterLab on notebooks/ (HEADLESS=1: run the demo instead)
-#   make test    set up and run the library tests and the notebooks (reduced mode)
+#   make test    set up and run the library tests (fast, then slow) and the notebooks (reduced mode)
+#   make test-lib   the library tests not marked `slow` (seconds each); make test-slow: those marked `slow`
 #   make demo    run the bandit demo without a browser; figures go to $(DEMO_DIR)
 #   make bench   print the benchmarks' side-by-side ratios
 #   make test-browser  JupyterLab + notebooks 01 and 02 in headless Chromium (installs Chromium/Playwright if missing)
@@ -27,7 +28,7 @@ VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
 VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} \
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
 
-.PHONY: setup lab demo test test-lib test-notebooks test-browser browser-deps bench docs binder-check clean \
+.PHONY: setup lab demo test test-lib test-slow test-notebooks test-browser browser-deps bench docs binder-check clean \
 	setup-vllm test-vllm
 
 $(PY):
@@ -52,10 +53,14 @@ endif
 demo: setup
 	$(PY) -m grpo_lab.viz.demo --out $(DEMO_DIR)
 
-test: setup test-lib test-notebooks
+test: setup test-lib test-slow test-notebooks
 
+# `slow`: a real language model or a subprocess, seconds to minutes each; `vllm` only under `make test-vllm`.
 test-lib: setup
-	$(PY) -m pytest -q tests --ignore=tests/browser
+	$(PY) -m pytest -q tests --ignore=tests/browser -m "not slow and not vllm"
+
+test-slow: setup
+	$(PY) -m pytest -q tests --ignore=tests/browser -m "slow and not vllm"
 
 # The notebooks' runs (checkpoints of ~2 GB each) go to a temporary folder, removed whatever the result.
 test-notebooks: setup
@@ -99,7 +104,7 @@ bench: setup
 	$(PY) benchmarks/bandit_rerun.py
 	$(PY) benchmarks/sync_copy.py
 	$(PY) benchmarks/decoding.py
-	$(PY) benchmarks/trl_step_ratio.py --decoder auto model
+	$(PY) benchmarks/trl_step_ratio.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .hypothesis

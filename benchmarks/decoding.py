@@ -1,27 +1,24 @@
-"""α's decoding paths side by side in one run: what each piece of the CPU decoding path saves.
+"""Does α's decoding path show in a whole loop step? The model's plain forward against what the libraries
+give, side by side in one run.
 
-Samplers of the same weights (bundled SmolLM2-135M, float32, CPU; P prompts × G completions, T_max
-tokens, T = 1) that differ in one piece each:
+Loops of the same recipe and seed differ only in α's decoder:
 
-- ``model``: ``decoder="model"``, the model's plain forward over its ``DynamicCache`` (F.linear);
-- ``model, GEMM kernel``: the same with every ``nn.Linear`` of its α patched, *here only*, to call
-  :func:`grpo_lab.lm.decoding.kernels.linear` (what the kernel gives without LeanDecoder);
-- ``lean, F.linear``: :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder` with torch's products;
-- ``lean, GEMM kernel``: LeanDecoder with the kernel's products (the default, its weights on 2 MiB pages);
-- ``lean, GEMM kernel, 4 KiB``: the default with α's packed buffer in plain memory.
+- ``model``: :class:`~grpo_lab.lm.decoding.ModelDecoder`, the model's forward over its ``DynamicCache``
+  (the sampler's path; attention as the model loads, SDPA for the bundled model);
+- ``static``: the same forward over transformers' ``StaticCache``, keys and values preallocated for the
+  prompt and T_max tokens, the attention mask of that fixed width;
+- ``compiled``: ``static`` with the decoding step's forward under ``torch.compile`` (dynamic shapes, so one
+  compilation serves every prompt length; it happens in the warm-up step).
 
-1. **Sampling steps in lockstep** (what decides): every arm prefills the same prompts, then the arms take
-   turns at every step (in a rotating order), each timed for one sampling step, as ``HFSampler`` runs
-   it: the decoder's step, log-softmax at T, one draw. All are fed the same tokens (drawn from the
-   first arm), so their caches hold the same sequences. Turns of tens of milliseconds put the load of a
-   shared machine on every arm alike, where whole rollouts of seconds each do not. Printed: median ms per
-   step over ``--rounds`` rollouts × (T_max − 1) steps, and for each piece the median of the paired
-   ratios (with / without, step by step); a piece stays if it saves ≥ 10 % (ratio ≤ 0.90).
-2. **Whole rollouts** (``HFSampler.sample``, same prompts and seed per round, arms in turn, a warm-up
-   round first): median seconds per rollout and per decoding step, and the share of tokens each arm drew
-   alike with the first (the sums' other orders can flip a draw at a boundary of the CDF)::
+The loops step in turn (a rotating order), so the machine's noise hits every arm alike. Each loop step is
+Algorithm 1's whole step (sync, sampling, rewards, train). Printed per completion budget and thread count:
+median seconds per step and per sampling, the median tokens per step (the work: every arm draws from the
+same weights, so their lengths agree up to a draw flipped by rounding), and each arm's median paired ratio
+to ``model``. A path stays only if it saves ≥ 10 % of a whole step (ratio ≤ 0.90)::
 
-    python benchmarks/decoding.py [--G 8] [--prompts 2] [--tokens 32] [--rounds 10] [--repeats 5]
+    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128] [--arms model static compiled]
+
+``--tokens 8``: the CPU recipe (add1, 8 tokens). ``--tokens 128``: gsm_symbolic's chain of thought.
 """
 
 from __future__ import annotations
@@ -29,134 +26,97 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from grpo_lab.lm.build import build_loop
-from grpo_lab.lm.decoding import kernels
-from grpo_lab.lm.decoding.decoder import LeanDecoder
-from grpo_lab.lm.policy import positions_from_mask
-from grpo_lab.lm.sampling import HFSampler, draw_tokens, tokenize_prompts
-from grpo_lab.lm.train_config import TrainConfig
-
-PIECES = (("LeanDecoder (torch's products)", "lean, F.linear", "model"),
-          ("LeanDecoder (kernel products)", "lean, GEMM kernel", "model, GEMM kernel"),
-          ("GEMM kernel in LeanDecoder", "lean, GEMM kernel", "lean, F.linear"),
-          ("GEMM kernel in the model", "model, GEMM kernel", "model"),
-          ("2 MiB pages", "lean, GEMM kernel", "lean, GEMM kernel, 4 KiB"),
-          ("the default path", "lean, GEMM kernel", "model"))
-"""(piece, the arm with it, the arm without it)."""
+from grpo_lab.lm.decoding import ModelDecoder
 
 
-def samplers(G: int, prompts: int, tokens: int) -> tuple[dict[str, HFSampler], list[str]]:
-    """The arms of the module docstring, and ``prompts`` problems of the task to sample."""
-    config = TrainConfig(G=G, prompts_per_step=prompts, max_completion_length=tokens, train_problems=50,
-                         temperature=1.0)
-    loop = build_loop(config)
-    policy, tokenizer = loop.policy, loop.sampler.tokenizer
-    default = loop.sampler
-    if not (isinstance(default.decoder, LeanDecoder) and default.decoder.huge_pages and kernels.kernel() is not None):
-        raise SystemExit("the default sampler is not LeanDecoder with the GEMM kernel on 2 MiB pages here")
-    model_kernel = HFSampler(policy, tokenizer, tokens, decoder="model")
-    for layer in model_kernel.model.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = lambda x, layer=layer: kernels.linear(x, layer.weight, layer.bias)
-    torch_products = HFSampler(policy, tokenizer, tokens, decoder="lean")
-    torch_products.decoder.linear = F.linear
-    small_pages = HFSampler(policy, tokenizer, tokens, decoder="model")
-    small_pages.decoder = LeanDecoder.from_model(small_pages.model, huge_pages=False)
-    arms = {"model": HFSampler(policy, tokenizer, tokens, decoder="model"), "model, GEMM kernel": model_kernel,
-            "lean, F.linear": torch_products, "lean, GEMM kernel": default, "lean, GEMM kernel, 4 KiB": small_pages}
-    return arms, loop.task.prompts(prompts, torch.Generator().manual_seed(0))
+class StaticCacheDecoder(ModelDecoder):
+    """The model's forward over transformers' ``StaticCache`` (benchmark only): one preallocated cache of
+    the prompt's length + T_max per rollout; ``compiled`` puts the step's forward under ``torch.compile``."""
+
+    def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
+        super().__init__(model)
+        self.forward = torch.compile(model.forward, dynamic=True) if compiled else model.forward
+        self.width = 0
+
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
+        from transformers import StaticCache
+
+        self.width = prompt_ids.shape[1] + max_new_tokens
+        self.cache = StaticCache(config=self.model.config, max_cache_len=self.width)
+        return self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                          logits_to_keep=1, **{self.cache_kwarg: self.cache}).logits[:, -1]
+
+    def repeat(self, group_size: int) -> None:
+        for layer in self.cache.layers:  # StaticLayer has no batch_repeat_interleave
+            layer.keys = layer.keys.repeat_interleave(group_size, dim=0)
+            layer.values = layer.values.repeat_interleave(group_size, dim=0)
+            layer.batch_size *= group_size
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        mask = F.pad(key_mask, (0, self.width - key_mask.shape[1]))  # the cache's fixed width, 0 on empty slots
+        return self.forward(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                            use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache}).logits[:, -1]
 
 
-@torch.no_grad()
-def lockstep(arms: dict[str, HFSampler], batch: list[str], G: int, rounds: int) -> dict[str, list[float]]:
-    """Seconds of each arm's sampling steps, the arms taking turns at every step (part 1 of the module
-    docstring); ``rounds`` rollouts after a warm-up one, T_max − 1 steps each."""
-    names = list(arms)
-    first = arms[names[0]]
-    T, steps = first.temperature, first.max_completion_length - 1
-    prompt_ids, prompt_mask = tokenize_prompts(first.tokenizer, batch)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(rounds + 1):
-        torch.manual_seed(round_)
-        logits = {}
-        for name, sampler in arms.items():
-            prefill = sampler.decoder.prefill(prompt_ids, prompt_mask, positions_from_mask(prompt_mask), steps + 1)
-            sampler.decoder.repeat(G)
-            logits[name] = prefill.repeat_interleave(G, dim=0)
-        key_mask = prompt_mask.repeat_interleave(G, dim=0)
-        position = key_mask.long().sum(1)
-        for t in range(steps):
-            token = draw_tokens(torch.log_softmax(logits[names[0]].float() / T, dim=-1))
-            key_mask = torch.cat([key_mask, key_mask.new_ones(key_mask.shape[0], 1)], dim=1)
-            shift = (round_ * steps + t) % len(names)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                logits[name] = arms[name].decoder.step(token, position + t, key_mask)
-                draw_tokens(torch.log_softmax(logits[name].float() / T, dim=-1))
-                if round_:
-                    seconds[name].append(time.perf_counter() - start)
-    return seconds
+DECODERS = {"model": ModelDecoder, "static": StaticCacheDecoder,
+            "compiled": lambda model: StaticCacheDecoder(model, compiled=True)}
 
 
-def report_lockstep(seconds: dict[str, list[float]]) -> None:
-    print(f"1. sampling steps in lockstep: ms per step, median (and fastest) of {len(next(iter(seconds.values())))}")
-    for name, values in seconds.items():
-        print(f"  {name:26s} {statistics.median(values) * 1e3:7.1f}  ({min(values) * 1e3:.1f})")
-    for piece, with_it, without in PIECES:
-        ratio = statistics.median(a / b for a, b in zip(seconds[with_it], seconds[without], strict=True))
-        print(f"  {piece:30s}: {with_it!r} / {without!r} = {ratio:.2f} (median of paired steps; "
-              f"{'pays' if ratio <= 0.9 else 'does not pay'}: a piece stays at ≤ 0.90)")
+def loops(tokens: int, arms: list[str]) -> dict[str, Any]:
+    """One loop per arm, the same recipe and seed: add1 at ≤ 8 tokens, gsm_symbolic above. Each loop's
+    ``drawn`` lists the completion tokens of its rollouts."""
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.recipes import recipe
 
-
-def sample_in_turn(arms: dict[str, HFSampler], batch: list[str], G: int,
-                   repeats: int) -> dict[str, list[tuple[float, torch.Tensor]]]:
-    """For each arm, (seconds, completions) of ``repeats`` rounds; round r draws with seed r, the arms
-    in an order rotated by r; a warm-up round first is not returned."""
-    rounds: dict[str, list[tuple[float, torch.Tensor]]] = {name: [] for name in arms}
-    names = list(arms)
-    for repeat in range(repeats + 1):
-        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-            start = time.perf_counter()
-            rollout = arms[name].sample(batch, G, torch.Generator().manual_seed(repeat))
-            if repeat:
-                rounds[name].append((time.perf_counter() - start, rollout.completions))
-    return rounds
-
-
-def report_rollouts(rounds: dict[str, list[tuple[float, torch.Tensor]]]) -> None:
-    first = list(rounds)[0]
-    print(f"2. whole rollouts (HFSampler.sample), median of {len(rounds[first])}: s per rollout, ms per decoding "
-          f"step, tokens alike with {first!r}")
-    per_step: dict[str, float] = {}
-    for name, values in rounds.items():
-        same = total = 0
-        for (_, a), (_, b) in zip(rounds[first], values, strict=True):
-            if a.shape == b.shape:
-                same, total = same + int((a == b).sum()), total + a.numel()
-        steps = [seconds / drawn.shape[1] for seconds, drawn in values]
-        per_step[name] = statistics.median(steps)
-        print(f"  {name:26s} {statistics.median(s for s, _ in values):6.2f} {per_step[name] * 1e3:7.1f}  "
-              f"{same:5d}/{total:<5d} (ms per step, each round: {', '.join(f'{v * 1e3:.0f}' for v in steps)})")
-    for piece, with_it, without in PIECES:
-        print(f"  {piece:30s}: {with_it!r} / {without!r} = {per_step[with_it] / per_step[without]:.2f}")
+    task = {"task": "add1"} if tokens <= 8 else {"task": "gsm_symbolic"}
+    built = {}
+    for arm in arms:
+        loop = build_loop(recipe("cpu_arith_smollm2", v=1, max_completion_length=tokens, steps=10**6,
+                                 train_problems=200, **task))
+        loop.sampler.decoder = DECODERS[arm](loop.sampler.model)
+        loop.drawn, sample = [], loop.sampler.sample
+        loop.sampler.sample = lambda *a, loop=loop, sample=sample: loop.drawn.append(sample(*a)) or loop.drawn[-1]
+        built[arm] = loop
+    return built
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--G", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=10, help="rollouts of steps in lockstep (part 1)")
-    parser.add_argument("--repeats", type=int, default=5, help="whole rollouts per arm (part 2)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8, 128])
+    parser.add_argument("--arms", nargs="+", choices=list(DECODERS), default=list(DECODERS))
     args = parser.parse_args()
-    arms, batch = samplers(args.G, args.prompts, args.tokens)
-    print(f"G={args.G}, P={args.prompts}, T_max={args.tokens}, {torch.get_num_threads()} torch threads")
-    report_lockstep(lockstep(arms, batch, args.G, args.rounds))
-    report_rollouts(sample_in_turn(arms, batch, args.G, args.repeats))
+    arms = ["model", *[arm for arm in args.arms if arm != "model"]]
+    for tokens in args.tokens:
+        built = loops(tokens, arms)
+        print(f"T_max {tokens}: attention {built['model'].sampler.model.config._attn_implementation}", flush=True)
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            seconds: dict[str, list[float]] = {arm: [] for arm in arms}
+            sampling: dict[str, list[float]] = {arm: [] for arm in arms}
+            work: dict[str, list[int]] = {arm: [] for arm in arms}
+            for k in range(args.steps + 1):  # step 0: the warm-up (and compilation), not kept
+                for arm in arms[k % len(arms):] + arms[:k % len(arms)]:
+                    start = time.perf_counter()
+                    record = built[arm].step()
+                    if k:
+                        seconds[arm].append(time.perf_counter() - start)
+                        sampling[arm].append(record.sample_seconds)
+                        work[arm].append(int(built[arm].drawn[-1].mask.sum()))
+            print(f"T_max {tokens:4d}, {threads} thread(s): " + ", ".join(
+                f"{arm} {statistics.median(seconds[arm]):.2f} s/step (sampling {statistics.median(sampling[arm]):.2f}"
+                f" s, {statistics.median(work[arm]):.0f} tokens)" for arm in arms), flush=True)
+            for arm in arms[1:]:
+                ratio = statistics.median(a / b for a, b in zip(seconds[arm], seconds["model"], strict=True))
+                print(f"  {arm}/model = {ratio:.2f} per whole step (median of paired steps; "
+                      f"{'pays' if ratio <= 0.9 else 'does not pay'}: a path stays at ≤ 0.90)", flush=True)
 
 
 if __name__ == "__main__":

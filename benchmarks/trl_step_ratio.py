@@ -18,10 +18,7 @@ position where logits are taken; backward costs twice the forward; the β > 0 re
 forward once more. Attention scores (under 2 % at these lengths) are left out.
 
     .venv/bin/python benchmarks/trl_step_ratio.py [--steps 5] [--G 8] [--prompts 2] [--tokens 32]
-                                                   [--beta 0.04] [--mask off|on] [--decoder auto model]
-
-``--decoder`` takes one or more of HFSampler's decoders (``auto``: the default): one loop per decoder,
-all stepping in turn with TRL, each with its own ratio.
+                                                   [--beta 0.04] [--mask off|on]
 
 Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 """
@@ -89,18 +86,15 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
     return 2.0 * size**3 / best
 
 
-def lab_side(args: argparse.Namespace, decoder: str) -> Side:
+def lab_side(args: argparse.Namespace) -> Side:
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
-    from grpo_lab.lm.sampling import HFSampler
     from grpo_lab.lm.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
                          temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6,
                          mask_zero_variance=args.mask == "on")
     loop = build_loop(config)
-    if decoder != "auto":  # α with another decoder; build_loop's (auto) is dropped
-        loop.sampler = HFSampler(loop.policy, loop.sampler.tokenizer, args.tokens, decoder=decoder)
     side = Side(step=lambda: None)
     n_body, n_head = weight_counts(loop.policy.model)
     rewards: list[float] = []
@@ -208,12 +202,9 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--mask", choices=("off", "on"), default="off",
                         help="the loop's zero-variance mask (off: every group trains, as in TRL)")
-    parser.add_argument("--decoder", nargs="+", choices=("auto", "model", "lean"), default=["auto"],
-                        help="HFSampler's decoder; several: one loop each, stepping in turn")
     args = parser.parse_args()
     torch.manual_seed(0)
-    sides = {f"grpo_lab ({decoder})": lab_side(args, decoder) for decoder in dict.fromkeys(args.decoder)}
-    sides["trl"] = trl_side(args)
+    sides = {"grpo_lab": lab_side(args), "trl": trl_side(args)}
     for side in sides.values():  # a warm-up step each, not kept
         side.step()
         for values in (*side.parts.values(), side.tokens, side.flops):

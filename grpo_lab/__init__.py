@@ -17,7 +17,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
                             ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
                             numbers), ``digits_lm`` (the same terms exactly on SmolLM2)
 ``lm/``                     language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged
-                            α in-process), ``sampling_vllm`` (α on vLLM), ``decoding/`` (α's decoding
+                            α in-process), ``sampling_vllm`` (α on vLLM), ``decoding`` (α's decoding
                             forward), ``tasks``, ``rewards``, ``verifier_pool`` (math-verify's worker),
                             ``text_task``, ``train_config``, ``build``, ``training``, ``evaluate``,
                             ``checkpoint``, ``memory``, ``recipes``, ``group_view``, ``cli``

@@ -9,7 +9,6 @@ from tiny_lm import EOS, PAD, PROMPTS, EvenTokenTask, check_state_dict_round_tri
 from transformers import PreTrainedTokenizerFast
 
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
-from grpo_lab.lm.decoding.decoder import LeanDecoder, ModelDecoder
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler, completion_mask, draw_tokens, tokenize_prompts
 
@@ -42,15 +41,13 @@ def test_tokenize_prompts_left_pads(tokenizer):
 
 # ----------------------------------------------------------------------------- log α = log π at sync
 
-@pytest.mark.parametrize("decoder", ["lean", "model"])
 @pytest.mark.parametrize("share_prompt", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temperature, share_prompt, decoder):
+def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temperature, share_prompt):
     policy = LMPolicy(tiny_model(), temperature, share_prompt=share_prompt)
     # A generation config that truncates must not leak into sampling (log α would be another distribution).
     policy.model.generation_config.update(top_k=5, top_p=0.5, min_p=0.2, repetition_penalty=1.5)
-    sampler = HFSampler(policy, tokenizer, max_completion_length=12, decoder=decoder)
-    assert isinstance(sampler.decoder, LeanDecoder if decoder == "lean" else ModelDecoder)
+    sampler = HFSampler(policy, tokenizer, max_completion_length=12)
     perturb(policy)
     sampler.sync(policy)
     rollout = sample(sampler)
@@ -58,17 +55,15 @@ def test_log_alpha_of_drawn_tokens_matches_logprobs_after_sync(tokenizer, temper
         logp = policy.logprobs(rollout, slice(None))
     mask = rollout.mask
     diff = float((logp - rollout.logp_alpha)[mask].abs().max())
-    print(f"T={temperature}, share_prompt={share_prompt}, decoder={decoder}: "
+    print(f"T={temperature}, share_prompt={share_prompt}: "
           f"max |log α (sampler) − log π (LMPolicy)| = {diff:.2e}")
     assert diff < 1e-4
     assert float(logp[mask].std()) > 0.5  # sharp distributions: the test could see a shift or a truncation
     assert torch.isfinite(logp).all() and torch.isfinite(rollout.logp_alpha).all()
 
 
-@pytest.mark.parametrize("decoder", ["lean", "model"])
-def test_each_prompt_is_prefilled_once_then_decoded_one_token_per_row(tokenizer, decoder):
-    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=5, eos_token_ids=[127],
-                        decoder=decoder)
+def test_each_prompt_is_prefilled_once_then_decoded_one_token_per_row(tokenizer):
+    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=5, eos_token_ids=[127])
     shapes = []  # the token ids each forward embeds
     sampler.model.get_input_embeddings().register_forward_hook(lambda _, args, out: shapes.append(tuple(args[0].shape)))
     G, Lp = 6, max(len(p.split()) for p in PROMPTS)
@@ -127,11 +122,10 @@ def test_completions_are_masked_and_padded_after_eos(tokenizer):
         assert text == " ".join(f"w{t - 3}" for t in row[:n].tolist() if t >= 3)  # special tokens dropped
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "llama, model forward"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_left_padding_gives_the_logprobs_of_each_prompt_alone(tokenizer, kind):
-    policy = LMPolicy(tiny_model(kind=kind.split(",")[0]))
-    sampler = HFSampler(policy, tokenizer, max_completion_length=10, decoder="lean" if kind == "llama" else "model")
-    assert isinstance(sampler.decoder, LeanDecoder if kind == "llama" else ModelDecoder)
+    policy = LMPolicy(tiny_model(kind=kind))
+    sampler = HFSampler(policy, tokenizer, max_completion_length=10)
     G = 3
     rollout = sample(sampler, G=G)
     assert (rollout.extra["prompt_mask"] == 0).any()  # left padding is present
@@ -216,29 +210,13 @@ def test_sampler_rejects_bad_arguments(tokenizer):
         LMPolicy(tiny_model(), temperature=0.0)
     with pytest.raises(ValueError, match="group_size"):
         HFSampler(policy, tokenizer, max_completion_length=4).sample(PROMPTS, 0, torch.Generator())
-    with pytest.raises(ValueError, match="decoder must be one of .*'fast'"):
-        HFSampler(policy, tokenizer, max_completion_length=4, decoder="fast")
 
 
-def test_decoder_auto_takes_lean_where_it_computes_the_model_and_lean_elsewhere_says_why(tokenizer, monkeypatch):
-    """``auto``: LeanDecoder for a float32 Llama on the CPU, the model's forward for a GPT-2 or a bfloat16
-    Llama; ``lean`` on those raises naming why. No decoder patches α's layers, and the model's forward
-    never builds the CPU kernel."""
-    from grpo_lab.lm.decoding import kernels
-
-    llama, gpt2 = LMPolicy(tiny_model()), LMPolicy(tiny_model(kind="gpt2"))
-    half = LMPolicy(tiny_model().to(torch.bfloat16))
-    assert isinstance(HFSampler(llama, tokenizer, 4).decoder, LeanDecoder)
-    monkeypatch.setattr(kernels, "kernel", lambda: pytest.fail("the model's forward built the kernel"))
-    for policy in (gpt2, half, llama):
-        sampler = HFSampler(policy, tokenizer, 4, decoder="auto" if policy is not llama else "model")
-        assert isinstance(sampler.decoder, ModelDecoder)
-        sample(sampler)
-        assert not any("forward" in vars(m) for m in sampler.model.modules())  # α runs its plain forward
-    with pytest.raises(ValueError, match=r"LeanDecoder does not support GPT2LMHeadModel: model_type 'gpt2'"):
-        HFSampler(gpt2, tokenizer, 4, decoder="lean")
-    with pytest.raises(ValueError, match=r"not all float32 on the CPU.*bfloat16"):
-        HFSampler(half, tokenizer, 4, decoder="lean")
+def test_the_sampler_decodes_a_bfloat16_model(tokenizer):
+    """α decodes through its model's own forward in the model's dtype: log α in float32, finite."""
+    rollout = sample(HFSampler(LMPolicy(tiny_model().to(torch.bfloat16)), tokenizer, 4))
+    assert rollout.logp_alpha.dtype == torch.float32 and torch.isfinite(rollout.logp_alpha).all()
+    assert (rollout.logp_alpha[rollout.mask] < 0).all()
 
 
 # ----------------------------------------------------------------------------- gradients and the loop

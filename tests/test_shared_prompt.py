@@ -214,7 +214,7 @@ def test_sampler_with_the_older_past_key_values_name(tokenizer):
 
     older = HFSampler(LMPolicy(PastKeyValues(), 0.7, share_prompt=False), tokenizer, max_completion_length=12)
     assert older.decoder.cache_kwarg == "past_key_values"
-    newer = HFSampler(LMPolicy(model, 0.7), tokenizer, max_completion_length=12, decoder="model")
+    newer = HFSampler(LMPolicy(model, 0.7), tokenizer, max_completion_length=12)
     a, b = (sampler.sample(PROMPTS, 4, torch.Generator().manual_seed(0)) for sampler in (older, newer))
     assert torch.equal(a.completions, b.completions) and torch.allclose(a.logp_alpha, b.logp_alpha)
 

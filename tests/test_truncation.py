@@ -150,14 +150,13 @@ def sample(sampler: HFSampler, G: int = 4, seed: int = 0) -> Rollout:
 
 
 @pytest.mark.parametrize("top_p, top_k", [(0.8, 0), (1.0, 10), (0.7, 20)])
-@pytest.mark.parametrize("decoder", ["lean", "model"])
-def test_log_alpha_is_the_truncated_log_prob_of_the_drawn_token(tokenizer, top_p, top_k, decoder):
+def test_log_alpha_is_the_truncated_log_prob_of_the_drawn_token(tokenizer, top_p, top_k):
     """HFSampler's log α equals log α′ of each drawn token recomputed apart (whole forward, Hugging Face's
     warpers); every drawn token is one the cut kept; and log α′ ≥ log π (renormalised), above it by
     −log α(S) > 0 on many tokens."""
     T = 0.8
     policy = LMPolicy(tiny_model(seed=2), T)
-    rollout = sample(HFSampler(policy, tokenizer, 10, top_p=top_p, top_k=top_k, decoder=decoder))
+    rollout = sample(HFSampler(policy, tokenizer, 10, top_p=top_p, top_k=top_k))
     log_alpha, log_kept = truncated_scores(policy.model, rollout, T, top_p, top_k)
     mask = rollout.mask
     assert torch.isfinite(rollout.logp_alpha).all() and torch.isfinite(log_alpha).all()

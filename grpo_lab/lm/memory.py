@@ -265,15 +265,11 @@ def estimate_checkpoint(loop: GRPOLoop, steps: int) -> int:
 
 def estimate_run_checkpoint(config: GRPOConfig, model: torch.nn.Module, steps: int) -> int:
     """:func:`estimate_checkpoint` of the run ``config`` would build on ``model`` (π_θ), before α and
-    π_ref exist, at most 2 MiB over: α and π_ref (β > 0) are copies of ``model``'s tensors, its
-    trainable parameters those with ``requires_grad``. α may hold its copy in one packed buffer
-    (:class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`), whose page-alignment slack, up to
-    ``HUGE_PAGE_BYTES``, ``torch.save`` writes too: counted."""
-    from .decoding.decoder import HUGE_PAGE_BYTES
-
+    π_ref exist: α and π_ref (β > 0) are copies of ``model``'s tensors, its trainable parameters those
+    with ``requires_grad``."""
     per_copy = _storages(model.state_dict().values())
     copies = 2 + (config.beta > 0)
-    storages = [size for size in per_copy for _ in range(copies)] + [HUGE_PAGE_BYTES]
+    storages = [size for size in per_copy for _ in range(copies)]
     trainable = [p for p in model.parameters() if p.requires_grad]
     return _checkpoint_bytes(storages, trainable, config.optimizer, steps)
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from ..checks import require_choice, require_int_at_least, require_number_in, require_truncation
+from ..checks import require_int_at_least, require_number_in, require_truncation
 from ..rollout import Rollout
-from .decoding.decoder import Decoder, LeanDecoder, ModelDecoder
+from .decoding import Decoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
 
 
@@ -202,10 +202,6 @@ def draw_seed(generator: torch.Generator) -> int:
     return int(torch.randint(2**62, (1,), generator=generator))
 
 
-DECODERS = ("auto", "model", "lean")
-"""HFSampler's ``decoder`` choices."""
-
-
 class HFSampler:
     """The inference server in process: α is a frozen copy of the policy's model.
 
@@ -221,12 +217,6 @@ class HFSampler:
                               generation config, else the tokenizer's EOS
     ``top_p``, ``top_k``      truncation of each next-token distribution
                               (:func:`truncate_logprobs`); 1 and 0: off
-    ``decoder``               ``"lean"``: :class:`~grpo_lab.lm.decoding.decoder.LeanDecoder`
-                              (Llama, Qwen2 in float32 on a CPU; any other model
-                              raises, saying why); ``"model"``: the model's own
-                              forward (:class:`~grpo_lab.lm.decoding.decoder.ModelDecoder`,
-                              any model, device and dtype); ``"auto"``: lean
-                              where it supports the model, else the model's
     ========================= =====================================================
 
     Sampling is ancestral sampling at temperature T, truncated by ``top_k`` and
@@ -237,13 +227,10 @@ class HFSampler:
     (π_θ's full one), so r′ = π_k/α′ ≠ 1 even right after a sync: per token,
     log r′ = log α(S) ≤ 0, the log of the mass the cut kept (docs/theory.md §3).
 
-    Decoding is where the sampler spends its time. LeanDecoder (the default
-    where it applies) fuses the block's products and runs them in the CPU GEMM
-    kernel of :mod:`grpo_lab.lm.decoding.kernels`; ``benchmarks/decoding.py``
-    measures each piece against the model's plain forward (figures in
-    docs/benchmarks.md). The attribute ``decoder`` says which took effect.
-    α's layers are never patched: :class:`ModelDecoder` runs the model's plain
-    forward, on any device, and nothing is compiled for it.
+    Decoding runs the model's own forward (:class:`~grpo_lab.lm.decoding.ModelDecoder`,
+    any model, device and dtype): α's layers are never patched and nothing is
+    compiled for it (``benchmarks/decoding.py`` measured the alternatives; figures
+    in docs/benchmarks.md).
 
     Each prompt is prefilled once; its keys and values are repeated for its G
     completions, which then decode one token per forward on a KV cache, with
@@ -258,7 +245,7 @@ class HFSampler:
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None,
-                 decoder: str = "auto", top_p: float = 1.0, top_k: int = 0) -> None:
+                 top_p: float = 1.0, top_k: int = 0) -> None:
         self.max_completion_length = require_int_at_least("max_completion_length", max_completion_length, 1)
         self.temperature = sampler_temperature(policy, temperature)
         self.top_p, self.top_k = require_truncation(top_p, top_k)
@@ -267,12 +254,7 @@ class HFSampler:
         self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α, scored as π_θ is (audit, π_sync)
         self.model = self._scorer.model
         self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
-        self.decoder: Decoder
-        if require_choice("decoder", decoder, DECODERS) == "lean" or (decoder == "auto"
-                                                                       and LeanDecoder.supports(self.model)):
-            self.decoder = LeanDecoder.from_model(self.model)
-        else:
-            self.decoder = ModelDecoder(self.model)
+        self.decoder: Decoder = ModelDecoder(self.model)
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
 
