@@ -90,8 +90,8 @@ def test_mask_off_counts_constant_groups_in_the_denominator():
     loop_off = build_bandit_loop(BanditProblem.random(4, 3), bandit_config(steps=1, mask_zero_variance=False), runs=1)
     r_on, r_off = loop_on.step(), loop_off.step()
     assert r_on.masked_frac == r_off.masked_frac          # measured either way
-    if 0 < r_on.masked_frac < 1:
-        assert r_off.num_tokens > r_on.num_tokens
+    assert 0 < r_on.masked_frac < 1                       # this batch has constant groups and others
+    assert r_on.num_tokens == round(r_off.num_tokens * (1 - r_on.masked_frac))  # off: every group's tokens count
 
 
 def test_batch_normalisation_scales_the_sgd_step_by_the_kept_fraction():
@@ -224,9 +224,20 @@ def test_sync_schedules():
 
 
 def test_adaptive_schedule_runs_in_the_loop():
-    loop = counting_loop(sync="adaptive", v=8, sync_threshold=1e-3, steps=12)
+    """The loop syncs exactly where the adaptive rule says: at k = 0, when the last measured drift
+    (``log_ratio_k_abs``) passed the threshold, or at the longest lag v; neither every step nor every v."""
+    v, threshold = 8, 1e-3
+    loop = counting_loop(sync="adaptive", v=v, sync_threshold=threshold, steps=12)
     records = list(loop.run())
-    assert max(r.lag for r in records) <= 7 and loop.sync_calls[0] == 0
+    last_sync, drift = -1, 0.0
+    for r in records:
+        assert r.synced == (last_sync < 0 or r.step - last_sync >= v or drift > threshold), r.step
+        if r.synced:
+            last_sync, drift = r.step, 0.0
+        if not r.skipped:
+            drift = r.log_ratio_k_abs
+    assert loop.sync_calls == [r.step for r in records if r.synced]
+    assert any(k % v for k in loop.sync_calls) and len(loop.sync_calls) < len(records)  # not fixed v, not v = 1
 
 
 def test_skipped_step_keeps_the_measured_drift():
