@@ -364,13 +364,24 @@ def test_two_processes_match_one_process(model_dir, tmp_path):
         assert [h["off_policy/lag"] for h in rank["history"]] == [0, 1, 0, 1]
 
 
-@pytest.mark.slow
-def test_docstring_example_runs(tmp_path, monkeypatch):
-    """The usage example of OffPolicyGRPOTrainer's docstring, run as written (in a scratch folder)."""
+def test_docstring_example_runs(model_dir, tmp_path, monkeypatch):
+    """The usage example of OffPolicyGRPOTrainer's docstring, run as written (in a scratch folder), on the
+    tiny Llama in place of the bundled SmolLM2 (a chat template added), so it takes seconds, not minutes."""
     import contextlib
     import io
+    import shutil
 
+    from transformers import AutoTokenizer
+
+    from grpo_lab.lm import models
+
+    chat = shutil.copytree(model_dir, tmp_path / "tiny_chat")
+    tokenizer = AutoTokenizer.from_pretrained(chat)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(chat)
+    monkeypatch.setattr(models, "bundled_model_dir", lambda *args, **kwargs: chat)
     example = OffPolicyGRPOTrainer.__doc__.split("::\n", 1)[1].split("\n\n    ``python -m", 1)[0]
+    assert "bundled_model_dir()" in example
     monkeypatch.chdir(tmp_path)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
