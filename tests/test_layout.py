@@ -50,7 +50,7 @@ layer    modules                                             may import
 core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpackage
          objective, plan, schedules, rollout, sync_audit,
          loop, config, checks, files)
-lm       ``grpo_lab/lm/`` (decoding/ included)               core, lm
+lm       ``grpo_lab/lm/``                                    core, lm
 scale    ``grpo_lab/scale/``                                 core, lm, scale
 exact    ``grpo_lab/exact/``                                 core, lm (SmolLM2 exactly), scale (the cost model)
 study    ``grpo_lab/study/``                                 core, lm, scale, exact (studies measure exact J)
