@@ -1,6 +1,7 @@
 """Shared-prompt scoring (LMPolicy(share_prompt=True)) against running every prompt + completion whole:
 log-probs to 1e-4 absolute and gradients to 1e-5 relative, on tiny random LMs and on the bundled SmolLM2."""
 
+import unittest.mock
 from types import SimpleNamespace
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from tiny_lm import PROMPTS, EvenTokenTask, perturb, tiny_model, word_tokenizer
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+import grpo_lab.loop
 from grpo_lab import GRPOConfig, GRPOLoop, Rollout
 from grpo_lab.lm.policy import LMPolicy, packed_layout, prompt_groups
 from grpo_lab.lm.sampling import HFSampler
@@ -131,16 +133,16 @@ def test_loop_gradients_equal_with_passes_and_kl(tokenizer, changes):
         policy = LMPolicy(tiny_model().double(), share_prompt=share)
         loop = GRPOLoop(policy, HFSampler(policy, tokenizer, 10), EvenTokenTask(), config)
         assert loop.reference is not None and loop.reference.share_prompt == share
-        step = loop._optimizer_step
+        step = grpo_lab.loop.optimizer_step
 
-        def recording_step() -> float:
+        def recording_step(*args, **kwargs) -> float:
             grad = torch.cat([p.grad.flatten() for p in loop._params])
-            norm = step()
+            norm = step(*args, **kwargs)
             on_step(grad, loop._params)
             return norm
 
-        loop._optimizer_step = recording_step
-        records = list(loop.run())
+        with unittest.mock.patch.object(grpo_lab.loop, "optimizer_step", recording_step):
+            records = list(loop.run())
         assert not any(r.skipped for r in records) and all(r.kl > 0 for r in records)
 
     run(True, lambda grad, params: (grads.append(grad), thetas.append(parameters_to_vector(params))))
