@@ -323,3 +323,38 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path) 
     tmp.write_text(json.dumps(unit) + "\n")
     tmp.replace(path)
     return unit
+
+
+def run_untrained(base: Any, out_dir: Path) -> dict[str, Any]:
+    """``<out_dir>/units/untrained.json``: exact J of the untrained model per question, and the best
+    constant-answer policy's J (the task's most common gold answer, answered always); computed once."""
+    from collections import Counter
+
+    from ..lm.models import load_policy
+    from ..lm.tasks import all_questions
+
+    path = out_dir / "units" / "untrained.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    model, tokenizer = load_policy(base.model)
+    questions = all_questions(base.task)
+    result = exact_j(model, tokenizer, questions, base)
+    answer, hits = Counter(q.answer for q in questions).most_common(1)[0]
+    unit = {"task": base.task, "questions": [q.question for q in questions], "j": result.mean,
+            "j_per_question": [round(float(j), 6) for j in result.j_low], "pruned_max": float(result.pruned.max()),
+            "constant_answer": {"answer": answer, "j": hits / len(questions)}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(unit) + "\n")
+    return unit
+
+
+def rebuild_summary(out_dir: str | Path, base: Any) -> dict[str, Any]:
+    """``<out_dir>/summary.json`` rebuilt from the unit files (and the untrained unit)."""
+    out = Path(out_dir)
+    untrained = json.loads((out / "units" / "untrained.json").read_text())
+    settings = {"task": base.task, "steps": base.steps, "lr": base.lr, "G": base.G,
+                "prompts_per_step": base.prompts_per_step, "temperature": base.temperature,
+                "max_completion_length": base.max_completion_length, "is_cap": base.is_cap}
+    summary = summarize(load_units(out), untrained["j"], untrained["constant_answer"]["j"], settings)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
