@@ -111,7 +111,7 @@ def conditionals(model: torch.nn.Module, prompt_ids: torch.Tensor, space: Answer
     n = 3 instead of 100 full sequences (same values: tested against the policy).
     """
     out = model(input_ids=prompt_ids, use_cache=True)
-    levels, cache, Lp = [out.logits[:, -1]], out.past_key_values, prompt_ids.shape[1]
+    levels, cache, Lp = [out.logits[:, -1]], out.cache, prompt_ids.shape[1]
     digits = space.vocab_ids[:len(DIGITS)].to(prompt_ids.device)
     for m in range(1, space.max_tokens):
         cache.batch_repeat_interleave(len(DIGITS))
@@ -119,7 +119,7 @@ def conditionals(model: torch.nn.Module, prompt_ids: torch.Tensor, space: Answer
         out = model(input_ids=digits.repeat(rows // 10)[:, None], cache=cache, use_cache=True,
                     position_ids=torch.full((rows, 1), Lp + m - 1, device=prompt_ids.device))
         levels.append(out.logits[:, -1])
-        cache = out.past_key_values
+        cache = out.cache
     logits = torch.cat(levels)[:, space.vocab_ids.to(prompt_ids.device)].double() / temperature
     return logits.log_softmax(-1).cpu()
 
