@@ -365,11 +365,11 @@ def test_dashboard_leaves_a_gap_where_a_step_counted_no_token():
 
 
 def line_styles(fig: go.Figure) -> dict[str, set[tuple]]:
-    """Each legend group's drawn line styles (colour, dash, mode) over the figure's lines (bands excluded)."""
+    """Each legend group's drawn line styles (colour, dash, width, opacity) over its lines (bands excluded)."""
     styles: dict[str, set[tuple]] = {}
     for t in fig.data:
         if t.fill is None:
-            styles.setdefault(t.legendgroup, set()).add((t.line.color, t.line.dash, t.mode))
+            styles.setdefault(t.legendgroup, set()).add((t.line.color, t.line.dash, t.line.width, t.opacity))
     return styles
 
 
@@ -383,13 +383,14 @@ def test_findings_and_wall_clock_draw_each_run_in_one_style_and_name_curves_that
     assert line_styles(wall) == {name: styles[name] for name in ("on-policy + mask", "v = 10")}
     # a curve that lies on another is named in its panel's title, computed from the runs
     pairs = plots.coinciding(results, ["on-policy + mask", "v = 10", "sample reuse i = 10"])
-    same = np.allclose(results["v = 10"].J.mean(1), results["on-policy + mask"].J.mean(1), rtol=0, atol=1e-9)
+    gap = np.abs(results["v = 10"].J.mean(1) - results["on-policy + mask"].J.mean(1)).max()
+    same = gap < plots.COINCIDE_ATOL
     assert (("v = 10", "on-policy + mask") in pairs) == same
     subtitles = [a.text for a in findings.layout.annotations]
-    assert ("v = 10 lies exactly on on-policy + mask" in subtitles[1]) == same
+    assert ("v = 10 lies on on-policy + mask" in subtitles[1]) == same
     assert plots.coinciding(results, ["on-policy, no mask", "sample reuse i = 10"]) == []
-    ((_, dash, mode),) = styles["v = 10"]
-    assert (dash, mode) == ("dot", "lines+markers")             # dotted with markers: it shows on v = 1's dashes
+    v10 = next(t for t in findings.data if t.name == "v = 10" and t.fill is None)
+    assert v10.line.width > 2 and v10.opacity < 1            # wide and translucent: v = 1's dashes show through it
 
 
 def test_theorem1_lm_figure_gives_every_series_its_own_style_titles_and_integer_steps():

@@ -240,29 +240,32 @@ def bound_weight_figure(eps_stds: Sequence[float], points: int = 401) -> go.Figu
     return fig
 
 
-RUN_DASH = {"on-policy + mask": "dash", "v = 10": "dot"}
-"""Runs drawn dashed or dotted (with markers) in every figure: their curves lie on others' in the findings figure
-(the mask on "no mask" in (a), v = 10 on v = 1 in (b)), and the legend shows one style per run."""
+RUN_LINES = {"on-policy + mask": dict(dash="dash"), "v = 10": dict(width=7, opacity=0.45)}
+"""Runs drawn dashed, or wide and translucent, in every figure: their curves lie on others' in the findings
+figure (the mask on "no mask" in (a), v = 10 on v = 1 in (b)), so both show; the legend shows one style per run."""
+COINCIDE_ATOL = 1e-3
+"""Two mean J curves closer than this at every step are drawn as one line: the figure says they coincide."""
 
 
 def run_styles(results: Mapping[str, BanditRun]) -> dict[str, dict[str, object]]:
     """One colour and line style per run of ``results``, shared by the findings and wall-clock figures."""
-    return {name: dict(color=COLORS[n % len(COLORS)], dash=RUN_DASH.get(name)) for n, name in enumerate(results)}
+    plain = {"dash": None, "width": 2, "opacity": 1.0}
+    return {name: {"color": COLORS[n % len(COLORS)], **plain, **RUN_LINES.get(name, {})}
+            for n, name in enumerate(results)}
 
 
 def coinciding(results: Mapping[str, BanditRun], names: Sequence[str]) -> list[tuple[str, str]]:
-    """Pairs (later, earlier) of ``names`` whose mean J curves are equal (to 1e-9): one hides the other."""
+    """Pairs (later, earlier) of ``names`` whose mean J curves lie within ``COINCIDE_ATOL`` at every step."""
     means = {name: results[name].J.mean(axis=1) for name in names}
     return [(b, a) for j, b in enumerate(names) for a in names[:j]
-            if means[a].shape == means[b].shape and np.allclose(means[a], means[b], rtol=0, atol=1e-9)]
+            if means[a].shape == means[b].shape and np.allclose(means[a], means[b], rtol=0, atol=COINCIDE_ATOL)]
 
 
 def run_traces(x: np.ndarray, run: BanditRun, name: str, style: Mapping[str, object],
                showlegend: bool = True) -> list[go.Scatter]:
-    """:func:`band_traces` of one run in its style; a dotted run gets markers too, so it shows on a curve it lies on."""
+    """:func:`band_traces` of one run in its style (colour, dash, width, opacity)."""
     band, line = band_traces(x, run.J, name, str(style["color"]), style["dash"], showlegend)
-    if style["dash"] == "dot":
-        line.update(mode="lines+markers", marker=dict(size=5, symbol="circle-open"))
+    line.update(line_width=style["width"], opacity=style["opacity"])
     return [band, line]
 
 
@@ -276,10 +279,11 @@ def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
               ["β = 1, fixed π_ref", "β = 1, π_ref reset every 20", "on-policy + mask"]]
     titles = ["(a) zero-variance mask and its normalisation, v = 1", "(b) per step: lag v vs reuse i",
               "(c) per optimiser pass", "(d) KL to π_ref: fixed vs reset"]
-    titles = [title + "".join(f"<br><sub>{b} lies exactly on {a}</sub>" for b, a in coinciding(results, names))
+    titles = [title + "".join(f"<br><sub>{b} lies on {a} (mean J within {COINCIDE_ATOL:g} at every step)</sub>"
+                              for b, a in coinciding(results, names))
               for title, names in zip(titles, panels, strict=True)]
     styles = run_styles(results)
-    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.16)
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.18)
     seen: set[str] = set()
     for n, names in enumerate(panels):
         row, col = divmod(n, 2)
@@ -293,7 +297,8 @@ def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
     fig.update_xaxes(title_text="step k")
     fig.update_xaxes(title_text="optimiser passes", row=2, col=1)
     fig.update_yaxes(title_text="J(π_θ)")
-    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)", height=2 * HEIGHT)
+    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)", height=2 * HEIGHT,
+                      margin=dict(t=130))
     return fig
 
 
