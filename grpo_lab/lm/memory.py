@@ -48,7 +48,7 @@ times and decodes one token per forward, keeping only the drawn tokens and their
 holds at once are the cache and one step's vocabulary-wide ones, whatever T (``generate`` kept every
 step's scores). Its resident memory on a CPU can still grow with T: glibc's heap serves each step's
 B·V-sized tensors below its adaptive mmap threshold and keeps what they leave: up to 4.75 bytes per
-B·V entry and decoded step beyond the tensors in five fresh processes (docs/benchmarks.md), as much as
+B·V entry and decoded step beyond the tensors in seven fresh processes (docs/benchmarks.md), as much as
 ``generate``'s kept float32 scores (4·B·T·V), so the estimate budgets 8·B·T·V for it. With
 ``MALLOC_MMAP_THRESHOLD_`` set (say to 1 MiB) the heap keeps none and the measured peak is the tensors
 alone; ``tests/test_memory_guard.py`` checks both.
