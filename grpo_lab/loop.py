@@ -322,6 +322,8 @@ class GRPOLoop:
                     param.grad = torch.zeros_like(param)
             grad_norm = optimizer_step(self.optimizer, self._params, cfg, self.policy.named_parameters,
                                        f"at step {self.k}")
+            for param in self._params:  # used: free them (W_train), not held between steps or by a finished loop
+                param.grad = None
         metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
         return {**metrics, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
 

@@ -362,3 +362,50 @@ def test_dashboard_leaves_a_gap_where_a_step_counted_no_token():
     assert {"ratio_k_max", "clip_low_frac", "kl"} <= OVER_COUNTED_TOKENS
     ratio_max = np.asarray(fig.data[3].y, dtype=float)
     assert np.nanmin(ratio_max) > 0                                      # no 0 plotted for max r′
+
+
+def line_styles(fig: go.Figure) -> dict[str, set[tuple]]:
+    """Each legend group's drawn line styles (colour, dash, width, opacity) over its lines (bands excluded)."""
+    styles: dict[str, set[tuple]] = {}
+    for t in fig.data:
+        if t.fill is None:
+            styles.setdefault(t.legendgroup, set()).add((t.line.color, t.line.dash, t.line.width, t.opacity))
+    return styles
+
+
+def test_findings_and_wall_clock_draw_each_run_in_one_style_and_name_curves_that_coincide():
+    problem, config = BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=12, lr=1.0)
+    results = studies.run_findings(problem, config, runs=2)
+    findings = plots.findings_figure(results)
+    wall = plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], studies.lab_cost_model())
+    styles = line_styles(findings)
+    assert all(len(s) == 1 for s in styles.values()), styles   # the legend's style is the style in every panel
+    assert line_styles(wall) == {name: styles[name] for name in ("on-policy + mask", "v = 10")}
+    # a curve that lies on another is named in its panel's title, computed from the runs
+    pairs = plots.coinciding(results, ["on-policy + mask", "v = 10", "sample reuse i = 10"])
+    gap = np.abs(results["v = 10"].J.mean(1) - results["on-policy + mask"].J.mean(1)).max()
+    same = gap < plots.COINCIDE_ATOL
+    assert (("v = 10", "on-policy + mask") in pairs) == same
+    subtitles = [a.text for a in findings.layout.annotations]
+    assert ("v = 10 lies on on-policy + mask" in subtitles[1]) == same
+    assert plots.coinciding(results, ["on-policy, no mask", "sample reuse i = 10"]) == []
+    v10 = next(t for t in findings.data if t.name == "v = 10" and t.fill is None)
+    assert v10.line.width > 2 and v10.opacity < 1            # wide and translucent: v = 1's dashes show through it
+
+
+def test_theorem1_lm_figure_gives_every_series_its_own_style_titles_and_integer_steps():
+    from grpo_lab.exact.digits_lm import ExactStep, bound_figure
+
+    rng = np.random.default_rng(0)
+    steps = [ExactStep(k=k, lag=k % 3, **{f: rng.random(2) for f in ("J_k", "J_next", "mu_alpha", "sigma", "L",
+                                                                       "tv_next", "tv_k", "bound")})
+             for k in range(4)]
+    fig = bound_figure({"v = 1": steps, "v = 3": steps}, ["4 + 0", "0 + 4"])
+    drawn = [(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data]
+    assert len(set(drawn)) == 2 * 4 == len(drawn) // 2           # 2 prompts × 4 series, the same in both columns
+    assert len({t.name for t in fig.data if t.showlegend}) == 8
+    layout = fig.to_dict()["layout"]
+    axes = [layout[key] for key in layout if key.startswith(("xaxis", "yaxis"))]
+    assert len(axes) == 8 and all(axis["title"]["text"] for axis in axes)
+    assert all(layout[key]["dtick"] == 1 for key in layout if key.startswith("xaxis"))
+    assert len(fig.layout.annotations) == 4 and all(a.text for a in fig.layout.annotations)   # a title per panel

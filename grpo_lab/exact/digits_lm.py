@@ -111,7 +111,7 @@ def conditionals(model: torch.nn.Module, prompt_ids: torch.Tensor, space: Answer
     n = 3 instead of 100 full sequences (same values: tested against the policy).
     """
     out = model(input_ids=prompt_ids, use_cache=True)
-    levels, cache, Lp = [out.logits[:, -1]], out.past_key_values, prompt_ids.shape[1]
+    levels, cache, Lp = [out.logits[:, -1]], out.cache, prompt_ids.shape[1]
     digits = space.vocab_ids[:len(DIGITS)].to(prompt_ids.device)
     for m in range(1, space.max_tokens):
         cache.batch_repeat_interleave(len(DIGITS))
@@ -119,7 +119,7 @@ def conditionals(model: torch.nn.Module, prompt_ids: torch.Tensor, space: Answer
         out = model(input_ids=digits.repeat(rows // 10)[:, None], cache=cache, use_cache=True,
                     position_ids=torch.full((rows, 1), Lp + m - 1, device=prompt_ids.device))
         levels.append(out.logits[:, -1])
-        cache = out.past_key_values
+        cache = out.cache
     logits = torch.cat(levels)[:, space.vocab_ids.to(prompt_ids.device)].double() / temperature
     return logits.log_softmax(-1).cpu()
 
@@ -296,23 +296,29 @@ class ExactLM:
         return ExactStep(k=record.step, lag=record.lag, ratios=ratios, **numpy)
 
 
+BOUND_SERIES = (  # (row, name, ExactStep field, line dash, marker): each series its own style; colour: the prompt
+    (1, "J(π_k+1) − J(π_k)", "improvement", "solid", "circle"), (1, "bound (Theorem 1)", "bound", "dot", "x"),
+    (2, "TV(π_k, α)", "tv_k", "dash", "square"), (2, "TV(π_k+1, α)", "tv_next", "dashdot", "diamond"))
+
+
 def bound_figure(runs: dict[str, list[ExactStep]], prompts: Sequence[str]) -> Any:
     """Per run (columns): J(π_{k+1}) − J(π_k) and Theorem 1's bound per prompt (top), TV(π_k, α) and
-    TV(π_{k+1}, α) (bottom), against the step k."""
+    TV(π_{k+1}, α) (bottom), against the step k (integer ticks). Colour: the prompt; line and marker: the series."""
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=2, cols=len(runs), shared_xaxes=True, subplot_titles=list(runs), vertical_spacing=0.12)
+    titles = [f"{run}: {what}" for what in ("improvement and its bound", "distance to α") for run in runs]
+    fig = make_subplots(rows=2, cols=len(runs), subplot_titles=titles, vertical_spacing=0.16)
     for col, steps in enumerate(runs.values(), start=1):
         k = [s.k for s in steps]
         for c, prompt in enumerate(prompts):
-            color, first = qualitative.Plotly[c % 10], col == 1
-            for row, name, y, dash in ((1, "J(π_k+1) − J(π_k)", [s.improvement[c] for s in steps], None),
-                                       (1, "bound", [s.bound[c] for s in steps], "dot"),
-                                       (2, "TV(π_k, α)", [s.tv_k[c] for s in steps], "dash"),
-                                       (2, "TV(π_k+1, α)", [s.tv_next[c] for s in steps], None)):
-                fig.add_scatter(x=k, y=y, row=row, col=col, mode="lines+markers", line=dict(color=color, dash=dash),
-                                name=f"{prompt}: {name}", legendgroup=f"{c}{name}", showlegend=first)
-    fig.update_xaxes(title_text="step k", row=2)
-    fig.update_layout(height=560, title="Theorem 1 on SmolLM2-135M (digits + EOS, ≤ 3 tokens): exact")
+            for row, name, field_name, dash, marker in BOUND_SERIES:
+                fig.add_scatter(x=k, y=[getattr(s, field_name)[c] for s in steps], row=row, col=col,
+                                mode="lines+markers", line=dict(color=qualitative.Plotly[c % 10], dash=dash),
+                                marker=dict(symbol=marker, size=8), name=f"{prompt}: {name}",
+                                legendgroup=f"{c}{name}", showlegend=col == 1)
+        fig.update_yaxes(title_text="J(π_k+1) − J(π_k)", row=1, col=col)
+        fig.update_yaxes(title_text="total variation", row=2, col=col)
+    fig.update_xaxes(title_text="step k", tick0=0, dtick=1)
+    fig.update_layout(height=640, title="Theorem 1 on SmolLM2-135M (digits + EOS, ≤ 3 tokens): exact")
     return fig

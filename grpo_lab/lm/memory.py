@@ -26,25 +26,35 @@ optimiser       2·W_train: AdamW's m and v, kept by torch in   AdamW (SGD keeps
                 the parameters' dtype
 overhead        c_W·W (calibrated: allocator slack, weights    always
                 paged in, gradient temporaries)
-sampling        4·B·T·V (``generate``'s kept scores, float32)  while sampling
-                + 2·L·B·S·n_kv·d_head·b (KV cache)
-                + B·Lp·(4H + 3I)·b (one prefill layer)
+sampling        2·L·B·S·n_kv·d_head·b (KV cache)               while sampling
+                + P·Lp·(4H + 3I)·b (one prefill layer)
+                + (b + 20)·B·V (one decoding step: logits,
+                float32 log-softmax, float64 CDF and its copy)
+                + 8·B·T·V (the C heap's retention, below)
 training        m·S·L·((10H + 4I)·b + 2·n_head·S·b)            one micro-batch's forward
                 (activations kept for backward)                and backward
                 + 3·4·m·T·V (float32 logits, their gradient,
                 log-softmax temporaries)
 =============== ============================================== ==========================
 
-B = P·G sequences, Lp the longest prompt (tokens), T = ``max_completion_length``,
+B = P·G sequences (P prompts), Lp the longest prompt (tokens), T = ``max_completion_length``,
 S = Lp + T, m the micro-batch, b bytes per weight element; L, H, I, V, n_head,
 n_kv, d_head from the model's config. The activation count 10H + 4I per token
 and layer is a Llama-style decoder layer's saved tensors (two RMSNorms, q/k/v/o
 inputs, rotary copies, SwiGLU's four I-wide tensors).
 
-Calibration: see CALIBRATION (re-measure with ``tests/reliability_report.py``).
-The sampling term alone matches a measured ``generate`` (4.6 MiB per sequence
-measured, 5.1 estimated, SmolLM2, S = 54). On a GPU the caching allocator wastes
-less, so the CPU-fitted overhead makes the estimate conservative there.
+The sampler (:class:`~grpo_lab.lm.sampling.HFSampler`) prefills each prompt once, repeats its cache G
+times and decodes one token per forward, keeping only the drawn tokens and their log α: the tensors it
+holds at once are the cache and one step's vocabulary-wide ones, whatever T (``generate`` kept every
+step's scores). Its resident memory on a CPU can still grow with T: glibc's heap serves each step's
+B·V-sized tensors below its adaptive mmap threshold and keeps what they leave: up to 4.75 bytes per
+B·V entry and decoded step beyond the tensors in seven fresh processes (docs/benchmarks.md), as much as
+``generate``'s kept float32 scores (4·B·T·V), so the estimate budgets 8·B·T·V for it. With
+``MALLOC_MMAP_THRESHOLD_`` set (say to 1 MiB) the heap keeps none and the measured peak is the tensors
+alone; ``tests/test_memory_guard.py`` checks both.
+Calibration: see CALIBRATION (re-measure the whole run with ``tests/reliability_report.py``;
+docs/benchmarks.md has the figures). On a GPU the caching allocator wastes less, so the CPU-fitted
+overhead makes the estimate conservative there.
 
 Disk guard: :func:`guard_disk` runs in :func:`grpo_lab.lm.build.build_loop` once π_θ is
 loaded and before α is copied from it (when the caller names the checkpoint, as
@@ -87,6 +97,9 @@ if TYPE_CHECKING:
 
 C_OVERHEAD_W = 2.45
 """What the measured peaks exceed the other parts by, at most, in units of W (see CALIBRATION)."""
+HEAP_RETENTION = 8
+"""Bytes per B·V entry and decoded step that the C heap may keep from the sampler's per-step tensors: above
+the most measured, 4.75 (the module docstring; docs/benchmarks.md has the measurements)."""
 BUDGET_FRACTION = 0.9
 """Plan to use at most this share of the available memory (other processes, estimate error)."""
 CALIBRATION = (
@@ -95,7 +108,9 @@ CALIBRATION = (
     "(32, 16), (32, 32)} and β = 0.1: 2.9–5.5 GiB; the parts above leave a residue of 0.9–2.4 W "
     "(allocator fragmentation varies run to run by ±0.25 GiB), so c_W = 2.45 makes the estimate an "
     "upper envelope: measured / estimated = 0.81–1.00 (0.63 with T = 32 budgeted, where every "
-    "completion stopped at EOS long before T)")
+    "completion stopped at EOS long before T). Fitted with the earlier sampling term (4·B·T·V, prefill of B "
+    "rows); today's adds (b + 20)·B·V + 4·B·T·V and prefills P rows: 0.00–0.05 GiB more at those shapes, so "
+    "the envelope holds (not re-measured)")
 
 
 @dataclass(frozen=True)
@@ -166,16 +181,25 @@ def estimate_memory(shape: ModelShape, config: GRPOConfig, prompt_length: int,
     require_int_at_least("prompt_length", prompt_length, 1)
     if config.max_completion_length is None:
         raise ValueError("max_completion_length must be set to estimate an LLM run's memory, got None")
-    B, T, b = config.prompts_per_step * config.G, config.max_completion_length, shape.element_size
+    P, T, b = config.prompts_per_step, config.max_completion_length, shape.element_size
+    B = P * config.G
     m = min(micro_batch_size or config.micro_batch_size or B, B)
     S, L, H, I, V = prompt_length + T, shape.layers, shape.hidden, shape.intermediate, shape.vocab
-    sampling = (4 * B * T * V + 2 * L * B * S * shape.kv_heads * shape.head_dim * b
-                + B * prompt_length * (4 * H + 3 * I) * b)
+    sampling = sampler_tensor_bytes(shape, B, P, prompt_length, T) + HEAP_RETENTION * B * T * V
     training = m * S * L * ((10 * H + 4 * I) * b + 2 * shape.heads * S * b) + 3 * 4 * m * T * V
     return MemoryEstimate(
         sampler=shape.weights, reference=shape.weights if config.beta > 0 else 0, gradients=shape.trainable,
         optimizer=2 * shape.trainable if config.optimizer == "adamw" else 0,
         overhead=math.ceil(C_OVERHEAD_W * shape.weights), sampling=sampling, training=training)
+
+
+def sampler_tensor_bytes(shape: ModelShape, B: int, P: int, prompt_length: int, T: int) -> int:
+    """The tensors the sampler holds at once (the sampling row without the heap's retention): B = P·G rows
+    decoded up to T tokens after prompts of ``prompt_length``."""
+    b = shape.element_size
+    kv_cache = 2 * shape.layers * B * (prompt_length + T) * shape.kv_heads * shape.head_dim * b
+    prefill_layer = P * prompt_length * (4 * shape.hidden + 3 * shape.intermediate) * b
+    return kv_cache + prefill_layer + (b + 20) * B * shape.vocab
 
 
 def guard_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,

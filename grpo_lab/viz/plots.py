@@ -240,43 +240,75 @@ def bound_weight_figure(eps_stds: Sequence[float], points: int = 401) -> go.Figu
     return fig
 
 
+RUN_LINES = {"on-policy + mask": dict(dash="dash"), "v = 10": dict(width=7, opacity=0.45)}
+"""Runs drawn dashed, or wide and translucent, in every figure: their curves lie on others' in the findings
+figure (the mask on "no mask" in (a), v = 10 on v = 1 in (b)), so both show; the legend shows one style per run."""
+COINCIDE_ATOL = 1e-3
+"""Two mean J curves closer than this at every step are drawn as one line: the figure says they coincide."""
+
+
+def run_styles(results: Mapping[str, BanditRun]) -> dict[str, dict[str, object]]:
+    """One colour and line style per run of ``results``, shared by the findings and wall-clock figures."""
+    plain = {"dash": None, "width": 2, "opacity": 1.0}
+    return {name: {"color": COLORS[n % len(COLORS)], **plain, **RUN_LINES.get(name, {})}
+            for n, name in enumerate(results)}
+
+
+def coinciding(results: Mapping[str, BanditRun], names: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs (later, earlier) of ``names`` whose mean J curves lie within ``COINCIDE_ATOL`` at every step."""
+    means = {name: results[name].J.mean(axis=1) for name in names}
+    return [(b, a) for j, b in enumerate(names) for a in names[:j]
+            if means[a].shape == means[b].shape and np.allclose(means[a], means[b], rtol=0, atol=COINCIDE_ATOL)]
+
+
+def run_traces(x: np.ndarray, run: BanditRun, name: str, style: Mapping[str, object],
+               showlegend: bool = True) -> list[go.Scatter]:
+    """:func:`band_traces` of one run in its style (colour, dash, width, opacity)."""
+    band, line = band_traces(x, run.J, name, str(style["color"]), style["dash"], showlegend)
+    line.update(line_width=style["width"], opacity=style["opacity"])
+    return [band, line]
+
+
 def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
     """The paper's four findings, mean ± std over runs: (a) mask, (b) v and i per step,
-    (c) sample reuse per optimiser pass, (d) resetting π_ref."""
+    (c) sample reuse per optimiser pass, (d) resetting π_ref. A panel's title names the curves that lie
+    exactly on another (computed from the runs)."""
     panels = [["on-policy, no mask", "on-policy + mask", "mask, unmasked normalisation", MATCHED_LR],
               ["on-policy + mask", "v = 10", "sample reuse i = 10"],
               [LONG_ON_POLICY, "sample reuse i = 10"],
               ["β = 1, fixed π_ref", "β = 1, π_ref reset every 20", "on-policy + mask"]]
     titles = ["(a) zero-variance mask and its normalisation, v = 1", "(b) per step: lag v vs reuse i",
               "(c) per optimiser pass", "(d) KL to π_ref: fixed vs reset"]
-    color = {name: COLORS[n % len(COLORS)] for n, name in enumerate(results)}
-    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.14)
+    titles = [title + "".join(f"<br><sub>{b} lies on {a} (mean J within {COINCIDE_ATOL:g} at every step)</sub>"
+                              for b, a in coinciding(results, names))
+              for title, names in zip(titles, panels, strict=True)]
+    styles = run_styles(results)
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.18)
     seen: set[str] = set()
     for n, names in enumerate(panels):
         row, col = divmod(n, 2)
         for name in names:
             r = results[name]
             x = np.concatenate([[0], r.optimizer_passes]) if n == 2 else np.arange(len(r.J))
-            dash = "dot" if (n == 3 and name == "on-policy + mask") else None
-            dash = "dash" if (n == 0 and name == "on-policy + mask") else dash    # it lies on "no mask" exactly
-            for trace in band_traces(x, r.J, name, color[name], dash, showlegend=name not in seen):
+            for trace in run_traces(x, r, name, styles[name], showlegend=name not in seen):
                 fig.add_trace(trace, row=row + 1, col=col + 1)
             seen.add(name)
     runs = next(iter(results.values())).J.shape[1]
     fig.update_xaxes(title_text="step k")
     fig.update_xaxes(title_text="optimiser passes", row=2, col=1)
-    fig.update_yaxes(title_text="J(π_θ)", col=1)
-    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)", height=2 * HEIGHT)
+    fig.update_yaxes(title_text="J(π_θ)")
+    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)", height=2 * HEIGHT,
+                      margin=dict(t=130))
     return fig
 
 
 def wall_clock_figure(results: Mapping[str, BanditRun], names: Sequence[str], model: StepCostModel) -> go.Figure:
-    """J against modelled wall-clock hours: each step costs gen + i·train + sync (sync only when synced)."""
-    fig = go.Figure()
-    for n, name in enumerate(names):
+    """J against modelled wall-clock hours: each step costs gen + i·train + sync (sync only when synced).
+    Each run in its style of :func:`findings_figure`."""
+    fig, styles = go.Figure(), run_styles(results)
+    for name in names:
         hours = wall_clock(results[name], model) / 3600
-        for trace in band_traces(hours, results[name].J, name, COLORS[n]):
-            fig.add_trace(trace)
+        fig.add_traces(run_traces(hours, results[name], name, styles[name]))
     fig.update_layout(title=(f"J against time modelled from the paper's 7B rates (central values, not measured): "
                              f"gen {model.gen:.1f} s + i × train {model.train:.1f} s"
                              f" + sync {model.sync:.1f} s every v steps"),

@@ -123,6 +123,11 @@ def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromiu
     panel = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider"))
     assert panel.count() == 1
     assert set(panel.locator(".widget-slider .widget-label").all_inner_texts()) == slider_labels()
+    # Every control's label reads in full: none is cut by the browser (text-overflow shows "…") or ends in "…".
+    cut = panel.locator(".widget-label, .widget-dropdown select, .widget-checkbox label").evaluate_all(
+        "labels => labels.filter(l => l.scrollWidth > l.clientWidth + 1 || l.textContent.includes('…'))"
+        "               .map(l => l.textContent.trim())")
+    assert not cut, f"labels cut short on the panel: {cut}"
     figure = panel.locator(".js-plotly-plot")           # the FigureWidget (anywidget)
     figure.locator(".scatterlayer .trace").nth(CURRENT).wait_for(timeout=deadline.ms(30))
     before = figure.evaluate(FIGURE_STATE)

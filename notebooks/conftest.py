@@ -1,0 +1,79 @@
+"""A memory budget for each notebook, checked while nbval runs it (``make test-notebooks``).
+
+After a notebook's last cell, one more test item reads the kernel's peak resident memory, VmHWM of
+``/proc/<kernel pid>/status`` (the most RSS the process ever held, read while the kernel still runs),
+and fails if it exceeds the notebook's budget in ``KERNEL_PEAK_BUDGET``. The measurement costs
+nothing: it is taken during the run nbval makes anyway. The kernel's own peak is what a laptop must
+hold; helper processes it starts (the reward verifier's) are small and not counted. The item also
+prints the Run-All time (first cell's start to last cell's end), which docs/benchmarks.md quotes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+GIB = 2**30
+KERNEL_PEAK_BUDGET = {"01b_theorem1_smollm2.ipynb": 4 * GIB, "02_gsm8k_qwen05b.ipynb": 5 * GIB}
+"""Peak kernel RSS allowed per notebook, whatever the mode; a notebook gets its budget once its peak has been
+measured under it (docs/benchmarks.md, *Notebook memory*)."""
+_STARTED: dict[str, float] = {}
+
+
+def kernel_peak_rss(pid: int) -> int:
+    """VmHWM of process ``pid`` in bytes: its peak resident set size so far (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmHWM line")
+
+
+class KernelPeakItem(pytest.Item):
+    """Fails if the notebook's kernel peaked above its budget; reports the peak and the Run-All time."""
+
+    def __init__(self, *, budget: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.budget = budget
+
+    def runtest(self) -> None:
+        kernel = getattr(self.parent, "kernel", None)
+        if kernel is None or not kernel.is_alive():
+            pytest.fail(f"{self.parent.name}: its kernel is not running, so its peak memory cannot be read")
+        provisioner = kernel.km.provisioner
+        peak = kernel_peak_rss(provisioner.process.pid)
+        elapsed = time.monotonic() - _STARTED.get(self.parent.name, time.monotonic())
+        line = (f"{self.parent.name}: kernel peak RSS {peak / GIB:.2f} GiB (budget {self.budget / GIB:.1f} GiB), "
+                f"Run All {elapsed:.0f} s")
+        self.user_properties.append(("kernel_peak", line))
+        print(line)
+        assert peak <= self.budget, line
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"{self.parent.name}: kernel peak RSS ≤ {self.budget / GIB:.1f} GiB"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After the last cell of each budgeted notebook, its :class:`KernelPeakItem` (same parent: same kernel)."""
+    last = {}
+    for index, item in enumerate(items):
+        if item.parent is not None and item.parent.name in KERNEL_PEAK_BUDGET:
+            last[item.parent] = index
+    for parent, index in sorted(last.items(), key=lambda pair: -pair[1]):
+        items.insert(index + 1, KernelPeakItem.from_parent(parent, name="kernel peak RSS",
+                                                           budget=KERNEL_PEAK_BUDGET[parent.name]))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.parent is not None and item.parent.name in KERNEL_PEAK_BUDGET:
+        _STARTED.setdefault(item.parent.name, time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = [value for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+             for key, value in report.user_properties if key == "kernel_peak"]
+    if lines:
+        terminalreporter.write_sep("-", "notebook kernels' peak memory")
+        for line in lines:
+            terminalreporter.write_line(line)
