@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..checks import require_choice, require_int_at_least, require_number_in, require_truncation
+from ..fingerprint import prove, served_rows
 from ..rollout import Rollout
 from .decoding.decoder import Decoder, LeanDecoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
@@ -344,6 +345,14 @@ class HFSampler:
         return self._bytes
 
     @torch.no_grad()
+    def prove_sync(self, policy: LMPolicy, step: int) -> None:
+        """Prove that α serves π_θ's weights (:func:`grpo_lab.fingerprint.prove`; raises ``SyncError``): every
+        tensor the decoder reads — α's parameters under every name (a tied LM head under its own), its buffers,
+        and the lean decoder's fused q/k/v and gate/up buffers as it multiplies them — against π_θ's."""
+        sources = dict(_named_tensors(policy.model, remove_duplicate=False))
+        prove(served_rows(_served_tensors(self.model, self.decoder)), sources, step)
+
+    @torch.no_grad()
     def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """log π_sync of ``rollout.completions[rows]`` ``[b, T]``: α's model (the last sync's weights) scored by a
         frozen copy of the policy, as it scores π_θ — a whole forward at T, untruncated; no extra memory."""
@@ -362,6 +371,28 @@ class HFSampler:
         return self.model.load_state_dict(state)
 
 
-def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters then buffers, each shared tensor once (tied weights)."""
-    return list(model.named_parameters()) + list(model.named_buffers())
+def _named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, each shared tensor once (tied weights), or under each of its names."""
+    return [*model.named_parameters(remove_duplicate=remove_duplicate),
+            *model.named_buffers(remove_duplicate=remove_duplicate)]
+
+
+def _served_tensors(model: torch.nn.Module, decoder: Decoder) -> list[tuple[str, torch.Tensor]]:
+    """The tensors ``decoder`` reads, by name: the model's (:func:`_named_tensors`, every name), where the lean
+    decoder's fused buffers (``decoder.fused``) replace their parts under vLLM's fused names."""
+    named = dict(_named_tensors(model, remove_duplicate=False))
+    fused = getattr(decoder, "fused", {})
+    for key, (fused_name, parts) in {"qkv": ("self_attn.qkv_proj.weight", ("self_attn.q_proj.weight",
+                                                                             "self_attn.k_proj.weight",
+                                                                             "self_attn.v_proj.weight")),
+                                     "qkv_bias": ("self_attn.qkv_proj.bias", ("self_attn.q_proj.bias",
+                                                                              "self_attn.k_proj.bias",
+                                                                              "self_attn.v_proj.bias")),
+                                     "gate_up": ("mlp.gate_up_proj.weight", ("mlp.gate_proj.weight",
+                                                                             "mlp.up_proj.weight"))}.items():
+        for layer, view in enumerate(fused.get(key, [])):
+            if view is not None:
+                for part in parts:
+                    del named[f"model.layers.{layer}.{part}"]
+                named[f"model.layers.{layer}.{fused_name}"] = view
+    return list(named.items())
