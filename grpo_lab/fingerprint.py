@@ -2,7 +2,7 @@
 
 After α ← π_θ, every tensor the sampler *serves* — the ones its forward reads, as they are laid out there —
 must hold π_θ's weights as the sampler should hold them: cast to the sampler's dtype, fused as it fuses
-(vLLM's and the lean decoder's ``qkv_proj`` = [q; k; v] and ``gate_up_proj`` = [gate; up] along the output
+(vLLM's ``qkv_proj`` = [q; k; v] and ``gate_up_proj`` = [gate; up] along the output
 rows), with a tied LM head resolved (the served head must equal π_θ's embedding). Each side fingerprints its
 own tensors, and only the fingerprints are compared: no weight crosses.
 
@@ -42,7 +42,7 @@ KINDS = ("rows", "columns")
 """How a served tensor's lines are read: its rows (a plain tensor), or its columns through the engine's product."""
 
 FUSIONS = ((r"qkv_proj", ("q_proj", "k_proj", "v_proj")), (r"gate_up_proj", ("gate_proj", "up_proj")))
-"""Fused served names and their parts, concatenated along the output rows (vLLM's and the lean decoder's)."""
+"""Fused served names and their parts, concatenated along the output rows (vLLM's)."""
 
 Served = dict[str, tuple[str, torch.dtype, int]]
 """Served name → (kind, the dtype it is served in, fingerprint), in the sampler's order."""

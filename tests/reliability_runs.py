@@ -23,8 +23,9 @@ from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics, train
 
 REPO = Path(__file__).resolve().parent.parent
-TIMING = ("sample_seconds", "train_seconds", "sync_seconds", "audit_seconds")
-"""Wall-clock fields of a record: the only ones two identical runs may differ in."""
+TIMING = ("sample_seconds", "train_seconds", "sync_seconds", "audit_seconds", "probe_audit")
+"""The fields two identical runs may differ in: wall-clock times, and the probe's verdict (a resumed run's probe
+takes a new reference at its first sync, so a sync the uninterrupted run judged is "not judged yet" there)."""
 
 
 

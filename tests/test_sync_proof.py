@@ -1,5 +1,5 @@
 """The weights' proof (grpo_lab.fingerprint): the fingerprint's lines and layout, then every sync fault of
-tests/sync_faults.py on HFSampler (both decoders) and on the TRL route's in-process α, each caught with the
+tests/sync_faults.py on HFSampler and on the TRL route's in-process α, each caught with the
 tensor named, and good syncs proved in a run."""
 
 import pytest
@@ -66,11 +66,10 @@ def hf_faulty_sync(sampler: HFSampler, policy: LMPolicy, fault: str) -> None:
             targets[name].copy_(tensor)
 
 
-@pytest.mark.parametrize("decoder", ["model", "lean"])
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_hf_sampler_faults_are_caught_with_the_tensor_named(tokenizer, decoder, fault):
+def test_hf_sampler_faults_are_caught_with_the_tensor_named(tokenizer, fault):
     policy = LMPolicy(tiny_model(), 1.0)
-    sampler = HFSampler(policy, tokenizer, 8, decoder=decoder)
+    sampler = HFSampler(policy, tokenizer, 8)
     sampler.prove_sync(policy, step=0)                                  # α is π_θ's copy: proved
     if fault == "leaves a tied LM head behind":                          # α's head stops sharing the embedding
         head = sampler.model.lm_head
@@ -81,25 +80,10 @@ def test_hf_sampler_faults_are_caught_with_the_tensor_named(tokenizer, decoder, 
         sampler.prove_sync(policy, step=5)
 
 
-def test_the_lean_decoders_packed_buffers_are_checked_as_served(tokenizer):
-    """A weight whose storage left the packed buffer (e.g. a load_state_dict(assign=True)): the sync reaches the
-    model's parameter, the decoder still multiplies the old fused buffer."""
-    policy = LMPolicy(tiny_model(), 1.0)
-    sampler = HFSampler(policy, tokenizer, 8, decoder="lean")
-    q = sampler.model.model.layers[0].self_attn.q_proj
-    q.weight.data = q.weight.data.clone()
-    nudge(policy.model)
-    sampler.sync(policy)
-    assert torch.equal(q.weight, policy.model.model.layers[0].self_attn.q_proj.weight)  # the model looks synced
-    with pytest.raises(SyncError, match=r"'model.layers.0.self_attn.qkv_proj.weight' differs .*fused from"):
-        sampler.prove_sync(policy, step=1)
-
-
-@pytest.mark.parametrize("decoder", ["model", "lean"])
-def test_a_run_proves_every_sync_and_logs_the_verdicts(tokenizer, decoder):
+def test_a_run_proves_every_sync_and_logs_the_verdicts(tokenizer):
     config = GRPOConfig(G=4, prompts_per_step=2, max_completion_length=8, lr=1e-2, steps=4, seed=0, v=2)
     policy = LMPolicy(tiny_model(), config.temperature)
-    loop = GRPOLoop(policy, HFSampler(policy, tokenizer, 8, decoder=decoder), EvenTokenTask(), config)
+    loop = GRPOLoop(policy, HFSampler(policy, tokenizer, 8), EvenTokenTask(), config)
     records = list(loop.run())
     assert [r.weights_audit for r in records] == ["proved", "", "proved", ""]
     assert [r.probe_audit for r in records] == ["not judged yet", "", "judged", ""]

@@ -347,10 +347,10 @@ class HFSampler:
     @torch.no_grad()
     def prove_sync(self, policy: LMPolicy, step: int) -> None:
         """Prove that α serves π_θ's weights (:func:`grpo_lab.fingerprint.prove`; raises ``SyncError``): every
-        tensor the decoder reads — α's parameters under every name (a tied LM head under its own), its buffers,
-        and the lean decoder's fused q/k/v and gate/up buffers as it multiplies them — against π_θ's."""
+        tensor α's model reads — its parameters under every name (a tied LM head under its own) and its buffers —
+        against π_θ's."""
         sources = dict(_named_tensors(policy.model, remove_duplicate=False))
-        prove(served_rows(_served_tensors(self.model, self.decoder)), sources, step)
+        prove(served_rows(_named_tensors(self.model, remove_duplicate=False)), sources, step)
 
     @torch.no_grad()
     def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
@@ -376,23 +376,3 @@ def _named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> lis
     return [*model.named_parameters(remove_duplicate=remove_duplicate),
             *model.named_buffers(remove_duplicate=remove_duplicate)]
 
-
-def _served_tensors(model: torch.nn.Module, decoder: Decoder) -> list[tuple[str, torch.Tensor]]:
-    """The tensors ``decoder`` reads, by name: the model's (:func:`_named_tensors`, every name), where the lean
-    decoder's fused buffers (``decoder.fused``) replace their parts under vLLM's fused names."""
-    named = dict(_named_tensors(model, remove_duplicate=False))
-    fused = getattr(decoder, "fused", {})
-    for key, (fused_name, parts) in {"qkv": ("self_attn.qkv_proj.weight", ("self_attn.q_proj.weight",
-                                                                             "self_attn.k_proj.weight",
-                                                                             "self_attn.v_proj.weight")),
-                                     "qkv_bias": ("self_attn.qkv_proj.bias", ("self_attn.q_proj.bias",
-                                                                              "self_attn.k_proj.bias",
-                                                                              "self_attn.v_proj.bias")),
-                                     "gate_up": ("mlp.gate_up_proj.weight", ("mlp.gate_proj.weight",
-                                                                             "mlp.up_proj.weight"))}.items():
-        for layer, view in enumerate(fused.get(key, [])):
-            if view is not None:
-                for part in parts:
-                    del named[f"model.layers.{layer}.{part}"]
-                named[f"model.layers.{layer}.{fused_name}"] = view
-    return list(named.items())
