@@ -35,7 +35,7 @@ import torch
 
 from .sync_audit import CHECKS, SyncError
 
-LINES = 32
+LINES = 16
 """m: the lines (rows or columns) of each 2-D tensor a fingerprint reads."""
 
 KINDS = ("rows", "columns")
@@ -71,6 +71,8 @@ def pick(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype) -> torch.
     if kind == "columns":
         columns = line_indices(parts[0].shape[1])
         return torch.cat([p.detach()[:, columns] for p in parts]).to(dtype).t()
+    if len(parts) == 1:                                       # a plain tensor: one gather (the common case)
+        return parts[0].detach()[line_indices(parts[0].shape[0])].to(dtype)
     rows, start, picked = line_indices(sum(p.shape[0] for p in parts)), 0, []
     for part in parts:
         inside = rows[(rows >= start) & (rows < start + part.shape[0])] - start
