@@ -2,8 +2,9 @@
 tests/sync_faults.py caught with the tensor named, on an engine that fuses q/k/v and gate/up and repacks its
 matrices; and a bfloat16 engine fed a float32 trainer's weights proved at every one of 200 real steps.
 
-A small config-built Llama (SmolLM2's tokenizer and vocabulary, 2 layers of width 64, tied embeddings) keeps
-each step short; one engine at a time (see tests/test_vllm_engine.py)."""
+A small config-built Llama (SmolLM2's tokenizer and vocabulary, 2 layers of width 256, tied embeddings) keeps
+each step short (head size 64: the CPU attention kernels take no smaller); one engine at a time (see
+tests/test_vllm_engine.py)."""
 
 import gc
 
@@ -31,7 +32,7 @@ def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("small_llama")
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=tokenizer.bos_token_id, torch_dtype="float32")
