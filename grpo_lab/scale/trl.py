@@ -56,9 +56,10 @@ Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
 ``ratio_k_max`` (r′ over counted tokens),
 ``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
 whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
-:func:`grpo_lab.grpo_objective`), the ratio diagnostics ``ess_token``, ``ess_seq``, ``log_ratio_k_p50`` /
-``_p99`` / ``_max`` and ``cap_frac`` (:func:`grpo_lab.objective.ratio_diagnostics`, per micro-batch of all
-processes); and TRL's ``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
+:func:`grpo_lab.grpo_objective`), the ratio diagnostics raw and as applied (``ess_token``, ``ess_seq``,
+``ess_token_applied``, ``log_ratio_k_min`` / ``_p50`` / ``_p99`` / ``_max``, ``log_weight_min`` / … / ``_max``,
+``cap_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and TRL's
+``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
 (docs/theory.md §3): ``truncated`` is TRL's ``vllm_importance_sampling_mode="token_truncate"`` with
 ``vllm_importance_sampling_clip_max`` = C, applied by the adapter, so TRL's own switch still stays off.
 Evaluation samples from α too and never syncs (it would move α off its schedule).
