@@ -562,7 +562,7 @@ def sync_fault(tmp: Path, kind: str, fault: str) -> Outcome:
     """A sync with one of tests/sync_faults.py's faults, on the tiny LM at v = 1: the run stops with a SyncError
     naming the tensor, at the first sync after π_θ moved, before that step's batch (the sync not committed)."""
     outcome = Outcome(f"a sync that {fault} ({kind})")
-    loop = make_loop(kind, train_config(kind, tmp / "run", v=1, steps=6))
+    loop = make_loop(kind, train_config(kind, tmp / "run", v=1, steps=6), layers=2)  # two down_proj to swap
     sampler = loop.sampler
     if fault == "leaves a tied LM head behind":
         head = sampler.model.lm_head

@@ -36,11 +36,11 @@ def tokenizer() -> Any:
     return tok
 
 
-def tiny_model(seed: int = 0) -> LlamaForCausalLM:
+def tiny_model(seed: int = 0, layers: int = 1) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     tok = tokenizer()
     return LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                         tie_word_embeddings=True))
 
@@ -62,11 +62,12 @@ def train_config(kind: str, output_dir: Path | str, **changes: Any) -> TrainConf
     return TrainConfig(**{**base, "checkpoint_every": 2, "seed": 0, "output_dir": str(output_dir), **changes})
 
 
-def make_loop(kind: str, config: TrainConfig, checkpoint: Path | None = None) -> Any:
-    """The run of ``kind`` on the tiny LM or the bandit; ``checkpoint``: the LM's disk guard checks room for it."""
+def make_loop(kind: str, config: TrainConfig, checkpoint: Path | None = None, layers: int = 1) -> Any:
+    """The run of ``kind`` on the tiny LM (of ``layers`` blocks) or the bandit; ``checkpoint``: the LM's disk
+    guard checks room for it."""
     if kind == "bandit":
         return build_bandit_loop(BanditProblem.random(contexts=4, arms=3, seed=0), config, runs=2)
-    loop = build_loop(config, tiny_model(), tokenizer(), list(problems()), checkpoint=checkpoint)
+    loop = build_loop(config, tiny_model(layers=layers), tokenizer(), list(problems()), checkpoint=checkpoint)
     loop.task.reward_fn = even_length
     return loop
 

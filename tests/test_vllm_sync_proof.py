@@ -97,7 +97,7 @@ def test_engine_faults_are_caught_with_the_tensor_named(checkpoint, dtype, fault
 
 def test_a_bf16_engine_fed_fp32_weights_is_proved_at_each_of_200_real_steps(checkpoint):
     """GRPO at v = 1, lr 1e-5 (one step moves few bf16 roundings, the hard case for a tolerance): every sync
-    proved, none failed; and the weights did change in bf16 along the run (the proof compared something)."""
+    proved, none failed; and every matrix did change in bf16 along the run (the proof compared something)."""
     policy, sampler = engine(checkpoint, "bfloat16")
     config = GRPOConfig(G=2, prompts_per_step=2, max_completion_length=8, lr=1e-5, steps=200, seed=0, v=1)
 
@@ -111,5 +111,5 @@ def test_a_bf16_engine_fed_fp32_weights_is_proved_at_each_of_200_real_steps(chec
     start = {n: p.detach().to(torch.bfloat16).clone() for n, p in policy.model.named_parameters()}
     records = list(GRPOLoop(policy, sampler, Prompts(), config).run())
     assert [r.weights_audit for r in records] == ["proved"] * 200
-    moved = [n for n, p in policy.model.named_parameters() if not torch.equal(p.to(torch.bfloat16), start[n])]
-    assert len(moved) == len(start)
+    unmoved = {n for n, p in policy.model.named_parameters() if torch.equal(p.to(torch.bfloat16), start[n])}
+    assert unmoved == {n for n in start if "norm" in n}  # norms sit near 1, where a bf16 step is 2⁻⁷: 200 × 1e-5 short
