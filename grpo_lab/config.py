@@ -112,11 +112,12 @@ class GRPOConfig:
     seed: int = 0
     """Seeds every random draw (prompts, samples, rewards)."""
     sync_audit: bool = True
-    """After each sync, check that α now serves π_θ's weights (:mod:`grpo_lab.sync_audit`): a few tokens of the
-    first batch sampled after a sync (the probe) are scored by the sampler and by π_θ, one small forward each per
-    sync, and a sync that left α where it was raises :class:`~grpo_lab.sync_audit.SyncError`. A sampler without
-    ``score`` (see :class:`~grpo_lab.rollout.ScoringSampler`) cannot be audited: the loop warns once and runs
-    without the audit. The TRL adapter runs the same audit (``sync_audit``)."""
+    """After each sync, check that α now serves π_θ's weights: the sampler's ``prove_sync`` compares fingerprints
+    of every tensor it serves with π_θ's (:mod:`grpo_lab.fingerprint`), then, as a second line, a few tokens of
+    the first batch sampled after a sync (the probe) are scored by the sampler and by π_θ, one small forward
+    each per sync (:mod:`grpo_lab.sync_audit`); either raises :class:`~grpo_lab.sync_audit.SyncError`. A sampler
+    without ``prove_sync`` runs unproved, one without ``score`` (see :class:`~grpo_lab.rollout.ScoringSampler`)
+    without the probe (the loop warns once). The TRL adapter runs the same audit (``sync_audit``)."""
     offpolicy_split: bool = False
     """Split log r′ = log(π_k/α) at π_sync, the trainer's forward at the weights of the last sync, into
     staleness log(π_k/π_sync) and mismatch log(π_sync/α) (docs/metrics.md). Costs one no-grad forward of the

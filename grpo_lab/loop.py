@@ -82,9 +82,15 @@ class StepRecord:
     ref_reset: bool
     ess_token: float = 1.0
     ess_seq: float = 1.0
+    ess_token_applied: float = 1.0
+    log_ratio_k_min: float = 0.0
     log_ratio_k_p50: float = 0.0
     log_ratio_k_p99: float = 0.0
     log_ratio_k_max: float = 0.0
+    log_weight_min: float = 0.0
+    log_weight_p50: float = 0.0
+    log_weight_p99: float = 0.0
+    log_weight_max: float = 0.0
     cap_frac: float = 0.0
     """The :func:`~grpo_lab.objective.ratio_diagnostics` of the step's sampled tokens (defaults: an on-policy
     step's values, for histories saved before these fields existed)."""
@@ -94,6 +100,11 @@ class StepRecord:
     staleness_share: float = 0.0
     """The sync audit's time and the :func:`~grpo_lab.objective.offpolicy_split` (0 with
     ``offpolicy_split`` off; defaults for histories saved before these fields existed)."""
+    weights_audit: str = ""
+    probe_audit: str = ""
+    """The sync audit's verdicts at a sync ("" at steps without one): the weights' proof (``"proved"`` /
+    ``"off"``) and the behavioural probe's (:meth:`~grpo_lab.sync_audit.SyncAudit.check`); a failed one raises
+    ``SyncError`` instead (docs/metrics.md)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -202,11 +213,14 @@ class GRPOLoop:
         rng_state = self.generator.get_state()
         try:
             synced, sync_bytes, sync_seconds, audit_seconds = self.schedule.begin(k), 0, 0.0, 0.0
+            verdicts = {"weights_audit": "", "probe_audit": ""}
             if synced:
                 start = time.perf_counter()
                 sync_bytes = self.sampler.sync(self.policy)
                 sync_seconds = time.perf_counter() - start
-                audit_seconds = self._audit(k)
+                verdicts["weights_audit"], seconds = self._prove(k)
+                verdicts["probe_audit"], audit_seconds = self._audit(k)
+                audit_seconds += seconds
 
             start = time.perf_counter()
             prompts = self.task.prompts(cfg.prompts_per_step, self.generator)
@@ -221,7 +235,8 @@ class GRPOLoop:
             plan = self.plan(rollout, rewards)
             if self.audit is not None and self._probe is None and synced:  # the audit's probe and reference
                 self._probe = probe_of(rollout)
-                audit_seconds += self._audit(k)
+                verdicts["probe_audit"], seconds = self._audit(k)
+                audit_seconds += seconds
         except BaseException:
             self.generator.set_state(rng_state)
             raise
@@ -248,25 +263,39 @@ class GRPOLoop:
                 kl=metrics.get("kl", 0.0),
                 grad_norm=grad_norm, num_tokens=metrics["num_tokens"], sync_bytes=sync_bytes,
                 sample_seconds=sample_seconds, train_seconds=train_seconds,
-                sync_seconds=sync_seconds, ref_reset=ref_reset, audit_seconds=audit_seconds,
+                sync_seconds=sync_seconds, ref_reset=ref_reset, audit_seconds=audit_seconds, **verdicts,
                 **{name: metrics[name] for name in RATIO_DIAGNOSTICS},
                 **{name: metrics[name] for name in OFFPOLICY_SPLIT if name in metrics})
             self.history.append(record)
             self.k = k + 1
         return record
 
-    def _audit(self, k: int) -> float:
+    def _prove(self, k: int) -> tuple[str, float]:
+        """The weights' proof after the sync of step k (the sampler's ``prove_sync``, :mod:`grpo_lab.fingerprint`;
+        raises ``SyncError``): its verdict (``"proved"``, or ``"off"`` with the audit off or a sampler that
+        cannot prove) and seconds."""
+        prove_sync = getattr(self.sampler, "prove_sync", None)
+        if not self.config.sync_audit or not callable(prove_sync):
+            return "off", 0.0
+        start = time.perf_counter()
+        prove_sync(self.policy, k)
+        return "proved", time.perf_counter() - start
+
+    def _audit(self, k: int) -> tuple[str, float]:
         """The sync audit on the probe (:class:`~grpo_lab.sync_audit.SyncAudit`; raises its ``SyncError``): one
-        no-grad forward of π_θ and one of the sampler. Returns its seconds (0 with no audit or no probe yet)."""
-        if self.audit is None or self._probe is None:
-            return 0.0
+        no-grad forward of π_θ and one of the sampler. Returns its verdict and seconds (``"off"`` and 0 with no
+        audit, ``"no probe yet"`` and 0 before the first batch after a sync)."""
+        if self.audit is None:
+            return "off", 0.0
+        if self._probe is None:
+            return "no probe yet", 0.0
         start = time.perf_counter()
         probe, everything = self._probe, slice(None)
         with torch.no_grad():
             logp_policy = self.policy.logprobs(probe, everything)
             logp_alpha = self.sampler.score(probe, everything)
-        self.audit.check(logp_policy[probe.mask], logp_alpha[probe.mask], k)
-        return time.perf_counter() - start
+        verdict = self.audit.check(logp_policy[probe.mask], logp_alpha[probe.mask], k)
+        return verdict, time.perf_counter() - start
 
     def plan(self, rollout: Rollout, rewards: torch.Tensor) -> StepPlan:
         """:func:`~grpo_lab.plan.plan_step` of a sampled batch: this loop's config and stacked runs,
@@ -330,7 +359,7 @@ class GRPOLoop:
     def _sample_diagnostics(self, rollout: Rollout, plan: StepPlan, logp_k: torch.Tensor,
                             chunks: list[slice]) -> dict[str, float]:
         """``tv_estimate`` and the :func:`ratio_diagnostics` over every sampled token (masked groups
-        included); ``cap_frac`` counts against the plan's :attr:`~grpo_lab.plan.ObjectiveArgs.diagnostic_cap`. With
+        included), raw and as ``is_correction`` applies them. With
         ``offpolicy_split``, the :func:`offpolicy_split` too: log π_sync from the sampler, by micro-batch."""
         tv = float(tv_terms(logp_k, rollout.logp_alpha, rollout.mask).mean())
         split = {}
@@ -338,7 +367,8 @@ class GRPOLoop:
             with torch.no_grad():
                 logp_sync = torch.cat([self.sampler.synced_logprobs(rollout, rows) for rows in chunks])
             split = offpolicy_split(logp_k, logp_sync, rollout.logp_alpha, rollout.mask)
-        ratios = ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, plan.objective.diagnostic_cap)
+        ratios = ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, plan.objective.is_correction,
+                                   plan.objective.is_cap)
         return {"tv_estimate": tv, **ratios, **split}
 
     def state_dict(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ completion tokens) and per sequence (``T = 1``). Sign convention: the paper
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .checks import require_choice, require_number_in, require_same_shape
@@ -21,7 +23,9 @@ IS_CORRECTIONS = ("ratio", "truncated", "none")
 NO_TOKEN_METRICS: dict[str, float] = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0,
                                       "ratio_k_max": 0.0, "log_ratio_k_abs": 0.0, "num_tokens": 0}
 """The metrics of :func:`grpo_objective` over no counted token."""
-RATIO_DIAGNOSTICS = ("ess_token", "ess_seq", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max", "cap_frac")
+RATIO_DIAGNOSTICS = ("ess_token", "ess_seq", "ess_token_applied", "log_ratio_k_min", "log_ratio_k_p50",
+                     "log_ratio_k_p99", "log_ratio_k_max", "log_weight_min", "log_weight_p50", "log_weight_p99",
+                     "log_weight_max", "cap_frac")
 """The names of :func:`ratio_diagnostics`' values."""
 OFFPOLICY_SPLIT = ("staleness_abs", "mismatch_abs", "staleness_share")
 """The names of :func:`offpolicy_split`'s values."""
@@ -125,42 +129,49 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
 
 
 def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_mask: torch.Tensor,
-                      cap: float | None = None) -> dict[str, float]:
-    """Statistics of the importance weights w = r′ = π_k/α before any clip, cap or mask (docs/metrics.md).
+                      is_correction: str = "ratio", is_cap: float = 2.0) -> dict[str, float]:
+    """Statistics of the importance weights over the sampled tokens, raw and as applied (docs/metrics.md).
 
-    Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence b's sampled tokens)::
+    Raw: w = r′ = π_k/α, before any clip, cap or mask. Applied: the weight the first pass puts on the token's
+    A·∇log π under ``is_correction`` (:func:`is_correction_terms`): r′ (``ratio``), min(r′, C) (``truncated``),
+    1 (``none``). Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence b's sampled tokens)::
 
-        ess_token = (Σ_t w_t)² / (n_tok · Σ_t w_t²)      ess_seq likewise over the n_seq sequences w_b
-        log_ratio_k_p50 / _p99 / _max = median / 99th percentile / max of log r′ over sampled tokens
-        cap_frac = share of sampled tokens with r′ outside [1/C, C]   (0 when ``cap`` is None)
+        ess_token         = (Σ_t w_t)² / (n_tok · Σ_t w_t²)     of the raw weights; ess_seq likewise over w_b
+        ess_token_applied = the same of the applied weights
+        log_ratio_k_min / _p50 / _p99 / _max = min / median / 99th percentile / max of log r′ (raw)
+        log_weight_min / _p50 / _p99 / _max  = the same of the applied weights' logs
+        cap_frac          = share of sampled tokens with r′ > C under ``truncated`` (the cap binds); else 0
 
-    ESS/n lies in (0, 1], = 1 exactly when all weights are equal (on-policy: every r′ = 1).
+    ESS/n lies in (0, 1] and is the fraction of a sample that each weighted one is worth (n/ESS is the variance
+    inflation of a weighted mean); = 1 exactly when all weights are equal (on-policy: every r′ = 1).
 
-    ================ ========== =================================================
-    argument         shape      meaning
-    ================ ========== =================================================
-    ``logp_k``       ``[B, T]`` log π_k of the sampled tokens
-    ``logp_alpha``   ``[B, T]`` log α of the same tokens
-    ``sampled_mask`` ``[B, T]`` the tokens α sampled (padding False), every group
-    ``cap``          scalar     C of ``is_correction="truncated"``, or None
-    ================ ========== =================================================
+    ================= ========== =================================================
+    argument          shape      meaning
+    ================= ========== =================================================
+    ``logp_k``        ``[B, T]`` log π_k of the sampled tokens
+    ``logp_alpha``    ``[B, T]`` log α of the same tokens
+    ``sampled_mask``  ``[B, T]`` the tokens α sampled (padding False), every group
+    ``is_correction`` str        the correction (``GRPOConfig.is_correction``)
+    ``is_cap``        scalar     C > 1, read under ``truncated`` only
+    ================= ========== =================================================
 
-    With no sampled token the values are an on-policy batch's: ESS 1, quantiles 0, cap_frac 0.
+    With no sampled token the values are an on-policy batch's: ESS 1, logs 0, cap_frac 0.
     """
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, sampled_mask=sampled_mask)
-    if cap is not None:
-        cap = require_number_in("cap", cap, 1.0, low_open=True)
+    base, weight = is_correction_terms(logp_k.detach().to(torch.float64), logp_alpha.detach().to(torch.float64),
+                                       is_correction, is_cap)
     sampled = sampled_mask.bool()
-    log_ratio = (logp_k.detach() - logp_alpha.detach()).to(torch.float64)
-    tokens = log_ratio[sampled]
-    rows = sampled.any(dim=1)
-    if tokens.numel() == 0:
-        return dict(zip(RATIO_DIAGNOSTICS, (1.0, 1.0, 0.0, 0.0, 0.0, 0.0), strict=True))
-    sequences = torch.where(sampled, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)[rows]
-    quantiles = torch.quantile(tokens, torch.tensor([0.5, 0.99], dtype=torch.float64))
-    outside = (tokens.abs() > torch.log(torch.tensor(cap, dtype=torch.float64))) if cap is not None else None
-    values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences), *quantiles, tokens.max(),
-                          outside.to(torch.float64).mean() if outside is not None else tokens.new_zeros(())])
+    if not sampled.any():
+        return {**dict.fromkeys(RATIO_DIAGNOSTICS, 0.0), "ess_token": 1.0, "ess_seq": 1.0, "ess_token_applied": 1.0}
+    log_ratio = logp_k.detach().to(torch.float64) - logp_alpha.detach().to(torch.float64)
+    log_applied = (logp_k.detach().to(torch.float64) - base) + (0.0 if weight is None else weight.log())
+    tokens, applied = log_ratio[sampled], log_applied[sampled]
+    sequences = torch.where(sampled, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)[sampled.any(dim=1)]
+    levels = torch.tensor([0.5, 0.99], dtype=torch.float64)
+    capped = (tokens > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
+    values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences), _normalised_ess(applied),
+                          tokens.min(), *torch.quantile(tokens, levels), tokens.max(),
+                          applied.min(), *torch.quantile(applied, levels), applied.max(), capped])
     return dict(zip(RATIO_DIAGNOSTICS, values.tolist(), strict=True))
 
 

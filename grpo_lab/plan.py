@@ -48,12 +48,6 @@ class ObjectiveArgs:
         """The keyword arguments of ``grpo_objective``."""
         return dict(vars(self))
 
-    @property
-    def diagnostic_cap(self) -> float | None:
-        """The cap C that :func:`~grpo_lab.objective.ratio_diagnostics`' ``cap_frac`` counts against: ``is_cap``
-        where the correction truncates (``is_correction="truncated"``), else None."""
-        return self.is_cap if self.is_correction == "truncated" else None
-
 
 @dataclass(frozen=True, eq=False)
 class StepPlan:

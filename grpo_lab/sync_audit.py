@@ -1,4 +1,8 @@
-"""Did the sync take? After α ← π_θ, check that the sampler now serves π_θ's weights (docs/metrics.md).
+"""Did the sync take? The second line of the sync audit: α's behaviour on a probe (docs/metrics.md).
+
+The first line proves the weights (:mod:`grpo_lab.fingerprint`): every tensor the sampler serves against
+π_θ's. This module judges behaviour instead, which catches what fingerprints cannot (right bytes served
+through a wrong layout), but only conditionally: see the end of this docstring.
 
 A sync that silently does nothing (an engine asleep during the push, weights loaded under the wrong names,
 a tied LM head left behind, a sampler whose ``sync`` forgot a tensor) leaves α at old weights while the run
@@ -28,7 +32,12 @@ away, so on a few tokens α's move can be a fraction of π_θ's at one sync and 
 (docs/benchmarks.md, sync audit); the margin covers that too, at the price of judging such a run only after
 π_θ moved by several mismatches. With a float32 engine M is tiny and a sync is judged as soon as π_θ moves.
 What the rule does not catch: a sync that moves α as far as π_θ moved, but elsewhere (wrong weights loaded
-in full); the lag-0 metrics show that one (``log_ratio_k_abs``, ``mismatch_abs``).
+in full), nor one that misses a tensor whose change is small (α still moves more than half as far). And its
+no-false-alarm argument needs the mismatch to stay within 2·M: a bfloat16 engine fed float32 weights moved
+the batch mismatch from 0.038 to 0.725 nats a token within two steps (``results/offpolicy_split``), and at
+M ≈ 0.7 a sync is judged only after π_θ moved τ + 4.2 nats a token on the probe, effectively never. There "no
+SyncError" from this rule is no evidence that a sync took: its verdict says ``"not judged yet"``, and only
+the weights' proof stands.
 """
 
 from __future__ import annotations
@@ -63,6 +72,11 @@ CHECKS = ("the sampler's sync (does it copy every weight into the engine that sa
           "the engine's weight loading (vLLM: reload_weights / load_weights, a tied LM head)",
           "sleep mode (an engine asleep during the push keeps its old weights)")
 """What a :class:`SyncError` tells to check."""
+
+
+JUDGED, NOT_JUDGED = "judged", "not judged yet"
+"""The probe's verdicts: the sync was judged and took, or π_θ has not moved far enough since the reference to
+judge it (the first call, the reference, included)."""
 
 
 class SyncError(RuntimeError):
@@ -126,25 +140,26 @@ class SyncAudit:
         """Forget the reference and M (α was replaced by other means than a sync, e.g. a resume)."""
         self.reference, self.mismatch = None, 0.0
 
-    def check(self, logp_policy: torch.Tensor, logp_alpha: torch.Tensor, step: int) -> None:
+    def check(self, logp_policy: torch.Tensor, logp_alpha: torch.Tensor, step: int) -> str:
         """Judge the sync of step ``step`` from log π_θ and log α of the probe's tokens (1-D, the same tokens
-        at every call); the first call, right after a sync, only keeps them as the reference. Raises
-        :class:`SyncError`. Scores that are not all finite are not judged (nor kept): a non-finite log π_θ is the
-        loss's to report, with the step and pass named."""
+        at every call); the first call, right after a sync, only keeps them as the reference. Returns the
+        verdict, :data:`JUDGED` or :data:`NOT_JUDGED`; raises :class:`SyncError` (the verdict "failed").
+        Scores that are not all finite are not judged (nor kept): a non-finite log π_θ is the loss's to report,
+        with the step and pass named."""
         if logp_policy.shape != logp_alpha.shape or logp_policy.dim() != 1 or logp_policy.numel() == 0:
             raise ValueError(f"the probe's scores must be two 1-D tensors of one length > 0, got "
                              f"{tuple(logp_policy.shape)} and {tuple(logp_alpha.shape)}")
         logp_policy, logp_alpha = logp_policy.detach().double().cpu(), logp_alpha.detach().double().cpu()
         if not (torch.isfinite(logp_policy).all() and torch.isfinite(logp_alpha).all()):
-            return
+            return NOT_JUDGED
         gap = float((logp_alpha - logp_policy).abs().mean())
         if self.reference is None:
             self.reference, self.mismatch = (logp_policy, logp_alpha, step), gap
-            return
+            return NOT_JUDGED
         policy_then, alpha_then, then = self.reference
         moved = float((logp_policy - policy_then).abs().mean())
         if moved <= self.tolerance + MISMATCH_MARGIN * self.mismatch:
-            return
+            return NOT_JUDGED
         followed = float((logp_alpha - alpha_then).abs().mean())
         if followed < moved / 2:
             raise SyncError(
@@ -153,3 +168,4 @@ class SyncAudit:
                 f"the engine's mismatch there is at most {self.mismatch:.3g}): α still serves old weights. Check "
                 + "; ".join(CHECKS) + ". (sync_audit=False turns this off.)")
         self.reference, self.mismatch = (logp_policy, logp_alpha, step), max(self.mismatch, gap)
+        return JUDGED

@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import re
 import select
 import shutil
 import signal
@@ -39,12 +40,14 @@ from reliability_runs import (
     tensors_of,
     train_config,
 )
+from sync_faults import FAULTS, pushed
 
 from grpo_lab.files import DiskError
 from grpo_lab.lm.memory import estimate_checkpoint
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import CHECKPOINT_FILE, LOCK_FILE, load_metrics, train
+from grpo_lab.sync_audit import SyncError
 
 
 @dataclass
@@ -554,6 +557,41 @@ def read_only_mid_run(tmp: Path, kind: str) -> Outcome:
     outcome.note = f"made read-only by {how[0] if how else '-'}: {outcome.note}"
     return outcome
 
+
+def sync_fault(tmp: Path, kind: str, fault: str) -> Outcome:
+    """A sync with one of tests/sync_faults.py's faults, on the tiny LM at v = 1: the run stops with a SyncError
+    naming the tensor, at the first sync after π_θ moved, before that step's batch (the sync not committed)."""
+    outcome = Outcome(f"a sync that {fault} ({kind})")
+    loop = make_loop(kind, train_config(kind, tmp / "run", v=1, steps=6), layers=2)  # two down_proj to swap
+    sampler = loop.sampler
+    if fault == "leaves a tied LM head behind":
+        head = sampler.model.lm_head
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+
+    def faulty(policy: Any) -> int:
+        targets = dict(sampler.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in pushed(policy.model.named_parameters(), fault):
+                targets[name].copy_(tensor)
+        return 0
+
+    sampler.sync = faulty
+    try:
+        list(loop.run())
+        outcome.checks["raised SyncError"] = False
+    except SyncError as error:
+        outcome.checks["raised SyncError naming the tensor"] = re.search(FAULTS[fault], str(error)) is not None
+        outcome.checks["at a sync step, before its batch"] = (f"step {loop.k} " in str(error)
+                                                             and len(loop.history) == loop.k)
+        outcome.checks["the failed sync not committed"] = loop.schedule.last_sync == loop.k - 1
+        outcome.checks["every earlier sync proved"] = all(r.weights_audit == "proved" for r in loop.history)
+    return outcome
+
+
+SYNC_SCENARIOS: dict[str, Callable[[Path, str], Outcome]] = {
+    f"sync_{fault.replace(' ', '_')}": (lambda tmp, kind, fault=fault: sync_fault(tmp, kind, fault))
+    for fault in FAULTS}
+"""The sync faults, on the tiny LM only: the bandit's tabular α has no weights to fingerprint."""
 
 SCENARIOS: dict[str, Callable[[Path, str], Outcome]] = {
     "crash_mid_checkpoint": crash_mid_checkpoint, "nan_gradient": nan_gradient,

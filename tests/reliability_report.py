@@ -16,7 +16,9 @@ they share (``tests/bad_input_catalogue.py``, ``tests/hostile_answers.py``, ``te
   step inside ``train``, KeyboardInterrupt/SIGINT while sampling, training and syncing; a disk too
   full for the checkpoints before the run, a disk that fills in the middle of a checkpoint or of a
   metrics line, a read-only output_dir from the start or mid-run), and a math-verify worker killed
-  mid-call: each must stop clearly, resume bit for bit, lose nothing;
+  mid-call: each must stop clearly, resume bit for bit, lose nothing; on the tiny LM also the sync faults of
+  ``tests/sync_faults.py`` (a sync that does nothing, skips a norm's weight or a large tensor, swaps two
+  layers' ``down_proj``, leaves a tied LM head behind): each must stop with a ``SyncError`` naming the tensor;
 * **determinism** (slow) — 2 steps of the real SmolLM2-135M on CPU: same seed twice, then another seed;
 * **memory** (slow) — the guard's estimate against the peak RSS of 2 real SmolLM2 steps in a fresh
   process, for two batch shapes. The peak is ``VmHWM``, reset once the model is loaded
@@ -168,7 +170,8 @@ def faults(kinds: tuple[str, ...]) -> dict[str, Any]:
     """Every scenario on every kind of run, plus the verifier kill."""
     outcomes = []
     for kind in kinds:
-        for name, scenario in scenarios.SCENARIOS.items():
+        sync_faults = scenarios.SYNC_SCENARIOS if kind == "lm" else {}
+        for name, scenario in {**scenarios.SCENARIOS, **sync_faults}.items():
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 try:

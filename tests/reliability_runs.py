@@ -23,8 +23,9 @@ from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics, train
 
 REPO = Path(__file__).resolve().parent.parent
-TIMING = ("sample_seconds", "train_seconds", "sync_seconds", "audit_seconds")
-"""Wall-clock fields of a record: the only ones two identical runs may differ in."""
+TIMING = ("sample_seconds", "train_seconds", "sync_seconds", "audit_seconds", "probe_audit")
+"""The fields two identical runs may differ in: wall-clock times, and the probe's verdict (a resumed run's probe
+takes a new reference at its first sync, so a sync the uninterrupted run judged is "not judged yet" there)."""
 
 
 
@@ -35,11 +36,11 @@ def tokenizer() -> Any:
     return tok
 
 
-def tiny_model(seed: int = 0) -> LlamaForCausalLM:
+def tiny_model(seed: int = 0, layers: int = 1) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     tok = tokenizer()
     return LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                         tie_word_embeddings=True))
 
@@ -61,11 +62,12 @@ def train_config(kind: str, output_dir: Path | str, **changes: Any) -> TrainConf
     return TrainConfig(**{**base, "checkpoint_every": 2, "seed": 0, "output_dir": str(output_dir), **changes})
 
 
-def make_loop(kind: str, config: TrainConfig, checkpoint: Path | None = None) -> Any:
-    """The run of ``kind`` on the tiny LM or the bandit; ``checkpoint``: the LM's disk guard checks room for it."""
+def make_loop(kind: str, config: TrainConfig, checkpoint: Path | None = None, layers: int = 1) -> Any:
+    """The run of ``kind`` on the tiny LM (of ``layers`` blocks) or the bandit; ``checkpoint``: the LM's disk
+    guard checks room for it."""
     if kind == "bandit":
         return build_bandit_loop(BanditProblem.random(contexts=4, arms=3, seed=0), config, runs=2)
-    loop = build_loop(config, tiny_model(), tokenizer(), list(problems()), checkpoint=checkpoint)
+    loop = build_loop(config, tiny_model(layers=layers), tokenizer(), list(problems()), checkpoint=checkpoint)
     loop.task.reward_fn = even_length
     return loop
 

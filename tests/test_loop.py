@@ -270,7 +270,7 @@ def test_ess_falls_as_the_lag_grows_on_the_bandit():
     assert all(r.cap_frac == 0 for records in runs.values() for r in records)  # is_correction = "ratio"
 
 
-def test_cap_frac_counts_ratios_outside_the_cap_under_truncated():
+def test_cap_frac_counts_ratios_above_the_cap_under_truncated():
     from grpo_lab.exact.bandit import run_bandit
 
     problem = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)

@@ -236,21 +236,22 @@ def test_closed_form_empty_step_matches_the_loop(changes, empty_step):
 
 # ----------------------------------------------------------------------------- the loss's knobs, resolved once
 
-@pytest.mark.parametrize("changes, eps_high, cap", [
-    (dict(), 0.2, None),
-    (dict(eps_high=0.28, is_correction="truncated", is_cap=1.5), 0.28, 1.5),
-    (dict(eps_low=0.1, is_correction="none", is_cap=1.5), 0.1, None),
+@pytest.mark.parametrize("changes, eps_high", [
+    (dict(), 0.2),
+    (dict(eps_high=0.28, is_correction="truncated", is_cap=1.5), 0.28),
+    (dict(eps_low=0.1, is_correction="none", is_cap=1.5), 0.1),
 ])
-def test_the_plan_carries_the_objectives_knobs_resolved(changes, eps_high, cap):
-    """StepPlan.objective: ε_high None → ε_low, the cap the diagnostics count against only where the correction
-    truncates, and exactly grpo_objective's keyword knobs (so a driver passes them whole)."""
+def test_the_plan_carries_the_objectives_knobs_resolved(changes, eps_high):
+    """StepPlan.objective: ε_high None → ε_low, the correction and its cap (the ratio diagnostics read them too),
+    and exactly grpo_objective's keyword knobs (so a driver passes them whole)."""
     import inspect
 
     from grpo_lab import grpo_objective
 
     config = GRPOConfig(G=2, beta=0.1, kl_kind="k2", band="multiplicative", level="sequence", **changes)
     objective = plan_step(REWARDS, SAMPLED, config).objective
-    assert objective.eps_high == eps_high and objective.eps_low == config.eps_low and objective.diagnostic_cap == cap
+    assert objective.eps_high == eps_high and objective.eps_low == config.eps_low
+    assert (objective.is_correction, objective.is_cap) == (config.is_correction, config.is_cap)
     assert (objective.beta, objective.kl_kind, objective.band, objective.level) == (0.1, "k2", "multiplicative",
                                                                                       "sequence")
     knobs = {name for name, p in inspect.signature(grpo_objective).parameters.items()

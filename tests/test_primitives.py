@@ -490,23 +490,35 @@ def test_ratio_diagnostics_hand_computed():
     ratio = torch.tensor([[1.0, 2.0, 100.0], [0.5, 4.0, 1.5]], dtype=torch.float64)
     logp_alpha = torch.full((2, 3), -2.0, dtype=torch.float64)
     mask = torch.tensor([[True, True, False], [True, True, True]])
-    d = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, cap=3.0)
+    d = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, "truncated", 3.0)
     assert d["ess_token"] == pytest.approx(9.0 ** 2 / (5 * 23.5))      # Σw = 9, Σw² = 23.5
     assert d["ess_seq"] == pytest.approx(5.0 ** 2 / (2 * (4 + 9)))       # w_b = 2, 3
+    assert d["log_ratio_k_min"] == pytest.approx(math.log(0.5))
     assert d["log_ratio_k_p50"] == pytest.approx(math.log(1.5))
     assert d["log_ratio_k_p99"] == pytest.approx(math.log(2) + 0.96 * (math.log(4) - math.log(2)))
     assert d["log_ratio_k_max"] == pytest.approx(math.log(4))
-    assert d["cap_frac"] == pytest.approx(1 / 5)                         # only 4 lies outside [1/3, 3]
-    assert ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask)["cap_frac"] == 0
+    assert d["cap_frac"] == pytest.approx(1 / 5)                         # only r′ = 4 lies above C = 3
+    # applied under truncated: [1, 2, 0.5, 3, 1.5], Σ = 8, Σ² = 16.5
+    assert d["ess_token_applied"] == pytest.approx(8.0 ** 2 / (5 * 16.5))
+    assert d["log_weight_min"] == pytest.approx(math.log(0.5)) and d["log_weight_max"] == pytest.approx(math.log(3))
+    assert d["log_weight_p50"] == pytest.approx(math.log(1.5))
+    assert d["log_weight_p99"] == pytest.approx(math.log(2) + 0.96 * (math.log(3) - math.log(2)))
+    ratio_applied = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask)    # "ratio": applied = raw
+    assert ratio_applied["cap_frac"] == 0 and ratio_applied["ess_token_applied"] == pytest.approx(d["ess_token"])
+    assert ratio_applied["log_weight_max"] == pytest.approx(math.log(4))
+    none = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, "none")     # every applied weight 1
+    assert none["ess_token_applied"] == pytest.approx(1.0) and none["log_weight_min"] == none["log_weight_max"] == 0
 
 
 def test_ess_is_one_when_every_ratio_is_one_and_scale_free():
     from grpo_lab.objective import ratio_diagnostics
     logp = -torch.rand(6, 4, generator=torch.Generator().manual_seed(2)) * 3
     mask = torch.rand(6, 4, generator=torch.Generator().manual_seed(3)) > 0.3
-    d = ratio_diagnostics(logp, logp.clone(), mask, cap=2.0)
-    assert d == {"ess_token": pytest.approx(1.0), "ess_seq": pytest.approx(1.0), "log_ratio_k_p50": 0.0,
-                 "log_ratio_k_p99": 0.0, "log_ratio_k_max": 0.0, "cap_frac": 0.0}
+    d = ratio_diagnostics(logp, logp.clone(), mask, "truncated", 2.0)
+    assert d == {"ess_token": pytest.approx(1.0), "ess_seq": pytest.approx(1.0),
+                 "ess_token_applied": pytest.approx(1.0),
+                 **{f"{kind}_{q}": 0.0 for kind in ("log_ratio_k", "log_weight") for q in ("min", "p50", "p99", "max")},
+                 "cap_frac": 0.0}
     # a constant shift of every log r′ leaves ESS/n unchanged, even one that would overflow exp
     shifted = ratio_diagnostics(logp + 800.0, logp, torch.ones(6, 4, dtype=torch.bool))
     assert shifted["ess_token"] == pytest.approx(1.0) and shifted["ess_seq"] == pytest.approx(1.0)

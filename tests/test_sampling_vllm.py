@@ -122,9 +122,10 @@ class FakeLLM:
         return [None]
 
     def apply_model(self, func) -> list:
-        """The engine's model here is not vLLM's (no tied ``lm_head`` to re-point): a no-op for the re-tie."""
+        """``func`` on the engine's model, which here is not vLLM's: no LM head to re-tie (the re-tie is a no-op),
+        and no fused or repacked layer (its fingerprints are plain rows)."""
         self.rpc_calls.append("apply_model")
-        return [func(SimpleNamespace())]
+        return [func(self.model)]
 
     def reset_prefix_cache(self) -> bool:
         self.cache_resets += 1

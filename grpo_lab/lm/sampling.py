@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..checks import require_int_at_least, require_number_in, require_truncation
+from ..fingerprint import prove, served_rows
 from ..rollout import Rollout
 from .decoding import Decoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
@@ -326,6 +327,14 @@ class HFSampler:
         return self._bytes
 
     @torch.no_grad()
+    def prove_sync(self, policy: LMPolicy, step: int) -> None:
+        """Prove that α serves π_θ's weights (:func:`grpo_lab.fingerprint.prove`; raises ``SyncError``): every
+        tensor α's model reads — its parameters under every name (a tied LM head under its own) and its buffers —
+        against π_θ's."""
+        sources = dict(_named_tensors(policy.model, remove_duplicate=False))
+        prove(served_rows(_named_tensors(self.model, remove_duplicate=False)), sources, step)
+
+    @torch.no_grad()
     def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """log π_sync of ``rollout.completions[rows]`` ``[b, T]``: α's model (the last sync's weights) scored by a
         frozen copy of the policy, as it scores π_θ — a whole forward at T, untruncated; no extra memory."""
@@ -344,6 +353,8 @@ class HFSampler:
         return self.model.load_state_dict(state)
 
 
-def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters then buffers, each shared tensor once (tied weights)."""
-    return list(model.named_parameters()) + list(model.named_buffers())
+def _named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, each shared tensor once (tied weights), or under each of its names."""
+    return [*model.named_parameters(remove_duplicate=remove_duplicate),
+            *model.named_buffers(remove_duplicate=remove_duplicate)]
+

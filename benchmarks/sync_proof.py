@@ -1,0 +1,64 @@
+"""The weights' proof's cost against the sync it checks (issue 36 §1; target ≤ 10 %).
+
+Times, interleaved over the repeats so both see the same machine load, a sampler's ``sync(policy)`` and its
+``prove_sync(policy, k)`` (:mod:`grpo_lab.fingerprint`: both sides' fingerprints and their comparison) on the
+bundled SmolLM2-135M, float32 trainer, π_θ nudged before each sync so every sync moves real bytes. Prints the
+medians and proof / sync. ``--sampler vllm`` needs vLLM (``.venv-vllm``, ``make setup-vllm``)::
+
+    python benchmarks/sync_proof.py [--sampler hf|vllm] [--engine-dtype float32|bfloat16] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from grpo_lab.lm.models import bundled_model_dir, load_policy
+from grpo_lab.lm.policy import LMPolicy
+
+TARGET = 0.10
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sampler", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--engine-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+
+    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    policy = LMPolicy(model, 0.7)
+    if args.sampler == "hf":
+        from grpo_lab.lm.sampling import HFSampler
+
+        sampler = HFSampler(policy, tokenizer, 8)
+        label = f"HFSampler ({type(sampler.decoder).__name__})"
+    else:
+        from grpo_lab.lm.sampling_vllm import VLLMSampler
+
+        sampler = VLLMSampler(policy, tokenizer, str(bundled_model_dir()), 8, dtype=args.engine_dtype,
+                              engine_kwargs={"max_model_len": 128, "enforce_eager": True})
+        label = f"VLLMSampler ({args.engine_dtype} engine)"
+    syncs, proofs = [], []
+    for k in range(args.repeats):
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(1e-4 * p.abs().mean())
+        start = time.perf_counter()
+        sampler.sync(policy)
+        syncs.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        sampler.prove_sync(policy, k)
+        proofs.append(time.perf_counter() - start)
+    sync, proof = statistics.median(syncs), statistics.median(proofs)
+    print(f"{label}, SmolLM2-135M fp32 trainer, {torch.get_num_threads()} torch threads, load "
+          f"{os.getloadavg()[0]:.1f}: sync {sync * 1e3:.1f} ms, proof {proof * 1e3:.1f} ms (medians of "
+          f"{args.repeats}); proof / sync = {proof / sync:.2f} (target ≤ {TARGET})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The weights' proof (grpo_lab.fingerprint): the fingerprint's lines and layout, then every sync fault of
+tests/sync_faults.py on HFSampler and on the TRL route's in-process α, each caught with the
+tensor named, and good syncs proved in a run."""
+
+import pytest
+import torch
+from sync_faults import FAULTS, nudge, pushed
+from tiny_lm import EvenTokenTask, tiny_model, word_tokenizer
+
+from grpo_lab import GRPOConfig, GRPOLoop
+from grpo_lab.fingerprint import LINES, crc, line_indices, pick, prove, served_rows
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler
+from grpo_lab.sync_audit import SyncError
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return word_tokenizer()
+
+
+# ----------------------------------------------------------------------------- the fingerprint
+
+def test_lines_are_fixed_and_cover_short_axes_whole():
+    assert torch.equal(line_indices(1000), line_indices(1000)) and len(line_indices(1000)) == LINES
+    assert torch.equal(line_indices(7), torch.arange(7))
+    assert len(set(line_indices(1000).tolist())) == LINES
+
+
+def test_fused_lines_are_the_parts_lines_and_columns_are_a_products():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 40, generator=g) for n in (64, 16, 16))
+    fused = torch.cat([q, k, v])
+    assert torch.equal(pick([q, k, v], "rows", torch.float32), pick([fused], "rows", torch.float32))
+    columns = line_indices(40)
+    one_hot = torch.zeros(len(columns), 40)
+    one_hot[torch.arange(len(columns)), columns] = 1
+    product = one_hot @ fused.to(torch.bfloat16).float().t()            # what an engine's kernel returns
+    assert crc(product.to(torch.bfloat16)) == crc(pick([q, k, v], "columns", torch.bfloat16))
+
+
+def test_a_cast_a_tied_head_and_a_missing_tensor():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 8, generator=g)
+    served = served_rows([("a.weight", w.to(torch.bfloat16)), ("lm_head.weight", w.to(torch.bfloat16))])
+    prove(served, {"a.weight": w, "lm_head.weight": w}, step=3)          # bf16 of fp32 weights: proved
+    with pytest.raises(SyncError, match=r"step 3 cannot be proved: π_θ's \['b'\] are served by no tensor"):
+        prove(served, {"a.weight": w, "lm_head.weight": w, "b": w}, step=3)
+    with pytest.raises(SyncError, match="serves 'c', which π_θ has no tensor for"):
+        prove(served_rows([("c", w)]), {"a.weight": w}, step=0)
+    stale = w.clone()
+    stale[line_indices(50)[5], 0] += 0.1                              # above a bf16 rounding
+    with pytest.raises(SyncError, match=r"step 4 did not take: 'lm_head.weight' differs — the sampler serves "
+                                        r"fingerprint [0-9a-f]{8}, π_θ's \(cast to torch.bfloat16\) is [0-9a-f]{8}"):
+        prove(served_rows([("a.weight", w.to(torch.bfloat16)), ("lm_head.weight", stale.to(torch.bfloat16))]),
+              {"a.weight": w, "lm_head.weight": w}, step=4)
+
+
+# ----------------------------------------------------------------------------- HFSampler
+
+def hf_faulty_sync(sampler: HFSampler, policy: LMPolicy, fault: str) -> None:
+    """α ← π_θ as a sync with ``fault`` does it (by name, into α's own tensors)."""
+    targets = dict(sampler.model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in pushed(policy.model.named_parameters(), fault):
+            targets[name].copy_(tensor)
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_hf_sampler_faults_are_caught_with_the_tensor_named(tokenizer, fault):
+    policy = LMPolicy(tiny_model(), 1.0)
+    sampler = HFSampler(policy, tokenizer, 8)
+    sampler.prove_sync(policy, step=0)                                  # α is π_θ's copy: proved
+    if fault == "leaves a tied LM head behind":                          # α's head stops sharing the embedding
+        head = sampler.model.lm_head
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    nudge(policy.model)
+    hf_faulty_sync(sampler, policy, fault)
+    with pytest.raises(SyncError, match=rf"step 5 did not take: {FAULTS[fault]}"):
+        sampler.prove_sync(policy, step=5)
+
+
+def test_a_run_proves_every_sync_and_logs_the_verdicts(tokenizer):
+    config = GRPOConfig(G=4, prompts_per_step=2, max_completion_length=8, lr=1e-2, steps=4, seed=0, v=2)
+    policy = LMPolicy(tiny_model(), config.temperature)
+    loop = GRPOLoop(policy, HFSampler(policy, tokenizer, 8), EvenTokenTask(), config)
+    records = list(loop.run())
+    assert [r.weights_audit for r in records] == ["proved", "", "proved", ""]
+    assert [r.probe_audit for r in records] == ["not judged yet", "", "judged", ""]
+
+
+def test_a_run_with_a_faulty_sync_stops_at_the_first_sync_after_a_step(tokenizer):
+    config = GRPOConfig(G=4, prompts_per_step=2, max_completion_length=8, lr=1e-2, steps=4, seed=0, v=1)
+    policy = LMPolicy(tiny_model(), config.temperature)
+    sampler = HFSampler(policy, tokenizer, 8)
+    sampler.sync = lambda p: hf_faulty_sync(sampler, p, "skips a norm's weight") or 0
+    loop = GRPOLoop(policy, sampler, EvenTokenTask(), config)
+    with pytest.raises(SyncError, match=r"step 1 did not take: 'model.norm.weight' differs"):
+        list(loop.run())
+    assert [r.weights_audit for r in loop.history] == ["proved"]
+
+
+# ----------------------------------------------------------------------------- the TRL route (in-process α)
+
+@pytest.fixture(scope="module")
+def tied_model_dir(tmp_path_factory):
+    """trl_two_process's tiny Llama with its LM head tied to the embedding."""
+    import trl_two_process as two
+    from transformers import LlamaForCausalLM
+
+    path = two.build_tiny_model(tmp_path_factory.mktemp("tied_llama"))
+    model = LlamaForCausalLM.from_pretrained(path)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(path)
+    return path
+
+
+def alternating_reward(completions, **kwargs):
+    return [float(j % 2) for j in range(len(completions))]
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_trl_route_faults_are_caught_with_the_tensor_named(tied_model_dir, tmp_path, monkeypatch, fault):
+    import trl_two_process as two
+    from datasets import Dataset
+
+    from grpo_lab.scale.trl import OffPolicyGRPOTrainer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = two.make_config(str(tmp_path / "out"), 1, 8, max_steps=3, vllm_sync_interval=1)
+    trainer = OffPolicyGRPOTrainer(model=tied_model_dir, reward_funcs=alternating_reward, args=config,
+                                   train_dataset=Dataset.from_dict({"prompt": list(two.TRAIN_PROMPTS)}))
+    alpha, policy = trainer.alpha_model, trainer.accelerator.unwrap_model(trainer.model)
+    assert alpha.lm_head.weight is alpha.model.embed_tokens.weight
+    if fault == "leaves a tied LM head behind":
+        alpha.lm_head.weight = torch.nn.Parameter(alpha.lm_head.weight.detach().clone(), requires_grad=False)
+
+    def faulty_sync() -> None:
+        targets = dict(alpha.named_parameters())
+        with torch.no_grad():
+            for name, tensor in pushed(policy.named_parameters(), fault):
+                targets[name].copy_(tensor)
+
+    trainer._sync_sampler = faulty_sync
+    # swapped names differ from π_θ already at step 0's sync; the other faults only once π_θ moved
+    step = 0 if fault == "swaps two layers' down_proj" else 1
+    with pytest.raises(SyncError, match=rf"step {step} did not take: {FAULTS[fault]}"):
+        trainer.train()
+    assert trainer.sync_steps == list(range(step))
