@@ -52,7 +52,7 @@ from ..lm.sampling import stop_and_pad_ids, truncate_logprobs
 from ..lm.tasks import Problem, build_prompt
 from .strict_answers import StrictAnswers, answer_char
 
-THRESHOLD = 1e-6
+THRESHOLD = 1e-5
 """Default τ: branches below this probability are pruned (docs/benchmarks.md gives the pruned mass it leaves)."""
 QUESTIONS_PER_BATCH = 16
 """Questions walked together (one KV cache): more is faster per question and holds more memory."""
