@@ -6,7 +6,7 @@ at the CPU recipes' sampling settings (T = 0.7, T_max = 8), and prints wall and 
 threads, the load average before and after, the mean J_low and the largest pruned mass (the bound on the
 error of any one question's J). Target: the study task's whole question set in ≤ 30 s on the 2-core CPU.
 
-    python benchmarks/exact_j.py [--task add1] [--draws 4000] [--threshold 1e-6] [--threads N]
+    python benchmarks/exact_j.py [--task add1] [--threshold 1e-5] [--threads N]
                                  [--questions-per-batch 16] [--limit Q]
 """
 
@@ -21,21 +21,12 @@ import torch
 
 from grpo_lab.exact.strict_j import QUESTIONS_PER_BATCH, THRESHOLD, Sampling, exact_evaluate
 from grpo_lab.lm.models import load_policy
-from grpo_lab.lm.tasks import Problem, load_problems
-
-
-def question_set(task: str, draws: int, seed: int = 0) -> list[Problem]:
-    """The distinct questions among ``draws`` problems of a generated task (all of add1's 121 for 4,000 draws)."""
-    seen: dict[str, Problem] = {}
-    for problem in load_problems(task, draws, seed=seed):
-        seen.setdefault(problem.question, problem)
-    return list(seen.values())
+from grpo_lab.lm.tasks import all_questions
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="add1")
-    parser.add_argument("--draws", type=int, default=4000, help="problems drawn to find the distinct questions")
     parser.add_argument("--limit", type=int, default=None, help="time only the first Q distinct questions")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     parser.add_argument("--questions-per-batch", type=int, default=QUESTIONS_PER_BATCH)
@@ -45,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    problems = question_set(args.task, args.draws)[:args.limit]
+    problems = all_questions(args.task)[:args.limit]
     model, tokenizer = load_policy()
     sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
     load_before, cpu, start = os.getloadavg(), time.process_time(), time.perf_counter()
