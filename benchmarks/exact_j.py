@@ -7,7 +7,7 @@ threads, the load average before and after, the mean J_low and the largest prune
 error of any one question's J). Target: the study task's whole question set in ≤ 30 s on the 2-core CPU.
 
     python benchmarks/exact_j.py [--task add1] [--threshold 1e-5] [--threads N]
-                                 [--questions-per-batch 16] [--limit Q]
+                                 [--questions-per-batch 8] [--limit Q]
 """
 
 from __future__ import annotations
