@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -101,3 +101,32 @@ def truncated_scores(model: torch.nn.Module, rollout: Rollout, temperature: floa
         log_alpha[b, :n] = cut.log_softmax(-1).gather(1, tokens[0, len(prompt):, None]).squeeze(1)
         log_kept[b, :n] = logits.log_softmax(-1).masked_fill(cut.isinf(), -math.inf).logsumexp(-1)
     return log_alpha, log_kept
+
+
+# Byte-level token strings: "Ġ" is a space, "Ċ" a newline, "Ù¨" the two bytes of "٨" (Arabic-Indic eight),
+# "Â" a lone first byte of a two-byte character (a token that cannot be decoded alone).
+BYTE_SPECIAL = ["<pad>", "<eos>", "<stop2>", "<sp>"]
+BYTE_WORDS = [*"0123456789", "Ġ", "Ċ", ".", ",", "-", "/", "Ġ1", "1.", "ĠĠ", "Ġ.", "a", "Ġa", "Ù¨", "Â"]
+BYTE_STOPS = [1, 2]
+"""Two stop ids; ``<sp>`` is a special token that decoding drops."""
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer over :data:`BYTE_WORDS`: digits, whitespace, punctuation, merged tokens
+    (``" 1"``, ``"1."``), a two-byte digit, a lone byte, and special tokens (exact strict J's fixtures)."""
+    vocab = {t: i for i, t in enumerate(BYTE_SPECIAL + BYTE_WORDS)}
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   additional_special_tokens=["<stop2>", "<sp>"])
+
+
+def flat_model(vocab: int, seed: int = 0) -> LlamaForCausalLM:
+    """A random Llama with spread next-token distributions (so that accepted answers carry mass) and two
+    logit ids past a ``vocab``-token tokenizer."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab + 2, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         initializer_range=0.08, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
+    return LlamaForCausalLM(config).float().eval()

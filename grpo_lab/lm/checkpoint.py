@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,6 +30,13 @@ def save_checkpoint(loop: GRPOLoop, path: str | Path) -> Path:
 
 def load_checkpoint(loop: GRPOLoop, path: str | Path) -> GRPOLoop:
     """Restore ``loop`` from a checkpoint written by :func:`save_checkpoint`."""
+    loop.load_state_dict(read_checkpoint(path))
+    return loop
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The state a checkpoint written by :func:`save_checkpoint` holds (``GRPOLoop.state_dict``), read with
+    ``weights_only`` loading; a missing, foreign, truncated or corrupt file raises an error naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint path {str(path)!r} does not exist or is not a file")
@@ -42,5 +50,4 @@ def load_checkpoint(loop: GRPOLoop, path: str | Path) -> GRPOLoop:
         raise ValueError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(exc).__name__}: {exc})") from exc
     if not isinstance(state, dict) or "k" not in state:
         raise ValueError(f"checkpoint {str(path)!r} is not a grpo_lab checkpoint (no step counter 'k')")
-    loop.load_state_dict(state)
-    return loop
+    return state

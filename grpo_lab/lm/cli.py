@@ -2,10 +2,15 @@
 
     grpo-lab train --config grpo_lab/configs/cpu_arith_smollm2.yaml [--set v=4 --set steps=20]
     grpo-lab eval  --config grpo_lab/configs/cpu_arith_smollm2.yaml [--checkpoint runs/x/checkpoint.pt]
+    grpo-lab eval  --checkpoint runs/x/checkpoint.pt --exact --set eval_problems=121 --out exact.json
 
 A recipe is a flat YAML mapping of :class:`~grpo_lab.lm.train_config.TrainConfig`
 fields; ``--set key=value`` overrides one (the value is read as YAML: ``v=4``,
-``eps_high=0.28``, ``report_to=[tensorboard]``); :mod:`grpo_lab.lm.recipes` reads both.
+``eps_high=0.28``, ``report_to=[tensorboard]``; numbers as a user writes them: ``lr=1e-5``);
+:mod:`grpo_lab.lm.recipes` reads both. ``eval --checkpoint`` evaluates under the checkpoint's own
+config with the evaluation settings given applied (:func:`~grpo_lab.lm.evaluate.checkpoint_eval_config`).
+``eval --exact`` computes strict Pass@1 exactly, per question, under the config's T, top-p, top-k and
+T_max (:mod:`grpo_lab.exact.strict_j`) instead of sampling ``eval_samples`` completions per question.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from .recipes import load_config
+from .recipes import read_recipe, train_config
 from .train_config import TrainConfig
 
 
@@ -28,18 +34,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.choices["train"].add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
-    sub.choices["eval"].add_argument("--checkpoint", help="evaluate π_θ of this checkpoint (default: the model)")
+    evaluation = sub.choices["eval"]
+    evaluation.add_argument("--checkpoint", help="evaluate π_θ of this checkpoint, under its own config "
+                                                 "(default: the model)")
+    evaluation.add_argument("--exact", action="store_true", help="exact strict Pass@1 per question, no sampling")
+    evaluation.add_argument("--threshold", type=float, default=None,
+                            help="--exact: probability below which a branch is pruned (its mass bounds the error)")
+    evaluation.add_argument("--out", help="write the result as JSON to this file (--exact: one row per question)")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config, args.set)
+        given = read_recipe(args.config, args.set)
+        config = train_config(given)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
+    if args.command == "eval" and args.threshold is not None and not args.exact:
+        parser.error("--threshold applies to --exact")
     from .training import RunDirInUse
 
     try:
         if args.command == "train":
             return _train(config, progress=not args.quiet, resume=not args.no_resume)
-        return _evaluate(config, args.checkpoint, progress=not args.quiet)
+        return _evaluate(config, given, args)
     # bad input (a model path, data files, a busy output_dir), a full or read-only disk (DiskError is an OSError)
     except (ValueError, OSError, RunDirInUse) as exc:
         print(f"grpo-lab {args.command}: error: {exc}", file=sys.stderr)
@@ -56,22 +71,44 @@ def _train(config: TrainConfig, progress: bool, resume: bool) -> int:
     return 0
 
 
-def _evaluate(config: TrainConfig, checkpoint: str | None, progress: bool) -> int:
-    from .build import build_loop
-    from .checkpoint import load_checkpoint
-    from .evaluate import evaluate
+def _evaluate(config: TrainConfig, given: dict[str, Any], args: argparse.Namespace) -> int:
+    from ..files import atomic_write
+    from .checkpoint import read_checkpoint
+    from .evaluate import checkpoint_eval_config, evaluate, load_eval_policy
     from .text_task import eval_problems
 
+    state = None
+    if args.checkpoint:
+        state = read_checkpoint(args.checkpoint)
+        config, ignored = checkpoint_eval_config(state["config"], given)
+        if ignored:
+            print(f"grpo-lab eval: note: training settings have no effect on an evaluation; the checkpoint's are "
+                  f"kept (given, kept): {ignored}", file=sys.stderr)
     problems = eval_problems(config)
-    loop = build_loop(config, problems=problems)
-    if checkpoint:
-        load_checkpoint(loop, checkpoint)
-    result = evaluate(loop.policy, loop.tokenizer, problems, n=config.eval_samples,
-                      max_completion_length=config.max_completion_length, seed=config.seed, progress=progress,
-                      system_prompt=config.system_prompt)
-    print(json.dumps({"model": config.model, "checkpoint": checkpoint, "task": config.eval_task or config.task,
-                      "questions": len(problems), "n": config.eval_samples, "scoring": config.scoring,
-                      "pass@1": result.pass_at(1, config.scoring)}))
+    policy, tokenizer = load_eval_policy(config, state)
+    summary: dict[str, Any] = {"model": config.model, "checkpoint": args.checkpoint,
+                               "task": config.eval_task or config.task, "questions": len(problems)}
+    if args.exact:
+        if config.scoring != "strict":
+            raise ValueError(f"--exact computes strict Pass@1; scoring = {config.scoring!r} is not strict")
+        from ..exact.strict_j import THRESHOLD, Sampling, exact_evaluate
+
+        sampling = Sampling(config.temperature, config.top_p, config.top_k, config.max_completion_length)
+        threshold = THRESHOLD if args.threshold is None else args.threshold
+        result = exact_evaluate(policy.model, tokenizer, problems, sampling, threshold, config.system_prompt)
+        result.extra.update(summary)
+        summary.update({key: value for key, value in result.to_dict().items() if key != "rows"})
+        out = result.to_dict()
+    else:
+        sampled = evaluate(policy, tokenizer, problems, n=config.eval_samples,
+                           max_completion_length=config.max_completion_length, seed=config.seed,
+                           progress=not args.quiet, system_prompt=config.system_prompt)
+        summary.update({"n": config.eval_samples, "scoring": config.scoring,
+                        "pass@1": sampled.pass_at(1, config.scoring)})
+        out = summary
+    if args.out:
+        atomic_write(args.out, json.dumps(out, indent=1), what="the evaluation's result")
+    print(json.dumps(summary))
     return 0
 
 

@@ -106,3 +106,49 @@ def evaluate(policy: Any, tokenizer: Any, problems: Sequence[Problem], n: int = 
             if len(shown) < examples:
                 shown.append((problem.question, problem.answer, texts[q * n], strict[0]))
     return EvalResult(n=n, correct=correct, correct_lenient=lenient, examples=shown, truncated=truncated)
+
+
+# ----------------------------------------------------------------------------- evaluating a checkpoint
+
+EVAL_FIELDS = ("task", "eval_task", "eval_split", "eval_data_files", "eval_problems", "eval_disjoint", "eval_samples",
+               "scoring", "system_prompt", "max_completion_length", "top_p", "top_k", "seed", "device")
+"""What an evaluation of a checkpoint may set: which questions, how many samples, how they are scored, the
+prompt and sampling settings, where it runs. None of them changes the model being evaluated."""
+MODEL_FIELDS = ("model", "dtype", "trust_remote_code", "temperature")
+"""What makes another model than the checkpoint's π_θ: its architecture and tokenizer, its weights' precision,
+the code that runs it, and T (π_θ = softmax(logits / T) is the policy the run trained)."""
+
+
+def checkpoint_eval_config(saved: dict[str, Any], given: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The config to evaluate a checkpoint under: the checkpoint's own (``saved``) with the evaluation settings
+    among the ``given`` fields (:data:`EVAL_FIELDS`) applied. A given field of :data:`MODEL_FIELDS` that differs
+    from the checkpoint's is an error naming it; the other given fields (training-only knobs such as ``v`` or
+    ``lr``) do not act on an evaluation: they are returned, ``{field: (given, kept)}``, for the caller to report."""
+    from .recipes import train_config
+
+    checkpoint = train_config(saved)
+    kept = checkpoint.to_dict()
+    changed = {name: value for name, value in train_config({**saved, **given}).to_dict().items()
+               if name in given and value != kept[name]}
+    refused = {name: (kept[name], value) for name, value in changed.items() if name in MODEL_FIELDS}
+    if refused:
+        raise ValueError(f"these settings change the model being evaluated (checkpoint's, given): {refused}; "
+                         "drop them to evaluate the checkpoint's π_θ")
+    ignored = {name: (value, kept[name]) for name, value in changed.items() if name not in EVAL_FIELDS}
+    applied = {name: value for name, value in changed.items() if name in EVAL_FIELDS}
+    return checkpoint.replace(**applied), ignored
+
+
+def load_eval_policy(config: Any, checkpoint: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """π_θ (an :class:`~grpo_lab.lm.policy.LMPolicy` at the config's T) and its tokenizer: ``config.model``,
+    with the weights of ``checkpoint`` (a state read by :func:`~grpo_lab.lm.checkpoint.read_checkpoint`) if given."""
+    from .models import load_policy
+    from .policy import LMPolicy
+    from .train_config import DTYPES
+
+    model, tokenizer = load_policy(config.model, dtype=DTYPES[config.dtype], device=config.torch_device(),
+                                   trust_remote_code=config.trust_remote_code)
+    policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
+    if checkpoint is not None:
+        policy.load_state_dict(checkpoint["policy"])
+    return policy.eval().requires_grad_(False), tokenizer

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,12 +68,35 @@ def with_overrides(values: Mapping[str, Any], overrides: Sequence[str]) -> dict[
 
 
 def train_config(values: Mapping[str, Any]) -> TrainConfig:
-    """A :class:`TrainConfig` of ``values``; a key that is not a field is an error naming it."""
+    """A :class:`TrainConfig` of ``values``; a key that is not a field is an error naming it. A string given to
+    a numeric field is read as the number a user wrote (:func:`user_numbers`)."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown config field(s) {unknown}; fields are {sorted(known)}")
-    return TrainConfig(**values)
+    return TrainConfig(**user_numbers(values))
+
+
+_FLOAT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def user_numbers(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each string given to a numeric TrainConfig field read as a number, the way a user writes
+    one: YAML 1.1 reads ``1e-5``, ``1E-5`` and ``-1e-3`` (an exponent without a dot) as strings, so ``lr=1e-5``
+    would otherwise be refused. A float field takes ``1e-5``, ``.5``, ``5.``; an int field takes an integral
+    one (``1e3`` → 1000). Anything else is left for the field's own check to refuse, naming it."""
+    hints = typing.get_type_hints(TrainConfig)
+    out = dict(values)
+    for name, value in values.items():
+        kinds = typing.get_args(hints[name]) or (hints[name],)
+        if not isinstance(value, str) or not _FLOAT.fullmatch(value.strip()):
+            continue
+        number = float(value)
+        if float in kinds:
+            out[name] = number
+        elif int in kinds and number.is_integer():
+            out[name] = int(number)
+    return out
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -1,0 +1,177 @@
+"""Exact strict J(π) (grpo_lab.exact.strict_j): against brute-force enumeration on a tiny model, its certified
+bound under pruning, its acceptance rule against strict_reward, and against Monte Carlo on SmolLM2-135M."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from tiny_lm import BYTE_STOPS as STOPS
+from tiny_lm import byte_tokenizer, flat_model
+from transformers import LogitsProcessorList
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+from grpo_lab.exact.strict_answers import StrictAnswers
+from grpo_lab.exact.strict_j import Sampling, exact_evaluate, strict_j
+from grpo_lab.lm.rewards import strict_reward
+
+
+@torch.no_grad()
+def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling) -> float:
+    """Σ over every token sequence of at most T_max tokens ending in a stop of its probability × strict_reward of
+    its decoded text: whole forwards (no cache), Hugging Face's top-k/top-p warpers, the tokenizer's decode."""
+    warpers = LogitsProcessorList(([TopKLogitsWarper(sampling.top_k)] if sampling.top_k else [])
+                                  + ([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1 else []))
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    vocab = model.config.vocab_size
+    prefixes, total = [((), 1.0)], 0.0
+    for depth in range(sampling.max_tokens):
+        ids = torch.tensor([prompt_ids + list(p) for p, _ in prefixes])
+        logits = model(input_ids=ids).logits[:, -1].float() / sampling.temperature
+        probs = warpers(ids, logits).softmax(-1).double()
+        grown = []
+        for (prefix, p), row in zip(prefixes, probs, strict=True):
+            for token in range(vocab):
+                q = p * float(row[token])
+                if token in STOPS:
+                    text = tokenizer.decode(list(prefix), skip_special_tokens=True)
+                    total += q * strict_reward(text, True, gold, "number")
+                elif depth + 1 < sampling.max_tokens and q > 0:
+                    grown.append(((*prefix, token), q))
+        prefixes = grown
+    return total
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = byte_tokenizer()
+    return flat_model(len(tokenizer)), tokenizer
+
+
+PROMPTS = ["a 1", "a a"]
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0, 1.0, 0, 3), Sampling(0.7, 0.9, 0, 3), Sampling(1.3, 1.0, 12, 3)],
+                         ids=["T1", "T0.7-top_p", "T1.3-top_k"])
+def test_equals_brute_force_enumeration_on_a_tiny_model(tiny, sampling):
+    model, tokenizer = tiny
+    for gold in ("1", "8", "0"):
+        j_low, pruned = strict_j(model, tokenizer, PROMPTS, [gold, gold], sampling, threshold=0.0,
+                                 eos_token_ids=STOPS)
+        truth = [brute_force_j(model, tokenizer, p, gold, sampling) for p in PROMPTS]
+        assert max(truth) > 1e-4, truth  # accepted completions carry mass: the comparison means something
+        np.testing.assert_allclose(j_low, truth, rtol=1e-5, atol=1e-12)  # float32 logits, cached vs whole forwards
+        # a lone byte (a token the walk cannot decode alone) is bounded, never counted as accepted
+        assert np.all(np.array(truth) <= j_low + pruned + 1e-12)
+
+
+def test_pruning_returns_a_bound_that_contains_the_truth(tiny):
+    model, tokenizer = tiny
+    sampling = Sampling(1.0, 1.0, 0, 4)
+    truth = brute_force_j(model, tokenizer, PROMPTS[0], "1", sampling)
+    j_low, pruned = strict_j(model, tokenizer, PROMPTS[:1], ["1"], sampling, threshold=5e-3, eos_token_ids=STOPS)
+    assert truth - j_low[0] > 0.05 * truth  # pruning cut real accepted mass
+    assert j_low[0] <= truth <= j_low[0] + pruned[0]
+    exact, _ = strict_j(model, tokenizer, PROMPTS[:1], ["1"], sampling, threshold=0.0, eos_token_ids=STOPS)
+    assert exact[0] == pytest.approx(truth, rel=1e-5)
+
+
+def test_batches_of_questions_agree_with_one_question_at_a_time(tiny):
+    model, tokenizer = tiny
+    prompts, golds, sampling = ["a 1", "a a", "1", "a a a 1"], ["1", "8", "1", "0"], Sampling(1.0, 1.0, 0, 3)
+    together = strict_j(model, tokenizer, prompts, golds, sampling, 1e-5, STOPS, questions_per_batch=3)
+    alone = [strict_j(model, tokenizer, [p], [g], sampling, 1e-5, STOPS) for p, g in zip(prompts, golds, strict=True)]
+    np.testing.assert_allclose(together[0], [j[0][0] for j in alone], rtol=1e-5)
+    np.testing.assert_allclose(together[1], [j[1][0] for j in alone], rtol=1e-5, atol=1e-12)
+
+
+ACCEPTED_8 = ["8", " 8", "8 ", "\n8\n", "8.", " 8.\n", "08", "008.", "8.0", "8.00.", "0,008", "16/2", "-16/-2",
+              "8/1", "8.0/1.", "\u0668", "\u2009 8\u3000", "7.2/0.9", "\uff18"]
+REJECTED_8 = ["8..", "8 .", "+8", "$8", "8a", "8 8", "80", "8,0", "8,000", "-8", "1/8", "8/", ". 8", "8.5",
+              "\\boxed{8}", "8/0.", "8.0.0"]
+
+
+def test_accepts_is_strict_reward_on_its_edge_cases():
+    answers = StrictAnswers("8")
+    for text in ACCEPTED_8 + REJECTED_8:
+        assert answers.accepts(text) == (strict_reward(text, True, "8", "number") == 1.0), text
+    assert all(answers.accepts(t) for t in ACCEPTED_8)
+    assert not any(answers.accepts(t) for t in REJECTED_8)
+
+
+def test_every_prefix_of_an_accepted_string_is_viable():
+    """Soundness of the walk's pruning of dead branches, on every string of ≤ 4 characters over an alphabet of
+    the edge cases, for golds with leading zeros, decimals, a sign, zero and a non-decimal fraction."""
+    alphabet = ["0", "1", "2", "3", "5", "8", " ", "\n", ".", ",", "-", "/", "a", "\u0668"]
+    for gold in ("8", "2.5", "-3", "0", "1/3", "10"):
+        answers = StrictAnswers(gold)
+        accepted = 0
+        for n in range(1, 5):
+            for chars in itertools.product(alphabet, repeat=n):
+                text = "".join(chars)
+                if strict_reward(text, True, gold, "number") == 1.0:
+                    accepted += 1
+                    dead = [text[:i] for i in range(len(text) + 1) if not answers.viable(text[:i])]
+                    assert not dead, (gold, text, dead)
+        assert accepted >= 5, gold
+    for text in ACCEPTED_8:
+        assert all(StrictAnswers("8").viable(text[:i]) for i in range(len(text) + 1)), text
+
+
+def test_dead_branches_are_recognised():
+    answers = StrictAnswers("8")
+    for text in ["a", "8a", "8 8", "+", "$", "8..", " 8 .", "9 ", "8 ,", "1/8", "8/2", "7/0.9", "\\"]:
+        assert not answers.viable(text), text
+    for text in ["", " ", "0", "0,0", "1", "-", "8.", "8.0", "16/", "16/2", "7.2/0.", "\u0668"]:
+        assert answers.viable(text), text
+
+
+def test_bad_input_is_refused(tiny):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match="plain-number gold"):
+        StrictAnswers("\\frac{1}{2}")
+    with pytest.raises(ValueError, match="one gold per prompt"):
+        strict_j(model, tokenizer, ["a"], ["1", "2"], Sampling(max_tokens=2))
+    with pytest.raises(ValueError, match="max_tokens"):
+        Sampling(max_tokens=0)
+    with pytest.raises(ValueError, match="threshold"):
+        strict_j(model, tokenizer, ["a"], ["1"], Sampling(max_tokens=2), threshold=-1.0)
+
+
+# ----------------------------------------------------------------------------- the bundled model, against sampling
+
+MC_SAMPLES = 20_000
+MC_QUESTIONS = (0, 1)  # two add1 questions (J ≈ 0.1); T_max 3 keeps the sampler's 20,000 completions short
+MC_SAMPLING = Sampling(temperature=0.7, top_p=0.95, top_k=0, max_tokens=3)
+
+
+@pytest.mark.slow
+def test_exact_j_lies_in_the_monte_carlo_interval_on_smollm2():
+    from grpo_lab.lm.models import load_policy
+    from grpo_lab.lm.policy import LMPolicy
+    from grpo_lab.lm.rewards import finished_completions
+    from grpo_lab.lm.sampling import HFSampler
+    from grpo_lab.lm.tasks import build_prompt, load_problems
+
+    model, tokenizer = load_policy()
+    problems = [load_problems("add1", 8, seed=0)[i] for i in MC_QUESTIONS]
+    exact = exact_evaluate(model, tokenizer, problems, MC_SAMPLING)
+    assert exact.pruned.max() <= 1e-3
+    policy = LMPolicy(model, temperature=MC_SAMPLING.temperature)
+    sampler = HFSampler(policy, tokenizer, MC_SAMPLING.max_tokens, top_p=MC_SAMPLING.top_p)
+    generator = torch.Generator().manual_seed(0)
+    per_question, batch = MC_SAMPLES // len(problems), 500
+    for problem, row in zip(problems, exact.rows, strict=True):
+        hits = 0
+        for _ in range(per_question // batch):
+            rollout = sampler.sample([build_prompt(problem, tokenizer)], batch, generator)
+            finished = finished_completions(rollout.completions, rollout.mask, sampler.eos_token_ids).tolist()
+            hits += sum(strict_reward(t, f, problem.answer, "number")
+                        for t, f in zip(rollout.extra["texts"], finished, strict=True))
+        mean = hits / per_question
+        half = 2.576 * math.sqrt(max(mean * (1 - mean), 1e-12) / per_question)
+        print(f"{problem.question!r}: exact J in [{row['j_low']:.4f}, {row['j_low'] + row['pruned']:.4f}], "
+              f"Monte Carlo {mean:.4f} ± {half:.4f} (99 %, {per_question} samples)")
+        assert 0.02 < mean < 0.98  # a question that tells a wrong J from the right one
+        assert mean - half <= row["j_low"] + row["pruned"] and row["j_low"] <= mean + half
