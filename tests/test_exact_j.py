@@ -86,10 +86,11 @@ def test_batches_of_questions_agree_with_one_question_at_a_time(tiny):
     np.testing.assert_allclose(together[1], [j[1][0] for j in alone], rtol=1e-5, atol=1e-12)
 
 
-ACCEPTED_8 = ["8", " 8", "8 ", "\n8\n", "8.", " 8.\n", "08", "008.", "8.0", "8.00.", "0,008", "16/2", "-16/-2",
-              "8/1", "8.0/1.", "\u0668", "\u2009 8\u3000", "7.2/0.9", "\uff18"]
+ACCEPTED_8 = ["8", " 8", "8 ", "\n8\n", "8.", " 8.\n", "08", "008.", "8.0", "8.00.", "0,008", "\u2009 8\u3000"]
 REJECTED_8 = ["8..", "8 .", "+8", "$8", "8a", "8 8", "80", "8,0", "8,000", "-8", "1/8", "8/", ". 8", "8.5",
-              "\\boxed{8}", "8/0.", "8.0.0"]
+              "\\boxed{8}", "8/0.", "8.0.0", "16/2", "-16/-2", "8/1", "8.0/1.", "7.2/0.9", "\u0668", "\uff18"]
+"""The strict number format's edge cases for the gold 8: whitespace around, a trailing period, leading and
+trailing zeros, thousands commas; not a fraction, a sign it does not have, or a non-ASCII digit."""
 
 
 def test_accepts_is_strict_reward_on_its_edge_cases():
@@ -102,9 +103,9 @@ def test_accepts_is_strict_reward_on_its_edge_cases():
 
 def test_every_prefix_of_an_accepted_string_is_viable():
     """Soundness of the walk's pruning of dead branches, on every string of ≤ 4 characters over an alphabet of
-    the edge cases, for golds with leading zeros, decimals, a sign, zero and a non-decimal fraction."""
+    the edge cases, for golds with leading zeros, decimals, a sign and zero."""
     alphabet = ["0", "1", "2", "3", "5", "8", " ", "\n", ".", ",", "-", "/", "a", "\u0668"]
-    for gold in ("8", "2.5", "-3", "0", "1/3", "10"):
+    for gold in ("8", "2.5", "-3", "0", "10"):
         answers = StrictAnswers(gold)
         accepted = 0
         for n in range(1, 5):
@@ -121,9 +122,10 @@ def test_every_prefix_of_an_accepted_string_is_viable():
 
 def test_dead_branches_are_recognised():
     answers = StrictAnswers("8")
-    for text in ["a", "8a", "8 8", "+", "$", "8..", " 8 .", "9 ", "8 ,", "1/8", "8/2", "7/0.9", "\\"]:
+    for text in ["a", "8a", "8 8", "+", "$", "8..", " 8 .", "9 ", "8 ,", "1", "-", "1/8", "8/", "16/2", "\u0668",
+                 "\\"]:
         assert not answers.viable(text), text
-    for text in ["", " ", "0", "0,0", "1", "-", "8.", "8.0", "16/", "16/2", "7.2/0.", "\u0668"]:
+    for text in ["", " ", "0", "0,0", "00", "8", "8.", "8.0", " 8 "]:
         assert answers.viable(text), text
 
 

@@ -55,8 +55,8 @@ def test_strict_and_lenient_on_the_study_failure_cases(completion, finished, gol
 
 
 def test_strict_answer_is_the_requested_form():
-    assert [strict_answer(t, "number") for t in ("8", " 8.\n", "-3", "1/2", "6 + 2 = 8", "")] == \
-        ["8", "8", "-3", "1/2", None, None]
+    assert [strict_answer(t, "number") for t in ("8", " 8.\n", "-3", "1,234.5", "1/2", "\u0668", "6 + 2 = 8", "")] == \
+        ["8", "8", "-3", "1,234.5", None, None, None, None]   # decimal notation, ASCII digits: not a fraction
     assert strict_answer("a \\boxed{ 3 } b \\boxed{4}", "boxed") == "4"
     with pytest.raises(ValueError, match="answer_format must be one of.*got 'latex'"):
         strict_answer("8", "latex")

@@ -1,47 +1,39 @@
 """The completions strict scoring accepts for a gold number, and the prefixes that can still become one.
 
 :func:`grpo_lab.lm.rewards.strict_reward` (answer format ``number``) accepts a finished completion when,
-stripped of surrounding whitespace and of one trailing period, it is one number (``-?``, digits with
-optional thousands commas, optional decimals, optionally ``/`` and a second such number) whose value
-equals the gold's. So for the gold 8 it accepts ``"8"``, ``" 8."``, ``"08\\n"``, ``"8.00"``, ``"0,008"``,
-``"16/2"``, ``"-16/-2"`` and ``"٨"`` (``\\d`` and ``Decimal`` take every Unicode decimal digit).
+stripped of surrounding whitespace and of one trailing period, it is one number in decimal notation with
+ASCII digits (``-?``, digits with optional thousands commas, optional decimals) whose value equals the
+gold's. So for the gold 8 it accepts ``"8"``, ``" 8."``, ``"08\\n"``, ``"8.00"`` and ``"0,008"``, and not
+``"16/2"`` or ``"٨"``.
 
 :class:`StrictAnswers` answers two questions about a decoded text for one gold:
 
 * :meth:`~StrictAnswers.accepts`: does the completion ``text`` + stop score 1? It *is*
   ``strict_reward(text, finished=True, ...)``, so the walk of :mod:`grpo_lab.exact.strict_j` and the
   sampled reward can never disagree.
-* :meth:`~StrictAnswers.viable`: may some continuation of ``text`` be accepted? Exact for the plain
-  numbers (value-aware: ``"1"`` is not viable for the gold 8 as a plain number); for fractions it
-  over-approximates (a numerator may be any number, since ``17/2.125`` = 8). Over-approximation only
-  costs work: a branch wrongly called viable is walked and found out, while one wrongly called dead
-  would lose accepted mass. A fraction with thousands commas (``"1,234/2"``), or a zero denominator,
-  is one :func:`~grpo_lab.lm.rewards.as_number` cannot read, so math-verify judges it: viable on syntax alone.
+* :meth:`~StrictAnswers.viable`: may some continuation of ``text`` be accepted? Exact and value-aware:
+  ``"1"`` is not viable for the gold 8, ``"0"`` is (``"08"``). A branch wrongly called viable would only
+  cost work; one wrongly called dead would lose accepted mass (the tests enumerate both against
+  ``strict_reward``).
 """
 
 from __future__ import annotations
 
-import unicodedata
 from fractions import Fraction
 from functools import lru_cache
 
-from ..lm.rewards import as_number, strict_answer, strict_reward
+from ..lm.rewards import as_number, strict_reward
 
 DIGITS = "0123456789"
-PUNCTUATION = ".,-/"
+PUNCTUATION = ".,-"
 """The characters of a strict number besides digits: decimal point or trailing period, thousands comma,
-minus sign, fraction bar."""
+minus sign."""
 
 
 def answer_char(char: str) -> bool:
-    """Whether ``char`` may appear in an accepted completion: whitespace (``str.strip``'s), a Unicode
-    decimal digit (``\\d``'s) or one of :data:`PUNCTUATION`."""
-    return char.isspace() or char in PUNCTUATION or unicodedata.category(char) == "Nd"
-
-
-def ascii_digits(text: str) -> str:
-    """``text`` with every Unicode decimal digit replaced by its ASCII digit (``"٨"`` → ``"8"``)."""
-    return "".join(str(unicodedata.decimal(c)) if unicodedata.category(c) == "Nd" else c for c in text)
+    """Whether ``char`` may appear in an accepted completion: whitespace (``str.strip``'s), an ASCII digit
+    or one of :data:`PUNCTUATION`."""
+    return char.isspace() or char in DIGITS or char in PUNCTUATION
 
 
 @lru_cache(maxsize=4096)
@@ -131,8 +123,7 @@ class StrictAnswers:
         return self._accepts[text]
 
     def viable(self, text: str) -> bool:
-        """Whether some continuation of ``text`` (possibly none) is accepted (an over-approximation for
-        fractions: module docstring)."""
+        """Whether some continuation of ``text`` (possibly none) is accepted."""
         if text not in self._viable:
             self._viable[text] = self._viable_uncached(text)
         return self._viable[text]
@@ -146,18 +137,4 @@ class StrictAnswers:
             return self.accepts(answer)
         if not all(answer_char(c) and not c.isspace() for c in answer):
             return False
-        answer = ascii_digits(answer)
-        return plain_prefix(answer, self.value) or self._fraction_prefix(answer)
-
-    def _fraction_prefix(self, answer: str) -> bool:
-        numerator, slash, denominator = answer.partition("/")
-        if not slash:
-            return plain_prefix(numerator, None)  # any numerator N may come with the denominator N / gold
-        if strict_answer(numerator, "number") != numerator:  # the numerator must be one whole number
-            return False
-        if "," in answer or plain_prefix(denominator, Fraction(0)):  # as_number refuses it: math-verify judges
-            return plain_prefix(denominator, None)
-        n = as_number(numerator)
-        if self.value == 0:
-            return n == 0 and plain_prefix(denominator, None)
-        return plain_prefix(denominator, n / self.value)
+        return plain_prefix(answer, self.value)

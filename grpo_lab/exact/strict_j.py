@@ -15,12 +15,12 @@ token prefix y_<t with probability p and decoded text s. At each node:
 
 * stop: p · Σ_{e ∈ stop ids} α′(e | x, y_<t) is added to J_low if s is accepted (every stop id counts);
 * children: only tokens whose text can appear in an accepted completion (:class:`AnswerTokens`): digits,
-  whitespace, ``.,-/``, merged ones such as ``" 1"`` or ``"1."``, and special tokens, which decoding drops.
+  whitespace, ``.,-``, merged ones such as ``" 1"`` or ``"1."``, and special tokens, which decoding drops.
   A child s + text that no continuation can make accepted is dropped (its mass is rejected mass);
   a child whose probability p · α′ is below ``threshold`` is **pruned**: its mass is added to ``pruned``;
   the others are expanded at the next depth (until depth T_max − 1: a stop must fit within T_max);
 * a token that is part of a multi-byte character (or that the tokenizer cannot decode) might complete a
-  Unicode digit or space: its mass is added to ``pruned`` too.
+  Unicode space (``str.strip`` removes it): its mass is added to ``pruned`` too.
 
 So J_low ≤ J ≤ J_low + pruned, per question: ``pruned`` is a certified bound, not an estimate. Every
 tokenization of an accepted string is counted, because the walk is over tokens, not strings.
@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ..checks import require_int_at_least, require_number_in, require_truncation
-from ..lm.decoding.decoder import ModelDecoder
+from ..lm.decoding import ModelDecoder
 from ..lm.sampling import stop_and_pad_ids, truncate_logprobs
 from ..lm.tasks import Problem, build_prompt
 from .strict_answers import StrictAnswers, answer_char

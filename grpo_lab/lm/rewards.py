@@ -58,7 +58,9 @@ MAX_VERIFY_CHARS = 1000  # longer non-numeric answers are mismatches without bei
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _NUMBER_IN_TEXT = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_STRICT_NUMBER = re.compile(rf"{_NUMBER_IN_TEXT.pattern}(?:/{_NUMBER_IN_TEXT.pattern})?")
+_STRICT_NUMBER = re.compile(_NUMBER_IN_TEXT.pattern, re.ASCII)
+"""A strict ``number`` answer: one number in decimal notation, ASCII digits (``-``, thousands commas, decimals);
+not a fraction or an expression: "just the number" is what the prompt asks for."""
 
 
 # ----------------------------------------------------------------------------- extraction
@@ -100,8 +102,9 @@ def extract_answer(completion: str) -> str | None:
 
 
 def strict_answer(completion: str, answer_format: str) -> str | None:
-    """The answer in the form the prompt asks for (``number``: the whole completion is one number, give or
-    take surrounding whitespace and one trailing period; ``boxed``: the last ``\\boxed{...}``), else None."""
+    """The answer in the form the prompt asks for (``number``: the whole completion is one number in decimal
+    notation with ASCII digits, give or take surrounding whitespace and one trailing period, not a fraction;
+    ``boxed``: the last ``\\boxed{...}``), else None."""
     require_choice("answer_format", answer_format, ANSWER_FORMATS)
     if answer_format == "boxed":
         boxed = last_boxed(completion)
