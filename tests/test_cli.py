@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from tiny_lm import byte_tokenizer, flat_model, perturb
 
+from grpo_lab import cli
 from grpo_lab.exact.strict_j import Sampling, exact_evaluate
-from grpo_lab.lm import cli
 from grpo_lab.lm.recipes import load_config
 from grpo_lab.lm.train_config import TrainConfig
 

@@ -15,8 +15,8 @@ from fault_scenarios import SCENARIOS, FillingFile, lock_released, read_only
 from reliability_runs import make_loop, problems, tiny_model, tokenizer, train_config
 from test_study import write_fake_units
 
+from grpo_lab import cli
 from grpo_lab.files import DiskError, append_line, atomic_write
-from grpo_lab.lm import cli
 from grpo_lab.lm.build import build_loop
 from grpo_lab.lm.checkpoint import save_checkpoint
 from grpo_lab.lm.memory import estimate_checkpoint, estimate_run_checkpoint, guard_disk

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from grpo_lab.cli import main
 from grpo_lab.lm.build import build_loop
-from grpo_lab.lm.cli import main
 from grpo_lab.lm.evaluate import EvalResult, pass_at_k
 from grpo_lab.lm.models import bundled_model_dir
 from grpo_lab.lm.recipes import load_config

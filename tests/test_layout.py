@@ -41,6 +41,7 @@ ALLOWED = {
     "exact": {"core", "lm", "scale", "exact"},
     "study": {"core", "lm", "scale", "exact", "study"},
     "viz": {"core", "exact", "lm", "scale", "study", "viz"},
+    "cli": {"core", "exact", "lm", "scale", "study", "cli"},
 }
 """Which layer may import which: an import against this table is a back arrow.
 
@@ -55,14 +56,19 @@ scale    ``grpo_lab/scale/``                                 core, lm, scale
 exact    ``grpo_lab/exact/``                                 core, lm (SmolLM2 exactly), scale (the cost model)
 study    ``grpo_lab/study/``                                 core, lm, scale, exact (studies measure exact J)
 viz      ``grpo_lab/viz/`` (drawing only)                    every layer: it draws what they compute
+cli      ``grpo_lab/cli.py``, the ``grpo-lab`` command       every layer but viz: the entry point, imported by none
 ======== =================================================== ==================================================
 
-Nothing imports viz but viz; exact imports no study (a study measures with exact's tools, not the reverse)."""
+Nothing imports viz but viz, nothing imports the CLI; exact imports no study (a study measures with exact's
+tools, not the reverse)."""
 
 
 def layer(module: str) -> str:
-    """``core`` for ``grpo_lab`` and its top-level modules, else the subpackage's name."""
+    """``cli`` for the command's module, ``core`` for ``grpo_lab`` and its other top-level modules, else the
+    subpackage's name."""
     parts = module.split(".")
+    if module == f"{PACKAGE}.cli":
+        return "cli"
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else "core"
 
 

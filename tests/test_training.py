@@ -45,7 +45,7 @@ def test_a_second_run_into_a_held_directory_is_refused_at_once(tmp_path):
         with pytest.raises(RunDirInUse, match=rf"in use by another training run \(pid {holder.pid}\)"):
             train(config, make_loop("bandit", config), progress=False)
         start = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-m", "grpo_lab.lm.cli", "train", "--config",
+        cli = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "train", "--config",
                               "grpo_lab/configs/cpu_arith_smollm2.yaml", "--set", f"output_dir={out}"],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         seconds = time.perf_counter() - start
@@ -90,7 +90,7 @@ def test_a_killed_runs_stale_lock_is_taken_over(tmp_path, capsys):
 
 
 def test_missing_model_is_one_line_not_a_traceback(tmp_path):
-    cli = subprocess.run([sys.executable, "-m", "grpo_lab.lm.cli", "train",
+    cli = subprocess.run([sys.executable, "-m", "grpo_lab.cli", "train",
                           "--config", "grpo_lab/configs/cpu_arith_smollm2.yaml",
                           "--set", "model=/does/not/exist", "--set", f"output_dir={tmp_path / 'run'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)

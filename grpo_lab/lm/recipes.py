@@ -3,7 +3,7 @@
 A recipe is a flat YAML mapping of TrainConfig fields; ``key=value`` overrides (``--set`` on the
 command line) replace one field, the value read as YAML (``v=4``, ``eps_high=0.28``,
 ``report_to=[tensorboard]``). A launch recipe (:func:`load_launch_recipe`) may also hold a ``trl:``
-mapping and an ``orz_data_files:`` path. ``grpo-lab`` (:mod:`grpo_lab.lm.cli`), ``python -m
+mapping and an ``orz_data_files:`` path. ``grpo-lab`` (:mod:`grpo_lab.cli`), ``python -m
 grpo_lab.scale.launch`` and the notebooks (:func:`recipe`) all read recipes here.
 """
 

@@ -21,8 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .recipes import read_recipe, train_config
-from .train_config import TrainConfig
+from .lm.recipes import read_recipe, train_config
+from .lm.train_config import TrainConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if args.command == "eval" and args.threshold is not None and not args.exact:
         parser.error("--threshold applies to --exact")
-    from .training import RunDirInUse
+    from .lm.training import RunDirInUse
 
     try:
         if args.command == "train":
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _train(config: TrainConfig, progress: bool, resume: bool) -> int:
-    from .training import train
+    from .lm.training import train
 
     loop = train(config, progress=progress, resume=resume)
     last = loop.history[-1] if loop.history else None
@@ -72,10 +72,10 @@ def _train(config: TrainConfig, progress: bool, resume: bool) -> int:
 
 
 def _evaluate(config: TrainConfig, given: dict[str, Any], args: argparse.Namespace) -> int:
-    from ..files import atomic_write
-    from .checkpoint import read_checkpoint
-    from .evaluate import checkpoint_eval_config, evaluate, load_eval_policy
-    from .text_task import eval_problems
+    from .files import atomic_write
+    from .lm.checkpoint import read_checkpoint
+    from .lm.evaluate import checkpoint_eval_config, evaluate, load_eval_policy
+    from .lm.text_task import eval_problems
 
     state = None
     if args.checkpoint:
@@ -91,7 +91,7 @@ def _evaluate(config: TrainConfig, given: dict[str, Any], args: argparse.Namespa
     if args.exact:
         if config.scoring != "strict":
             raise ValueError(f"--exact computes strict Pass@1; scoring = {config.scoring!r} is not strict")
-        from ..exact.strict_j import THRESHOLD, Sampling, exact_evaluate
+        from .exact.strict_j import THRESHOLD, Sampling, exact_evaluate
 
         sampling = Sampling(config.temperature, config.top_p, config.top_k, config.max_completion_length)
         threshold = THRESHOLD if args.threshold is None else args.threshold
