@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,3 +79,28 @@ def test_noise_leaves_comparisons_not_resolved_and_collapses_are_counted() -> No
     assert summary["arms"]["v4_ratio"]["collapsed"] == 1
     missing = next(r for r in summary["comparisons"] if r["comparison"] == "v32_none - v1")
     assert missing["n"] == 0 and math.isnan(missing["p_difference"]) and missing["verdict"] == "not resolved"
+
+
+def test_a_unit_runs_and_the_summary_is_rebuilt_from_its_file(tmp_path) -> None:
+    """The whole path at smoke size on the bundled model: the untrained unit, two arms' units with exact J at
+    the evaluation steps and their provenance, then summary.json from the files (one seed: nothing decided)."""
+    from grpo_lab.lm.recipes import recipe
+    from grpo_lab.lm.tasks import all_questions
+
+    base = recipe("cpu_arith_smollm2", task="addmul1", steps=4, G=2, prompts_per_step=2, max_completion_length=3,
+                  micro_batch_size=4, train_problems=20, checkpoint_every=0)
+    questions = all_questions("addmul1")[::80]   # 0 * 0, 2 + 2, 6 * 5, 9 + 8 (sorted by question)
+    untrained = frontier.run_untrained(base, tmp_path, questions)
+    assert len(untrained["j_per_question"]) == 4 and 0 <= untrained["j"] <= 1
+    assert [q.answer for q in questions] == ["0", "4", "30", "17"]
+    assert untrained["constant_answer"]["j"] == pytest.approx(1 / 4)  # no answer is right twice
+    for arm in frontier.ARMS[:2]:
+        unit = frontier.run_unit(arm, 0, base, tmp_path, Path(__file__).resolve().parents[1], questions)
+        assert sorted(unit["j_curve"]) == [0, 1, 2, 3, 4] and len(unit["records"]) == 4
+        assert unit["j_curve"][0] == pytest.approx(untrained["j"], abs=1e-9)  # step 0 is the untrained model
+        assert unit["j_auc"] == pytest.approx(np.mean([unit["j_curve"][s] for s in (1, 2, 3, 4)]))
+        assert {"git_commit", "torch_threads", "load_start", "load_end", "wall_seconds", "cpu_seconds"} <= set(unit)
+        assert frontier.run_unit(arm, 0, base, tmp_path, tmp_path, questions) is None  # its file exists: skipped
+    summary = frontier.rebuild_summary(tmp_path, base)
+    assert [row["arm"] for row in summary["runs"]] == ["v1", "v4_ratio"]
+    assert summary["frontier"] == {"ratio": "not resolved", "truncated": "not resolved", "none": "not resolved"}

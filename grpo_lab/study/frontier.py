@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from .results import t_cdf
+from .results import PairedTest, t_cdf
 
 V_GRID = (1, 4, 16, 32)
 CORRECTIONS = ("ratio", "truncated", "none")
@@ -130,18 +130,9 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class Comparison:
-    """a − b over the seeds both finished, its three p-values and the equivalence margin."""
-
-    a: str
-    b: str
-    margin: float
-    seeds: tuple[int, ...]
-    diffs: tuple[float, ...]
-
-    @property
-    def n(self) -> int:
-        return len(self.diffs)
+class Comparison(PairedTest):
+    """a − b over the seeds both finished (:class:`~grpo_lab.study.results.PairedTest`'s pairing) with the
+    frontier's three p-values, which Holm then adjusts over the family."""
 
     def p_values(self) -> dict[str, float]:
         """``p_difference``, ``p_equivalence`` and ``p_sign_flip`` (NaN below two seeds; a difference test
@@ -277,12 +268,14 @@ def exact_j(model: Any, tokenizer: Any, questions: Sequence[Any], config: Any) -
                           eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
 
 
-def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path) -> dict[str, Any] | None:
+def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
+             questions: Sequence[Any] | None = None) -> dict[str, Any] | None:
     """Train one unit (``base`` with the arm's changes and the seed), with exact J on the task's whole question
     set at each evaluation step (off the clock), and write ``<out_dir>/units/<arm>_s<seed>.json``.
 
     Skipped (None) if the file exists. The unit keeps every step's record (lag, r′ statistics, ESS, drift, the
-    empty-step decisions), J per question at each evaluation step, and its provenance."""
+    empty-step decisions), J per question at each evaluation step, and its provenance. ``questions``: the
+    evaluation set (default: the task's whole question set, :func:`~grpo_lab.lm.tasks.all_questions`)."""
     import dataclasses
     import os
     import time
@@ -300,7 +293,7 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path) 
     wall, cpu, eval_seconds = time.perf_counter(), time.process_time(), 0.0
     config = base.replace(seed=seed, **arm.changes())
     loop = build_loop(config)
-    questions = all_questions(config.task)
+    questions = all_questions(config.task) if questions is None else questions
     curve, per_question, pruned_max, records = {}, {}, 0.0, []
     for k in range(config.steps + 1):
         if k in eval_steps(config.steps):
@@ -325,7 +318,7 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path) 
     return unit
 
 
-def run_untrained(base: Any, out_dir: Path) -> dict[str, Any]:
+def run_untrained(base: Any, out_dir: Path, questions: Sequence[Any] | None = None) -> dict[str, Any]:
     """``<out_dir>/units/untrained.json``: exact J of the untrained model per question, and the best
     constant-answer policy's J (the task's most common gold answer, answered always); computed once."""
     from collections import Counter
@@ -337,7 +330,7 @@ def run_untrained(base: Any, out_dir: Path) -> dict[str, Any]:
     if path.exists():
         return json.loads(path.read_text())
     model, tokenizer = load_policy(base.model)
-    questions = all_questions(base.task)
+    questions = all_questions(base.task) if questions is None else questions
     result = exact_j(model, tokenizer, questions, base)
     answer, hits = Counter(q.answer for q in questions).most_common(1)[0]
     unit = {"task": base.task, "questions": [q.question for q in questions], "j": result.mean,
