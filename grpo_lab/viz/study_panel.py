@@ -176,6 +176,14 @@ class LivePanel:
             self.loop = loop
         return self.loop
 
+    def release(self) -> None:
+        """Free the run's loop (π_θ's copy, α and the optimiser state, ~4× the model's size): what a cell that
+        needs the memory calls. The next Run with the same knobs resumes from the panel's checkpoint."""
+        self.stop("release")
+        if self._thread is not None:
+            self._thread.join()
+        self.loop = None
+
     def _checkpoint_step(self, knobs: dict[str, Any]) -> int | None:
         """The step of the panel's checkpoint if it holds a run with ``knobs`` (None: another run's, or none)."""
         return self._saved[1] if self._saved is not None and self._saved[0] == knobs else None
