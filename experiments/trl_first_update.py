@@ -36,7 +36,12 @@ from grpo_lab.study.time_to_accuracy import recipe, trl_trainer
 def trl_first_step(config: TrainConfig, model: Any, tokenizer: Any) -> tuple[dict[str, torch.Tensor], float]:
     """One ``GRPOTrainer`` step on ``model`` (trained in place); the batch it trained on (with its rewards
     ``[B]``, the one reward function's) and its grad norm."""
+    import trl.trainer.grpo_trainer as grpo_trainer
+
     batch: dict[str, torch.Tensor] = {}
+    # TRL shuffles a generation batch's rows before its step; no term of its loss depends on row order, and
+    # unshuffled the rows stay prompt-major, lined up with the groups of the rewards the plan reads.
+    shuffle, grpo_trainer.shuffle_sequence_dict = grpo_trainer.shuffle_sequence_dict, lambda rows: rows
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = trl_trainer(config, model, tokenizer, train_problems(config), output_dir)
         trainer.args.max_steps, trainer.args.logging_steps = 1, 1
@@ -52,7 +57,10 @@ def trl_first_step(config: TrainConfig, model: Any, tokenizer: Any) -> tuple[dic
             return rewards_per_func
 
         trainer.compute_loss, trainer._calculate_rewards = keeping_the_batch, keeping_the_rewards
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            grpo_trainer.shuffle_sequence_dict = shuffle
     return batch, float(trainer.state.log_history[0]["grad_norm"])
 
 
