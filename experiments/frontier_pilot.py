@@ -28,12 +28,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from grpo_lab.study import frontier
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 128
@@ -42,18 +43,6 @@ STEPS = 128
 
 def unit_name(task: str, lr: float, seed: int) -> str:
     return f"{task}_lr{lr:g}_s{seed}"
-
-
-def eval_steps(steps: int) -> list[int]:
-    return [steps * q // 4 for q in range(5)]
-
-
-def provenance() -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "grpo_lab"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip())
-    return {"git_commit": commit, "grpo_lab_dirty": dirty, "torch_threads": torch.get_num_threads(),
-            "load_start": os.getloadavg()}
 
 
 def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Path) -> None:
@@ -66,7 +55,7 @@ def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Pat
     path = out / "units" / f"{unit_name(task, lr, seed)}.json"
     if path.exists():
         return
-    record = {"task": task, "lr": lr, "seed": seed, "steps": steps, "v": 1, **provenance()}
+    record = {"task": task, "lr": lr, "seed": seed, "steps": steps, "v": 1, **frontier.provenance(ROOT)}
     wall, cpu = time.perf_counter(), time.process_time()
     config = recipe("cpu_arith_smollm2", task=task, lr=lr, seed=seed, steps=steps, v=1, empty_step="skip",
                     scoring="strict", checkpoint_every=0)
@@ -83,7 +72,7 @@ def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Pat
     weights.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in range(steps + 1):
-        if k in eval_steps(steps):
+        if k in frontier.eval_steps(steps):
             save_model(loop.policy.model, str(weights / f"step{k}.safetensors"))
         if k == steps:
             break
@@ -103,21 +92,18 @@ def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Pat
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
-def evaluate_unit(path: Path, threshold: float | None = None) -> None:
+def evaluate_unit(path: Path) -> None:
     """Exact J on the task's whole question set at each saved step of a trained unit; written into its file.
 
-    Per question, J_low and the pruned mass are stored (J_low ≤ J ≤ J_low + pruned), with the curve of mean
-    J_low, its area (the primary endpoint: the mean over the evaluation steps after 0), the final J, and the
+    Per question, J_low is stored (J_low ≤ J ≤ J_low + pruned), with the curve of mean J_low, its area (the
+    primary endpoint: the mean over the evaluation steps after 0), the final J, the largest pruned mass, and the
     constant-answer baseline (the best J of a policy that always answers one number).
     """
-    from collections import Counter
-
-    from grpo_lab.exact.strict_j import THRESHOLD, Sampling, exact_evaluate
     from safetensors.torch import load_model
 
+    from grpo_lab.exact.strict_j import THRESHOLD
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.recipes import recipe
-    from grpo_lab.lm.sampling import stop_and_pad_ids
     from grpo_lab.lm.tasks import all_questions
 
     unit = json.loads(path.read_text())
@@ -127,25 +113,18 @@ def evaluate_unit(path: Path, threshold: float | None = None) -> None:
     model, tokenizer = load_policy(config.model)
     model.requires_grad_(False)
     questions = all_questions(unit["task"])
-    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                        max_tokens=config.max_completion_length)
-    stops = stop_and_pad_ids(model, tokenizer, None)[0]
     curve, per_question, pruned_max, seconds = {}, {}, 0.0, {}
-    for step in eval_steps(unit["steps"]):
+    for step in frontier.eval_steps(unit["steps"]):
         load_model(model, str(Path(unit["weights_dir"]) / f"step{step}.safetensors"))
         start = time.perf_counter()
-        result = exact_evaluate(model, tokenizer, questions, sampling, threshold or THRESHOLD,
-                                system_prompt=config.system_prompt, eos_token_ids=stops)
+        result = frontier.exact_j(model, tokenizer, questions, config)
         seconds[step] = time.perf_counter() - start
         curve[step], per_question[step] = result.mean, [round(float(j), 6) for j in result.j_low]
         pruned_max = max(pruned_max, float(result.pruned.max()))
-    steps = sorted(curve)
-    golds = Counter(q.answer for q in questions)
-    answer, hits = golds.most_common(1)[0]
-    unit.update(evaluation="exact", threshold=threshold or THRESHOLD, questions=[q.question for q in questions],
-                j_curve=curve, j_per_question=per_question, j_auc=sum(curve[s] for s in steps[1:]) / (len(steps) - 1),
-                j_final=curve[steps[-1]], pruned_max=pruned_max, eval_seconds=seconds,
-                constant_answer={"answer": answer, "j": hits / len(questions)})
+    j_auc, j_final = frontier.endpoints(curve)
+    unit.update(evaluation="exact", threshold=THRESHOLD, questions=[q.question for q in questions],
+                j_curve=curve, j_per_question=per_question, j_auc=j_auc, j_final=j_final, pruned_max=pruned_max,
+                eval_seconds=seconds, constant_answer=frontier.constant_answer(questions))
     path.write_text(json.dumps(unit, indent=1) + "\n")
 
 

@@ -242,6 +242,20 @@ def eval_steps(steps: int) -> list[int]:
     return [steps * q // 4 for q in range(5)]
 
 
+def endpoints(curve: Mapping[int, float]) -> tuple[float, float]:
+    """(``j_auc``, ``j_final``) of a curve step → J: the mean J over the evaluation steps after 0, the last J."""
+    steps = sorted(curve)
+    return sum(curve[s] for s in steps[1:]) / (len(steps) - 1), curve[steps[-1]]
+
+
+def constant_answer(questions: Sequence[Any]) -> dict[str, Any]:
+    """The best constant-answer policy on ``questions``: the most common gold answer, always given, and its J."""
+    from collections import Counter
+
+    answer, hits = Counter(q.answer for q in questions).most_common(1)[0]
+    return {"answer": answer, "j": hits / len(questions)}
+
+
 def provenance(root: Path) -> dict[str, Any]:
     """What a unit records of where it ran: the commit (and whether grpo_lab/ had changes on top), torch's
     threads and the load average."""
@@ -305,10 +319,9 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
             pruned_max = max(pruned_max, float(result.pruned.max()))
         if k < config.steps:
             records.append(dataclasses.asdict(loop.step()))
-    steps = sorted(curve)
+    j_auc, j_final = endpoints(curve)
     unit.update(task=config.task, steps=config.steps, lr=config.lr, j_curve=curve, j_per_question=per_question,
-                j_auc=sum(curve[s] for s in steps[1:]) / (len(steps) - 1), j_final=curve[steps[-1]],
-                pruned_max=pruned_max, records=records, load_end=list(os.getloadavg()),
+                j_auc=j_auc, j_final=j_final, pruned_max=pruned_max, records=records, load_end=list(os.getloadavg()),
                 wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
                 eval_seconds=eval_seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,8 +334,6 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
 def run_untrained(base: Any, out_dir: Path, questions: Sequence[Any] | None = None) -> dict[str, Any]:
     """``<out_dir>/units/untrained.json``: exact J of the untrained model per question, and the best
     constant-answer policy's J (the task's most common gold answer, answered always); computed once."""
-    from collections import Counter
-
     from ..lm.models import load_policy
     from ..lm.tasks import all_questions
 
@@ -332,10 +343,9 @@ def run_untrained(base: Any, out_dir: Path, questions: Sequence[Any] | None = No
     model, tokenizer = load_policy(base.model)
     questions = all_questions(base.task) if questions is None else questions
     result = exact_j(model, tokenizer, questions, base)
-    answer, hits = Counter(q.answer for q in questions).most_common(1)[0]
     unit = {"task": base.task, "questions": [q.question for q in questions], "j": result.mean,
             "j_per_question": [round(float(j), 6) for j in result.j_low], "pruned_max": float(result.pruned.max()),
-            "constant_answer": {"answer": answer, "j": hits / len(questions)}}
+            "constant_answer": constant_answer(questions)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(unit) + "\n")
     return unit
