@@ -13,6 +13,9 @@ name             source                                          answer format
 ``addmul1``      a + b or a * b ("Calculate 3 * 4."), one-digit  ``number``
                  a, b (0…10): 242 questions in all (the lag
                  frontier's task; its pilot says why)
+``addsubmul1``   a + b, a - b or a * b, one-digit a, b (0…10):  ``number``
+                 363 questions, negative differences included
+                 (a harder mix for the frontier's pilot)
 ``add12``        the same with 1–2-digit a, b (0…99)             ``number``
 ``sum3``         a + b + c, one-digit terms (0…10): 1331         ``number``
                  questions, room for held-out ones (the CPU
@@ -100,6 +103,10 @@ GYM_TASKS = {
                                                 operators=("+", "*"), allow_parentheses=False,
                                                 allow_negation=False),
                        "number"),
+    "addsubmul1": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1,
+                                                   operators=("+", "-", "*"), allow_parentheses=False,
+                                                   allow_negation=False),
+                          "number"),
     "add12": GymTask("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
                                               operators=("+",), allow_parentheses=False, allow_negation=False),
                      "number"),
@@ -323,7 +330,7 @@ def all_questions(name: str, limit: int = 2000) -> list[Problem]:
         distinct = {p.question: p for p in generate_problems(name, n)}
         if len(distinct) > limit:
             raise ValueError(f"task {name!r} has more than {limit} distinct questions; exact J over all of them "
-                             "is for small tasks (add1, addmul1, sum3)")
+                             "is for small tasks (add1, addmul1, addsubmul1, sum3)")
         if n >= 20 * len(distinct):
             return [distinct[q] for q in sorted(distinct)]
         n *= 2
