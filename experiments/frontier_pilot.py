@@ -59,7 +59,7 @@ def train_unit(task: str, lr: float, seed: int, steps: int, out: Path, runs: Pat
     from grpo_lab.lm.recipes import recipe
 
     path = out / "units" / f"{unit_name(task, lr, seed)}.json"
-    if path.exists() or not claim(path):
+    if path.exists() or not frontier.claim(path):
         return
     record = {"task": task, "lr": lr, "seed": seed, "steps": steps, "v": 1, **frontier.provenance(ROOT)}
     wall, cpu = time.perf_counter(), time.process_time()
@@ -107,19 +107,19 @@ def evaluate_unit(path: Path) -> None:
     """
     from safetensors.torch import load_model
 
-    from grpo_lab.exact.strict_j import THRESHOLD
+    from grpo_lab.exact.strict_j import MAX_PRUNED, THRESHOLD
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.recipes import recipe
     from grpo_lab.lm.tasks import all_questions
 
     unit = json.loads(path.read_text())
-    if "j_curve" in unit or not claim(path):
+    if "j_curve" in unit or not frontier.claim(path):
         return
     config = recipe("cpu_arith_smollm2", task=unit["task"])
     model, tokenizer = load_policy(config.model)
     model.requires_grad_(False)
     questions = all_questions(unit["task"])
-    curve, per_question, pruned_max, seconds = {}, {}, 0.0, {}
+    curve, per_question, pruned_max, seconds, thresholds = {}, {}, 0.0, {}, {}
     for step in frontier.eval_steps(unit["steps"]):
         load_model(model, str(Path(unit["weights_dir"]) / f"step{step}.safetensors"))
         start = time.perf_counter()
@@ -127,22 +127,14 @@ def evaluate_unit(path: Path) -> None:
         seconds[step] = time.perf_counter() - start
         curve[step], per_question[step] = result.mean, [round(float(j), 6) for j in result.j_low]
         pruned_max = max(pruned_max, float(result.pruned.max()))
+        thresholds[step] = float(min(row["threshold"] for row in result.rows))
     j_auc, j_final = frontier.endpoints(curve)
-    unit.update(evaluation="exact", threshold=THRESHOLD, questions=[q.question for q in questions],
+    unit.update(evaluation="exact", threshold=THRESHOLD, max_pruned_target=MAX_PRUNED, lowest_threshold=thresholds,
+                eval_git_commit=frontier.provenance(ROOT)["git_commit"], questions=[q.question for q in questions],
                 j_curve=curve, j_per_question=per_question, j_auc=j_auc, j_final=j_final, pruned_max=pruned_max,
                 eval_seconds=seconds, constant_answer=frontier.constant_answer(questions))
     path.write_text(json.dumps(unit, indent=1) + "\n")
     path.with_suffix(".lock").unlink()
-
-
-def claim(path: Path) -> bool:
-    """Create ``path``'s lock file if no process holds it; False if one does."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.with_suffix(".lock").touch(exist_ok=False)
-    except FileExistsError:
-        return False
-    return True
 
 
 def main() -> None:

@@ -89,7 +89,8 @@ def test_eval_of_a_checkpoint_takes_its_config_and_the_evaluation_settings(check
     assert "'v': (4, 2)" in captured.err and "'lr': (1e-05, 1e-06)" in captured.err  # told, not refused
     result = json.loads(out.read_text())
     assert result["temperature"] == 1.0 and result["top_k"] == 20 and result["max_tokens"] == 3
-    assert len(result["rows"]) == 3 and set(result["rows"][0]) == {"question", "prompt", "gold", "j_low", "pruned"}
+    assert len(result["rows"]) == 3 and set(result["rows"][0]) == {"question", "prompt", "gold", "j_low", "pruned",
+                                                                    "threshold"}
     problems = load_problems("add1", 3, seed=config.seed + 10_000)  # eval_problems: another seed of the task
     expected = exact_evaluate(trained, tokenizer, problems, Sampling(1.0, 1.0, 20, 3))  # the checkpoint's π_θ
     assert [r["prompt"] for r in result["rows"]] == [r["prompt"] for r in expected.rows]

@@ -57,8 +57,8 @@ PROMPTS = ["a 1", "a a"]
 def test_equals_brute_force_enumeration_on_a_tiny_model(tiny, sampling):
     model, tokenizer = tiny
     for gold in ("1", "8", "0"):
-        j_low, pruned = strict_j(model, tokenizer, PROMPTS, [gold, gold], sampling, threshold=0.0,
-                                 eos_token_ids=STOPS)
+        j_low, pruned, _ = strict_j(model, tokenizer, PROMPTS, [gold, gold], sampling, threshold=0.0,
+                                    eos_token_ids=STOPS)
         truth = [brute_force_j(model, tokenizer, p, gold, sampling) for p in PROMPTS]
         assert max(truth) > 1e-4, truth  # accepted completions carry mass: the comparison means something
         np.testing.assert_allclose(j_low, truth, rtol=1e-5, atol=1e-12)  # float32 logits, cached vs whole forwards
@@ -70,11 +70,31 @@ def test_pruning_returns_a_bound_that_contains_the_truth(tiny):
     model, tokenizer = tiny
     sampling = Sampling(1.0, 1.0, 0, 4)
     truth = brute_force_j(model, tokenizer, PROMPTS[0], "1", sampling)
-    j_low, pruned = strict_j(model, tokenizer, PROMPTS[:1], ["1"], sampling, threshold=5e-3, eos_token_ids=STOPS)
-    assert truth - j_low[0] > 0.05 * truth  # pruning cut real accepted mass
+    j_low, pruned, taus = strict_j(model, tokenizer, PROMPTS[:1], ["1"], sampling, threshold=5e-3,
+                                   eos_token_ids=STOPS, max_pruned=1.0)  # no refinement
+    assert taus[0] == 5e-3 and truth - j_low[0] > 0.05 * truth  # pruning cut real accepted mass
     assert j_low[0] <= truth <= j_low[0] + pruned[0]
-    exact, _ = strict_j(model, tokenizer, PROMPTS[:1], ["1"], sampling, threshold=0.0, eos_token_ids=STOPS)
+    exact, _, _ = strict_j(model, tokenizer, PROMPTS[:1], ["1"], sampling, threshold=0.0, eos_token_ids=STOPS)
     assert exact[0] == pytest.approx(truth, rel=1e-5)
+
+
+def test_refinement_walks_a_question_again_until_its_bound_is_met(tiny):
+    model, tokenizer = tiny
+    sampling = Sampling(1.0, 1.0, 0, 4)
+    # the tiny model's lone bytes leave mass no τ removes (they are bounded, never walked): the target sits above it
+    lone_bytes = strict_j(model, tokenizer, PROMPTS, ["1", "8"], sampling, threshold=0.0, eos_token_ids=STOPS)[1]
+    target = lone_bytes.max() + 1e-3
+    coarse = strict_j(model, tokenizer, PROMPTS, ["1", "8"], sampling, threshold=5e-3, eos_token_ids=STOPS,
+                      max_pruned=1.0)
+    assert coarse[1].max() > target  # the first τ leaves more than the target: refinement has work to do
+    j_low, pruned, taus = strict_j(model, tokenizer, PROMPTS, ["1", "8"], sampling, threshold=5e-3,
+                                   eos_token_ids=STOPS, max_pruned=target)
+    assert np.all(pruned <= target) and taus.min() < 5e-3
+    for q, (prompt, gold) in enumerate(zip(PROMPTS, ["1", "8"], strict=True)):
+        truth = brute_force_j(model, tokenizer, prompt, gold, sampling)
+        assert j_low[q] <= truth <= j_low[q] + pruned[q]
+        if coarse[1][q] <= target:  # a question already within the bound is not walked again
+            assert taus[q] == 5e-3 and j_low[q] == coarse[0][q]
 
 
 def test_batches_of_questions_agree_with_one_question_at_a_time(tiny):
@@ -82,6 +102,7 @@ def test_batches_of_questions_agree_with_one_question_at_a_time(tiny):
     prompts, golds, sampling = ["a 1", "a a", "1", "a a a 1"], ["1", "8", "1", "0"], Sampling(1.0, 1.0, 0, 3)
     together = strict_j(model, tokenizer, prompts, golds, sampling, 1e-5, STOPS, questions_per_batch=3)
     alone = [strict_j(model, tokenizer, [p], [g], sampling, 1e-5, STOPS) for p, g in zip(prompts, golds, strict=True)]
+    assert together[1].max() > 0  # something was pruned: the batches share a τ and its bookkeeping
     np.testing.assert_allclose(together[0], [j[0][0] for j in alone], rtol=1e-5)
     np.testing.assert_allclose(together[1], [j[1][0] for j in alone], rtol=1e-5, atol=1e-12)
 

@@ -25,14 +25,20 @@ token prefix y_<t with probability p and decoded text s. At each node:
 So J_low ≤ J ≤ J_low + pruned, per question: ``pruned`` is a certified bound, not an estimate. Every
 tokenization of an accepted string is counted, because the walk is over tokens, not strings.
 
+**Refinement.** A question whose pruned mass exceeds ``max_pruned`` (default 1e-3) is walked again at τ/10,
+and again, down to τ = :data:`THRESHOLD_FLOOR`: a confident trained policy spreads its leftover mass over
+hundreds of viable tokens (whitespace, ``.``) each below τ, so one τ cannot suit every policy, and re-walking
+only those questions costs little. The τ each question ended at is returned.
+
 ===================== ============ =================================================================
 name                  shape        meaning
 ===================== ============ =================================================================
 ``prompts``           Q strings    formatted prompts (chat template applied), as the sampler gets them
 ``golds``             Q strings    gold answers (plain numbers)
 :class:`Sampling`     settings     T, top_p, top_k, T_max of the sampler whose J this is
-``threshold``         float        pruning level τ on a branch's probability
-returns               2 × ``[Q]``  J_low and the pruned mass, float64
+``threshold``         float        first pruning level τ on a branch's probability
+``max_pruned``        float        the pruned mass a question may keep before it is walked at τ/10
+returns               3 × ``[Q]``  J_low and the pruned mass (float64), the τ each ended at
 ===================== ============ =================================================================
 """
 
@@ -53,7 +59,11 @@ from ..lm.tasks import Problem, build_prompt
 from .strict_answers import StrictAnswers, answer_char
 
 THRESHOLD = 1e-5
-"""Default τ: branches below this probability are pruned (docs/benchmarks.md gives the pruned mass it leaves)."""
+"""Default first τ: branches below this probability are pruned (docs/benchmarks.md gives the pruned mass it leaves)."""
+MAX_PRUNED = 1e-3
+"""Default bound per question: a question pruned more than this is walked again at τ/10."""
+THRESHOLD_FLOOR = 1e-9
+"""The lowest τ refinement goes to (a question still above ``max_pruned`` there keeps its bound, reported)."""
 QUESTIONS_PER_BATCH = 8
 """Questions walked together (one KV cache). Its memory is the walked nodes of a depth times the prompt's tokens
 times the keys and values of a token (SmolLM2-135M: 30 layers × 2 × 3 heads × 64 floats = 45 KiB)."""
@@ -128,8 +138,10 @@ class _Node:
 @torch.no_grad()
 def strict_j(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], golds: Sequence[str],
              sampling: Sampling, threshold: float = THRESHOLD, eos_token_ids: Sequence[int] | None = None,
-             questions_per_batch: int = QUESTIONS_PER_BATCH) -> tuple[np.ndarray, np.ndarray]:
-    """(J_low, pruned) per question ``[Q]`` float64: the walk of the module docstring, J_low ≤ J ≤ J_low + pruned.
+             questions_per_batch: int = QUESTIONS_PER_BATCH,
+             max_pruned: float = MAX_PRUNED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(J_low, pruned, τ) per question ``[Q]``: the walk of the module docstring, J_low ≤ J ≤ J_low + pruned,
+    each question refined until its pruned mass is ≤ ``max_pruned`` (or τ reaches :data:`THRESHOLD_FLOOR`).
 
     ``eos_token_ids``: the stop ids (None: the model's, as the sampler takes them,
     :func:`~grpo_lab.lm.sampling.stop_and_pad_ids`).
@@ -138,19 +150,25 @@ def strict_j(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str], gol
         raise ValueError(f"need one gold per prompt and at least one prompt, got {len(prompts)} prompts and "
                          f"{len(golds)} golds")
     require_number_in("threshold", threshold, 0.0, 1.0)
+    require_number_in("max_pruned", max_pruned, 0.0, 1.0)
     require_int_at_least("questions_per_batch", questions_per_batch, 1)
     stops, pad = stop_and_pad_ids(model, tokenizer, eos_token_ids)
     tokens = answer_tokens(tokenizer, model.get_output_embeddings().weight.shape[0], stops)
-    answers = {gold: StrictAnswers(gold) for gold in golds}
-    walk = _Walk(model, tokenizer, tokens, sampling, threshold, pad)
+    answers = [StrictAnswers(gold) for gold in golds]
+    walk = _Walk(model, tokenizer, tokens, sampling, pad)
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     walk.prefill_prefix(_common_prefix(encoded))
-    j_low, pruned = np.zeros(len(prompts)), np.zeros(len(prompts))
-    for start in range(0, len(prompts), questions_per_batch):
-        batch = range(start, min(start + questions_per_batch, len(prompts)))
-        walk.run([encoded[q] for q in batch], [answers[golds[q]] for q in batch], j_low[batch.start:batch.stop],
-                 pruned[batch.start:batch.stop])
-    return j_low, pruned
+    j_low, pruned, taus = np.zeros(len(prompts)), np.zeros(len(prompts)), np.full(len(prompts), threshold)
+    todo = np.arange(len(prompts))
+    while todo.size:
+        for start in range(0, todo.size, questions_per_batch):
+            batch = todo[start:start + questions_per_batch]
+            j_batch, pruned_batch = np.zeros(batch.size), np.zeros(batch.size)
+            walk.run([encoded[q] for q in batch], [answers[q] for q in batch], j_batch, pruned_batch, taus[batch[0]])
+            j_low[batch], pruned[batch] = j_batch, pruned_batch
+        todo = todo[(pruned[todo] > max_pruned) & (taus[todo] / 10 >= THRESHOLD_FLOOR)]
+        taus[todo] /= 10
+    return j_low, pruned, taus
 
 
 def _common_prefix(encoded: Sequence[Sequence[int]]) -> list[int]:
@@ -165,9 +183,9 @@ class _Walk:
     """The walk of the module docstring over one batch of questions at a time, sharing one prefilled prefix."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, tokens: AnswerTokens, sampling: Sampling,
-                 threshold: float, pad: int) -> None:
+                 pad: int) -> None:
         self.model, self.tokenizer, self.tokens = model, tokenizer, tokens
-        self.sampling, self.threshold, self.pad = sampling, threshold, pad
+        self.sampling, self.pad = sampling, pad
         self.cache_kwarg = ModelDecoder(model).cache_kwarg
         self.device = next(model.parameters()).device
         self.prefix: list[int] = []
@@ -190,8 +208,9 @@ class _Walk:
             _, self.prefix_cache = self.forward(ids, torch.ones_like(ids), torch.arange(len(prefix))[None], None)
 
     def run(self, encoded: list[list[int]], answers: list[StrictAnswers], j_low: np.ndarray,
-            pruned: np.ndarray) -> None:
-        """Walk one batch of prompts (token ids), adding into ``j_low`` and ``pruned`` (views, one per prompt)."""
+            pruned: np.ndarray, threshold: float) -> None:
+        """Walk one batch of prompts (token ids) pruning below ``threshold``, adding into ``j_low`` and ``pruned``
+        (one entry per prompt)."""
         n, rows = len(self.prefix), len(encoded)
         suffixes = [ids[n:] for ids in encoded]
         width = max(len(s) for s in suffixes)
@@ -211,7 +230,7 @@ class _Walk:
         nodes = [_Node(q, (), "", 1.0) for q in range(rows)]
         next_position = torch.tensor([len(e) for e in encoded])
         for depth in range(self.sampling.max_tokens):
-            children, parents = self.expand(logits, nodes, answers, j_low, pruned,
+            children, parents = self.expand(logits, nodes, answers, j_low, pruned, threshold,
                                             last=depth == self.sampling.max_tokens - 1)
             if not children:
                 return
@@ -223,7 +242,7 @@ class _Walk:
             nodes, next_position = children, next_position[index] + 1
 
     def expand(self, logits: torch.Tensor, nodes: list[_Node], answers: list[StrictAnswers], j_low: np.ndarray,
-               pruned: np.ndarray, last: bool) -> tuple[list[_Node], list[int]]:
+               pruned: np.ndarray, threshold: float, last: bool) -> tuple[list[_Node], list[int]]:
         """Book each node's stop mass and pruned mass; return its children to expand and their parents' rows."""
         s, tokens = self.sampling, self.tokens
         logp = truncate_logprobs(torch.log_softmax(logits.float() / s.temperature, dim=-1), s.top_p, s.top_k)
@@ -242,7 +261,7 @@ class _Walk:
                 continue
             mass = node.p * candidates[r]
             viable = self.viable_children(answer, node.text)
-            walked = viable & (mass >= self.threshold) & (mass > 0)
+            walked = viable & (mass >= threshold) & (mass > 0)
             pruned[node.question] += node.p * unknown[r] + mass[viable & ~walked].sum()
             for c in np.flatnonzero(walked):
                 children.append(_Node(node.question, (*node.ids, int(tokens.ids[c])), node.text + tokens.texts[c],
@@ -273,9 +292,12 @@ class ExactEvaluation:
     (J_low ≤ J ≤ J_low + pruned), with the sampling settings and τ they were computed under."""
 
     rows: list[dict[str, Any]]
-    """One per problem: ``question``, ``prompt`` (the whole text fed to the model), ``gold``, ``j_low``, ``pruned``."""
+    """One per problem: ``question``, ``prompt`` (the whole text fed to the model), ``gold``, ``j_low``, ``pruned``,
+    and ``threshold``, the τ its walk ended at."""
     sampling: Sampling
     threshold: float
+    """The first τ."""
+    max_pruned: float
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -295,21 +317,21 @@ class ExactEvaluation:
         """The JSON object of ``grpo-lab eval --exact --out``: mean, bound, settings beside the rows."""
         return {"evaluation": "exact", "mean_j_low": self.mean, "mean_pruned": float(self.pruned.mean()),
                 "max_pruned": float(self.pruned.max()), **asdict(self.sampling), "threshold": self.threshold,
-                **self.extra, "rows": self.rows}
+                "max_pruned_target": self.max_pruned, **self.extra, "rows": self.rows}
 
 
 def exact_evaluate(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Problem], sampling: Sampling,
                    threshold: float = THRESHOLD, system_prompt: str | None = None,
                    eos_token_ids: Sequence[int] | None = None,
-                   questions_per_batch: int = QUESTIONS_PER_BATCH) -> ExactEvaluation:
+                   questions_per_batch: int = QUESTIONS_PER_BATCH, max_pruned: float = MAX_PRUNED) -> ExactEvaluation:
     """Exact strict Pass@1 of the causal LM ``model`` on ``problems`` (answer format ``number``), their prompts
     built as a run builds them (:func:`~grpo_lab.lm.tasks.build_prompt`); no training config involved."""
     wrong = sorted({p.answer_format for p in problems} - {"number"})
     if wrong:
         raise ValueError(f"exact J covers the answer format 'number' only, got problems in {wrong}")
     prompts = [build_prompt(p, tokenizer, system_prompt) for p in problems]
-    j_low, pruned = strict_j(model, tokenizer, prompts, [p.answer for p in problems], sampling, threshold,
-                             eos_token_ids, questions_per_batch)
-    rows = [{"question": p.question, "prompt": prompt, "gold": p.answer, "j_low": float(j), "pruned": float(b)}
-            for p, prompt, j, b in zip(problems, prompts, j_low, pruned, strict=True)]
-    return ExactEvaluation(rows, sampling, threshold)
+    j_low, pruned, taus = strict_j(model, tokenizer, prompts, [p.answer for p in problems], sampling, threshold,
+                                   eos_token_ids, questions_per_batch, max_pruned)
+    rows = [{"question": p.question, "prompt": prompt, "gold": p.answer, "j_low": float(j), "pruned": float(b),
+             "threshold": float(t)} for p, prompt, j, b, t in zip(problems, prompts, j_low, pruned, taus, strict=True)]
+    return ExactEvaluation(rows, sampling, threshold, max_pruned)

@@ -287,9 +287,10 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
     """Train one unit (``base`` with the arm's changes and the seed), with exact J on the task's whole question
     set at each evaluation step (off the clock), and write ``<out_dir>/units/<arm>_s<seed>.json``.
 
-    Skipped (None) if the file exists. The unit keeps every step's record (lag, r′ statistics, ESS, drift, the
-    empty-step decisions), J per question at each evaluation step, and its provenance. ``questions``: the
-    evaluation set (default: the task's whole question set, :func:`~grpo_lab.lm.tasks.all_questions`)."""
+    Skipped (None) if the file exists or another process holds it (:func:`claim`). The unit keeps every step's
+    record (lag, r′ statistics, ESS, drift, the empty-step decisions), J per question at each evaluation step
+    (and the lowest τ its refinement reached), and its provenance. ``questions``: the evaluation set
+    (default: the task's whole question set, :func:`~grpo_lab.lm.tasks.all_questions`)."""
     import dataclasses
     import os
     import time
@@ -300,7 +301,7 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
     from ..lm.tasks import all_questions
 
     path = out_dir / "units" / f"{arm.name}_s{seed}.json"
-    if path.exists():
+    if path.exists() or not claim(path):
         return None
     unit: dict[str, Any] = {"arm": arm.name, "v": arm.v, "is_correction": arm.is_correction, "beta": arm.beta,
                             "seed": seed, **provenance(root)}
@@ -308,7 +309,7 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
     config = base.replace(seed=seed, **arm.changes())
     loop = build_loop(config)
     questions = all_questions(config.task) if questions is None else questions
-    curve, per_question, pruned_max, records = {}, {}, 0.0, []
+    curve, per_question, pruned_max, records, thresholds = {}, {}, 0.0, [], {}
     for k in range(config.steps + 1):
         if k in eval_steps(config.steps):
             start = time.perf_counter()
@@ -317,18 +318,32 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
             eval_seconds += time.perf_counter() - start
             curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
             pruned_max = max(pruned_max, float(result.pruned.max()))
+            thresholds[k] = float(min(row["threshold"] for row in result.rows))
         if k < config.steps:
             records.append(dataclasses.asdict(loop.step()))
     j_auc, j_final = endpoints(curve)
     unit.update(task=config.task, steps=config.steps, lr=config.lr, j_curve=curve, j_per_question=per_question,
-                j_auc=j_auc, j_final=j_final, pruned_max=pruned_max, records=records, load_end=list(os.getloadavg()),
+                j_auc=j_auc, j_final=j_final, pruned_max=pruned_max, lowest_threshold=thresholds, records=records,
+                load_end=list(os.getloadavg()),
                 wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
                 eval_seconds=eval_seconds)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(unit) + "\n")
     tmp.replace(path)
+    path.with_suffix(".lock").unlink()
     return unit
+
+
+def claim(path: Path) -> bool:
+    """Create ``path``'s lock file unless a process holds it (then False): processes side by side share one
+    unit order, each taking the next unit nobody holds. A lock left by a killed process is removed by hand."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.with_suffix(".lock").touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    return True
 
 
 def run_untrained(base: Any, out_dir: Path, questions: Sequence[Any] | None = None) -> dict[str, Any]:
