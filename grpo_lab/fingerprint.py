@@ -6,18 +6,22 @@ must hold π_θ's weights as the sampler should hold them: cast to the sampler's
 rows), with a tied LM head resolved (the served head must equal π_θ's embedding). Each side fingerprints its
 own tensors, and only the fingerprints are compared: no weight crosses.
 
-The fingerprint of a served tensor W (its served name, a *line* axis, a dtype)::
+The fingerprint of a served tensor W at the sync of step k (its served name, a *kind*, a dtype)::
 
-    lines    = m fixed random lines of W (rows; or columns, where the engine serves W only through its
-               product y = x·Wᵀ: then read as y of m one-hot x, which is exact, each output one weight)
-    print    = CRC-32 of the lines' bytes in the sampler's dtype           (1-D tensors: every element)
+    samples  = m samples of W drawn afresh at each sync (seeded by k and W's size, so both sides draw
+               the same without talking): blocks of 16 consecutive elements of W's flat layout; or, where
+               the engine serves W only through its product y = x·Wᵀ, columns, read as y of m one-hot x
+               (exact: each output is one weight)
+    print    = CRC-32 of the samples' bytes in the sampler's dtype      (a tensor of ≤ m samples: all of it)
 
-π_θ's side picks the same lines from its own tensors (the fused parts' lines where the sampler fuses), casts
-them to the sampler's dtype, and takes the same CRC. The lines are drawn once per line count (seeded by it),
-so both sides agree without talking. False pass: a served tensor whose differing bytes lie in a fraction q
-of its lines matches with probability ≤ (1 − q)^m (the m lines all miss them), plus 2⁻³² (a CRC collision);
-one optimiser step changes (nearly) every line in float32, so a stale tensor is caught with certainty.
-Lines are whole rows where the sampler's tensor is a plain one, so a proof reads m/rows of the bytes.
+π_θ's side picks the same samples from its own tensors (the fused parts' where the sampler fuses), casts
+them to the sampler's dtype, and takes the same CRC. False pass at one sync: a served tensor whose differing
+bytes lie in a fraction q of its blocks (of its columns) matches with probability ≤ (1 − q)^m (the m
+independent draws all miss them; q is at least the share of its elements that differ), plus 2⁻³² (a CRC
+collision). One optimiser step changes (nearly) every element in float32, so a stale tensor is caught with
+certainty; a fault that persists (rows a sync never writes, an untied embedding's unseen tokens) is drawn
+afresh at every sync, so it passes n syncs with probability ≤ (1 − q)^{mn}. A proof reads m blocks of a
+tensor, not its bytes: its cost is one gather and one CRC per tensor on each side.
 
 What it cannot see: a fused tensor whose parts were loaded in the wrong order *and* equal (never in
 practice), or weights that are right but served through a wrong layout (a kernel reading a packed matrix
@@ -30,16 +34,23 @@ import functools
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from .sync_audit import CHECKS, SyncError
 
-LINES = 16
-"""m: the lines (rows or columns) of each 2-D tensor a fingerprint reads."""
+SAMPLES = 16
+"""m: the samples of each tensor a fingerprint reads at one sync: blocks of :data:`BLOCK` elements, or columns."""
 
-KINDS = ("rows", "columns")
-"""How a served tensor's lines are read: its rows (a plain tensor), or its columns through the engine's product."""
+BLOCK = 16
+"""Elements are read in blocks of this many consecutive ones (a 64-byte cache line of float32): after a sync has
+streamed the weights through the caches, m random single elements would cost m cache misses per tensor; m
+blocks cost the same misses and read 16× the bytes."""
+
+KINDS = ("elements", "columns")
+"""How a served tensor is sampled: elements of its flat layout (a plain tensor), or columns through the
+engine's product."""
 
 FUSIONS = ((r"qkv_proj", ("q_proj", "k_proj", "v_proj")), (r"gate_up_proj", ("gate_proj", "up_proj")))
 """Fused served names and their parts, concatenated along the output rows (vLLM's)."""
@@ -48,13 +59,38 @@ Served = dict[str, tuple[str, torch.dtype, int]]
 """Served name → (kind, the dtype it is served in, fingerprint), in the sampler's order."""
 
 
-@functools.lru_cache(maxsize=256)
-def line_indices(length: int, lines: int = LINES) -> torch.Tensor:
-    """The fixed lines of an axis of ``length``: all of them if ≤ ``lines``, else ``lines`` drawn without
-    replacement by a generator seeded with ``length``, sorted."""
-    if length <= lines:
-        return torch.arange(length)
-    return torch.randperm(length, generator=torch.Generator().manual_seed(length))[:lines].sort().values
+@functools.lru_cache(maxsize=64)
+def sample_positions(length: int, step: int, device: str = "cpu", block: int = 1) -> torch.Tensor:
+    """The positions a fingerprint reads along an axis of ``length`` at the sync of ``step``: all of them if
+    they fit in m blocks, else m blocks of ``block`` consecutive positions (the axis cut into blocks, the last
+    one shorter: its positions repeat the axis's last) drawn uniformly and independently, seeded by (step,
+    length); on ``device``."""
+    if length <= SAMPLES * block:
+        return torch.arange(length, device=device)
+    generator = torch.Generator().manual_seed(step * 1_000_003 + length)
+    starts = torch.randint(-(-length // block), (SAMPLES, 1), generator=generator) * block
+    return (starts + torch.arange(block)).clamp_(max=length - 1).reshape(-1).to(device)
+
+
+def pick(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> torch.Tensor:
+    """The samples of ``parts`` concatenated along dim 0 (one part: a plain tensor) at the sync of ``step``, in
+    ``dtype``: m elements of the flat layout ``[m]``, or m columns as the engine's product of m one-hot inputs
+    returns them ``[m, rows]``."""
+    if kind == "columns":
+        columns = sample_positions(parts[0].shape[1], step, str(parts[0].device))
+        return torch.cat([p.detach()[:, columns] for p in parts]).to(dtype).t()
+    if len(parts) == 1:                                       # a plain tensor: one gather (the common case)
+        positions = sample_positions(parts[0].numel(), step, str(parts[0].device), BLOCK)
+        return torch.take(parts[0].detach(), positions).to(dtype)
+    # the fused tensor's flat layout is its parts' flat layouts one after another (same row width)
+    device = parts[0].device
+    positions = sample_positions(sum(p.numel() for p in parts), step, str(device), BLOCK)
+    picked, start = torch.empty(len(positions), dtype=parts[0].dtype, device=device), 0
+    for part in parts:
+        inside = (positions >= start) & (positions < start + part.numel())
+        picked[inside] = torch.take(part.detach(), positions[inside] - start)
+        start += part.numel()
+    return picked.to(dtype)
 
 
 def crc(tensor: torch.Tensor) -> int:
@@ -62,28 +98,34 @@ def crc(tensor: torch.Tensor) -> int:
     return zlib.crc32(tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy())
 
 
-def pick(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype) -> torch.Tensor:
-    """The fingerprinted lines of ``parts`` concatenated along dim 0 (one part: a plain tensor), in ``dtype``:
-    every element of a tensor of < 2 dims; m rows ``[m, …]``; or m columns, laid out as the engine's product
-    of m one-hot inputs returns them, ``[m, rows]``."""
-    if parts[0].dim() < 2:
-        return torch.cat([p.detach().reshape(-1) for p in parts]).to(dtype)
-    if kind == "columns":
-        columns = line_indices(parts[0].shape[1])
-        return torch.cat([p.detach()[:, columns] for p in parts]).to(dtype).t()
-    if len(parts) == 1:                                       # a plain tensor: one gather (the common case)
-        return parts[0].detach()[line_indices(parts[0].shape[0])].to(dtype)
-    rows, start, picked = line_indices(sum(p.shape[0] for p in parts)), 0, []
-    for part in parts:
-        inside = rows[(rows >= start) & (rows < start + part.shape[0])] - start
-        picked.append(part.detach()[inside])
-        start += part.shape[0]
-    return torch.cat(picked).to(dtype)
+NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool)
+"""The dtypes numpy holds bit for bit: a CPU tensor in one of them is read through numpy on the fast path."""
 
 
-def served_rows(named: Iterable[tuple[str, torch.Tensor]]) -> Served:
-    """The fingerprints of plain tensors as a sampler serves them (rows; in their own dtype)."""
-    return {name: ("rows", tensor.dtype, crc(pick([tensor], "rows", tensor.dtype))) for name, tensor in named}
+@functools.lru_cache(maxsize=64)
+def _blocks_numpy(length: int, step: int) -> Any:
+    """The blocks :func:`sample_positions` draws, as block indices (``length`` a multiple of :data:`BLOCK`)."""
+    return (sample_positions(length, step, "cpu", BLOCK)[::BLOCK] // BLOCK).numpy()
+
+
+def fingerprint(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> int:
+    """``crc(pick(parts, kind, dtype, step))``: the fingerprint of a served tensor, or of π_θ's parts as it
+    should be served. A plain CPU tensor sampled by elements in its own dtype (the in-process samplers' every
+    tensor), of a whole number of blocks, is read through numpy as rows of blocks: the same bytes at a fraction
+    of torch's per-call cost, which is what a proof over a few hundred tensors spends its time on."""
+    part = parts[0]
+    n = part.numel()
+    if (len(parts) == 1 and kind == "elements" and part.dtype == dtype and dtype in NUMPY_DTYPES
+            and part.device.type == "cpu" and n > SAMPLES * BLOCK and n % BLOCK == 0 and part.is_contiguous()):
+        return zlib.crc32(part.detach().numpy().reshape(-1, BLOCK)[_blocks_numpy(n, step)])
+    return crc(pick(parts, kind, dtype, step))
+
+
+def served_elements(named: Iterable[tuple[str, torch.Tensor]], step: int) -> Served:
+    """The fingerprints of plain tensors as a sampler serves them (elements; in their own dtype) at the sync of
+    ``step``."""
+    return {name: ("elements", tensor.dtype, fingerprint([tensor], "elements", tensor.dtype, step))
+            for name, tensor in named}
 
 
 def parts_of(name: str, sources: Mapping[str, torch.Tensor]) -> list[str]:
@@ -102,22 +144,20 @@ def parts_of(name: str, sources: Mapping[str, torch.Tensor]) -> list[str]:
 
 def prove(served: Served, sources: Mapping[str, torch.Tensor], step: int) -> None:
     """Raise :class:`SyncError` unless every tensor the sampler serves has the fingerprint of π_θ's as the
-    sampler should hold it (``sources``: π_θ's tensors that the sampler should serve, by name, a tied one under
-    each of its names; cast to the dtype each is served in), naming the first that differs, the step and both
-    fingerprints; and unless every tensor of π_θ is served somewhere."""
-    covered: set[str] = set()
+    sampler should hold it at the sync of ``step`` (``sources``: π_θ's tensors that the sampler should serve,
+    by name, a tied one under each of its names; cast to the dtype each is served in), naming the first that
+    differs, the step and both fingerprints; and unless every tensor of π_θ is served somewhere."""
+    parts = {name: parts_of(name, sources) for name in served}
     for name, (kind, dtype, served_print) in served.items():
-        parts = parts_of(name, sources)
-        covered.update(parts)
-        expected = crc(pick([sources[p] for p in parts], kind, dtype))
-        if expected != served_print:
-            held = f"fused from {parts}, " if len(parts) > 1 else ""
+        print_ = fingerprint([sources[p] for p in parts[name]], kind, dtype, step)
+        if print_ != served_print:
+            held = f"fused from {parts[name]}, " if len(parts[name]) > 1 else ""
             raise SyncError(
                 f"the sync at step {step} did not take: {name!r} differs — the sampler serves fingerprint "
-                f"{served_print:08x}, π_θ's ({held}cast to {dtype}) is {expected:08x} (CRC-32 of {LINES} "
-                f"fixed {kind}; grpo_lab.fingerprint). Check " + "; ".join(CHECKS)
+                f"{served_print:08x}, π_θ's ({held}cast to {dtype}) is {print_:08x} (CRC-32 of {SAMPLES} "
+                f"{kind} drawn for this sync; grpo_lab.fingerprint). Check " + "; ".join(CHECKS)
                 + ". (sync_audit=False turns this off.)")
-    missing = sorted(set(sources) - covered)
+    missing = sorted(set(sources) - {p for names in parts.values() for p in names})
     if missing:
         raise SyncError(f"the sync at step {step} cannot be proved: π_θ's {missing[:4]} are served by no tensor "
                         "of the sampler (a weight it does not load, or a layout grpo_lab.fingerprint does not "

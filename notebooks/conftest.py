@@ -11,14 +11,22 @@ prints the Run-All time (first cell's start to last cell's end), which docs/benc
 from __future__ import annotations
 
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 GIB = 2**30
-KERNEL_PEAK_BUDGET = {"01b_theorem1_smollm2.ipynb": 4 * GIB, "02_gsm8k_qwen05b.ipynb": 4.5 * GIB}
-"""Peak kernel RSS allowed per notebook, whatever the mode; a notebook gets its budget once its peak has been
-measured under it (docs/benchmarks.md, *Notebook memory*)."""
+LAPTOP = 4e9
+"""The issue's target, 4 GB (decimal: 3.73 GiB), for every notebook's kernel at its default CPU size."""
+VLLM_ENGINE = 8 * GIB
+"""Notebook 03 with vLLM installed (``make test-vllm``): the engine runs in the kernel's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and its peak, 7.54 GiB in smoke mode, is over the laptop target; this
+budget holds it where it was measured until the engine's share is cut."""
+KERNEL_PEAK_BUDGET = {"01_bandit.ipynb": LAPTOP, "01b_theorem1_smollm2.ipynb": LAPTOP, "02_gsm8k_qwen05b.ipynb": LAPTOP,
+                      "03_colocate_throughput_7b.ipynb": VLLM_ENGINE if find_spec("vllm") else LAPTOP}
+"""Peak kernel RSS allowed per notebook, whatever the mode (docs/benchmarks.md, *Notebook memory*, has each one's
+measured peak)."""
 _STARTED: dict[str, float] = {}
 
 
@@ -44,14 +52,14 @@ class KernelPeakItem(pytest.Item):
         provisioner = kernel.km.provisioner
         peak = kernel_peak_rss(provisioner.process.pid)
         elapsed = time.monotonic() - _STARTED.get(self.parent.name, time.monotonic())
-        line = (f"{self.parent.name}: kernel peak RSS {peak / GIB:.2f} GiB (budget {self.budget / GIB:.1f} GiB), "
+        line = (f"{self.parent.name}: kernel peak RSS {peak / GIB:.2f} GiB (budget {self.budget / GIB:.2f} GiB), "
                 f"Run All {elapsed:.0f} s")
         self.user_properties.append(("kernel_peak", line))
         print(line)
         assert peak <= self.budget, line
 
     def reportinfo(self) -> tuple[Path, int, str]:
-        return self.path, 0, f"{self.parent.name}: kernel peak RSS ≤ {self.budget / GIB:.1f} GiB"
+        return self.path, 0, f"{self.parent.name}: kernel peak RSS ≤ {self.budget / GIB:.2f} GiB"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

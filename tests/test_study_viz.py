@@ -167,6 +167,24 @@ def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_part
     assert r.tolist() == [[1.0, 0.0]]
 
 
+def test_release_frees_the_run_and_the_loaded_model_and_the_next_run_resumes(panel_parts, tmp_path, monkeypatch):
+    study, base, problems, _, _ = panel_parts
+    loads = []
+    monkeypatch.setattr(LivePanel, "_load_untrained", staticmethod(lambda b: loads.append(b) or (tiny_model(),
+                                                                                               tokenizer())))
+    panel = LivePanel(study, base, problems, steps=3, out_dir=tmp_path / "live", mode="none")
+    first = panel.run(steps=2)
+    panel.release()
+    assert panel.loop is None and panel.model is None and len(loads) == 1   # the panel loaded it: it frees it
+    resumed = panel.run()                                                    # loads it again, resumes at step 2
+    assert len(loads) == 2 and resumed is not first and resumed.k == 3
+    assert rows_of(resumed.history[:2]) == rows_of(first.history)
+    given = make_panel(panel_parts, tmp_path, out="given")
+    given.run(steps=1)
+    given.release()
+    assert given.loop is None and given.model is panel_parts[3]             # a model passed in is the caller's
+
+
 def test_a_stop_pressed_while_run_sets_up_is_kept(panel_parts, tmp_path, monkeypatch):
     panel = make_panel(panel_parts, tmp_path)
     real = study_panel.build_loop

@@ -8,7 +8,7 @@ from sync_faults import FAULTS, nudge, pushed
 from tiny_lm import EvenTokenTask, tiny_model, word_tokenizer
 
 from grpo_lab import GRPOConfig, GRPOLoop
-from grpo_lab.fingerprint import LINES, crc, line_indices, pick, prove, served_rows
+from grpo_lab.fingerprint import SAMPLES, crc, fingerprint, pick, prove, sample_positions, served_elements
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.sync_audit import SyncError
@@ -21,39 +21,83 @@ def tokenizer():
 
 # ----------------------------------------------------------------------------- the fingerprint
 
-def test_lines_are_fixed_and_cover_short_axes_whole():
-    assert torch.equal(line_indices(1000), line_indices(1000)) and len(line_indices(1000)) == LINES
-    assert torch.equal(line_indices(7), torch.arange(7))
-    assert len(set(line_indices(1000).tolist())) == LINES
+def test_samples_are_fixed_per_sync_and_drawn_afresh_at_each():
+    assert torch.equal(sample_positions(1000, 3), sample_positions(1000, 3))
+    assert len(sample_positions(1000, 3)) == SAMPLES
+    assert not torch.equal(sample_positions(1000, 3), sample_positions(1000, 4))
+    assert torch.equal(sample_positions(7, 3), torch.arange(7))
+    drawn = torch.cat([sample_positions(1000, k) for k in range(400)])
+    assert drawn.min() == 0 and drawn.max() == 999 and len(set(drawn.tolist())) > 990  # uniform over the axis
 
 
-def test_fused_lines_are_the_parts_lines_and_columns_are_a_products():
+def test_fused_samples_are_the_parts_and_columns_are_a_products():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(n, 40, generator=g) for n in (64, 16, 16))
     fused = torch.cat([q, k, v])
-    assert torch.equal(pick([q, k, v], "rows", torch.float32), pick([fused], "rows", torch.float32))
-    columns = line_indices(40)
+    for step in range(5):
+        assert torch.equal(pick([q, k, v], "elements", torch.float32, step),
+                           pick([fused], "elements", torch.float32, step))
+    columns = sample_positions(40, 2)
     one_hot = torch.zeros(len(columns), 40)
     one_hot[torch.arange(len(columns)), columns] = 1
     product = one_hot @ fused.to(torch.bfloat16).float().t()            # what an engine's kernel returns
-    assert crc(product.to(torch.bfloat16)) == crc(pick([q, k, v], "columns", torch.bfloat16))
+    assert crc(product.to(torch.bfloat16)) == fingerprint([q, k, v], "columns", torch.bfloat16, 2)
+
+
+def test_the_numpy_fast_path_reads_the_bytes_torch_reads():
+    pieces = [torch.randn(500), torch.arange(300), torch.randn(0), torch.randn(40, 20).half(), torch.tensor(2.0),
+              torch.rand(100) > 0.5, torch.randn(30, 30).to(torch.bfloat16), torch.randn(70, 3).t()]
+    for step in range(3):
+        for p in pieces:
+            assert fingerprint([p], "elements", p.dtype, step) == crc(pick([p], "elements", p.dtype, step)), p.dtype
+
+
+def test_named_tensors_walks_as_named_parameters_then_named_buffers(tied_model_dir):
+    from transformers import LlamaForCausalLM
+
+    from grpo_lab.lm.sampling import _named_tensors
+
+    model = LlamaForCausalLM.from_pretrained(tied_model_dir)
+    for remove in (True, False):
+        expected = [*model.named_parameters(remove_duplicate=remove), *model.named_buffers(remove_duplicate=remove)]
+        got = _named_tensors(model, remove_duplicate=remove)
+        assert [n for n, _ in got] == [n for n, _ in expected]
+        assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))
+    assert len(_named_tensors(model, False)) == len(_named_tensors(model, True)) + 1   # the tied head
 
 
 def test_a_cast_a_tied_head_and_a_missing_tensor():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 8, generator=g)
-    served = served_rows([("a.weight", w.to(torch.bfloat16)), ("lm_head.weight", w.to(torch.bfloat16))])
+    served = served_elements([("a.weight", w.to(torch.bfloat16)), ("lm_head.weight", w.to(torch.bfloat16))], 3)
     prove(served, {"a.weight": w, "lm_head.weight": w}, step=3)          # bf16 of fp32 weights: proved
     with pytest.raises(SyncError, match=r"step 3 cannot be proved: π_θ's \['b'\] are served by no tensor"):
         prove(served, {"a.weight": w, "lm_head.weight": w, "b": w}, step=3)
     with pytest.raises(SyncError, match="serves 'c', which π_θ has no tensor for"):
-        prove(served_rows([("c", w)]), {"a.weight": w}, step=0)
+        prove(served_elements([("c", w)], 0), {"a.weight": w}, step=0)
     stale = w.clone()
-    stale[line_indices(50)[5], 0] += 0.1                              # above a bf16 rounding
+    stale.view(-1)[sample_positions(w.numel(), 4)[5]] += 0.1          # above a bf16 rounding
     with pytest.raises(SyncError, match=r"step 4 did not take: 'lm_head.weight' differs — the sampler serves "
                                         r"fingerprint [0-9a-f]{8}, π_θ's \(cast to torch.bfloat16\) is [0-9a-f]{8}"):
-        prove(served_rows([("a.weight", w.to(torch.bfloat16)), ("lm_head.weight", stale.to(torch.bfloat16))]),
+        prove(served_elements([("a.weight", w.to(torch.bfloat16)), ("lm_head.weight", stale.to(torch.bfloat16))], 4),
               {"a.weight": w, "lm_head.weight": w}, step=4)
+
+
+def test_a_persistent_partial_fault_is_caught_within_a_few_syncs():
+    """Rows a sync never writes (an untied embedding's unseen tokens): 5 % of the rows (of the 16-element
+    blocks) stay behind at every sync. One sync misses them with probability 0.95^m = 0.44 (m = 16); drawn
+    afresh, they pass 20 syncs with probability 0.44^20 — fixed draws would pass every sync with 0.44."""
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(400, 16, generator=g)
+    served = theta.clone()
+    served[::20] += 1.0                                              # 20 of 400 rows behind
+    caught = []
+    for step in range(20):
+        try:
+            prove(served_elements([("embed.weight", served)], step), {"embed.weight": theta}, step)
+        except SyncError:
+            caught.append(step)
+    assert len(caught) >= 6 and caught[0] <= 5, caught                # expected: 11.2 of 20 caught
 
 
 # ----------------------------------------------------------------------------- HFSampler

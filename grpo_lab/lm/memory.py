@@ -340,3 +340,19 @@ def guard_disk(config: TrainConfig, size: int, checkpoint: Path, free: int | Non
 def gib(n: int) -> str:
     """Bytes as GiB with two decimals (``'1.25 GiB'``)."""
     return f"{n / 2**30:.2f} GiB"
+
+
+def return_freed_memory() -> None:
+    """Collect garbage, then hand the C heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op
+    where there is none): what a notebook cell calls after dropping a finished run, so its RSS falls before
+    the next run allocates. Without it glibc keeps the freed tensors' pages (the retention in the module
+    docstring), and a later run's peak lands on top of them."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:
+        trim(0)

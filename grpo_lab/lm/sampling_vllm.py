@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import os
 import re
@@ -59,7 +60,7 @@ from typing import Any
 import torch
 
 from ..checks import require_int_at_least, require_number_in
-from ..fingerprint import Served, crc, line_indices, pick, prove
+from ..fingerprint import Served, crc, fingerprint, prove, sample_positions
 from ..rollout import Rollout
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
@@ -130,15 +131,16 @@ def engine_logprobs(llm: Any, prompts: Sequence[Sequence[int]], completions: Seq
 
 
 @torch.no_grad()
-def served_fingerprints(model: torch.nn.Module) -> Served:
-    """The fingerprints (:mod:`grpo_lab.fingerprint`) of every parameter the engine's ``model`` serves, computed in
-    its worker (``llm.apply_model``), under the engine's names (fused: ``qkv_proj``, ``gate_up_proj``).
+def served_fingerprints(model: torch.nn.Module, step: int) -> Served:
+    """The fingerprints (:mod:`grpo_lab.fingerprint`, the draws of the sync of ``step``) of every parameter the
+    engine's ``model`` serves, computed in its worker (``llm.apply_model``), under the engine's names (fused:
+    ``qkv_proj``, ``gate_up_proj``).
 
     A matrix the engine multiplies through its own kernel (a linear layer, the LM head) is read *through that
     kernel*: its output for m one-hot inputs is m columns of the matrix as served (the CPU build keeps only a
     repacked copy, vLLM's ``dispatch_cpu_unquantized_gemm``), exactly, since each output is one weight times
-    1 plus zeros. Any other parameter (the embedding, the norms) is read as it is, by rows; the embedding's
-    padding rows past the vocabulary (``org_vocab_size``) are left out, as π_θ has none."""
+    1 plus zeros. Any other parameter (the embedding, the norms) is read as it is, by elements; the
+    embedding's padding rows past the vocabulary (``org_vocab_size``) are left out, as π_θ has none."""
     served: Served = {}
     for module_name, module in model.named_modules():
         for name, tensor in module.named_parameters(recurse=False):
@@ -147,9 +149,9 @@ def served_fingerprints(model: torch.nn.Module) -> Served:
             vocabulary = getattr(module, "org_vocab_size", None)
             if size is None:
                 tensor = tensor[:vocabulary] if vocabulary is not None else tensor
-                served[full] = ("rows", tensor.dtype, crc(pick([tensor], "rows", tensor.dtype)))
+                served[full] = ("elements", tensor.dtype, fingerprint([tensor], "elements", tensor.dtype, step))
                 continue
-            columns = line_indices(size)
+            columns = sample_positions(size, step, str(tensor.device))
             dtype = tensor.dtype if tensor.numel() else module.params_dtype  # the CPU build empties a repacked weight
             one_hot = torch.zeros(len(columns), size, dtype=dtype, device=tensor.device)
             one_hot[torch.arange(len(columns)), columns] = 1
@@ -372,8 +374,8 @@ class VLLMSampler:
         """Prove that the engine serves π_θ's parameters (:func:`grpo_lab.fingerprint.prove`; raises
         ``SyncError``): :func:`served_fingerprints` in the engine's worker against π_θ's, cast to the engine's
         dtype and fused as the engine fuses, the tied LM head against the embedding."""
-        prove(self.llm.apply_model(served_fingerprints)[0], dict(policy.model.named_parameters(remove_duplicate=False)),
-              step)
+        served = self.llm.apply_model(functools.partial(served_fingerprints, step=step))[0]
+        prove(served, dict(policy.model.named_parameters(remove_duplicate=False)), step)
 
     def score(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """log α of ``rollout.completions[rows]`` ``[b, T]`` as the engine scores them (:func:`engine_logprobs`,

@@ -85,11 +85,15 @@ def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> tuple[
     once (vLLM keeps one set of process groups per process; hand the sampler on rather than build another)."""
     from tqdm.auto import tqdm
 
+    from ..lm.memory import return_freed_memory
+
     runs, sampler = {}, None
     for name, config in configs.items():
         loop = build_loop(config, sampler=sampler)
         sampler = loop.sampler
         runs[name] = list(tqdm(loop.run(), total=config.steps, desc=name, disable=not progress))
+        del loop                 # this run's π_θ and optimiser, freed before the next run loads its own
+        return_freed_memory()
     return runs, sampler
 
 

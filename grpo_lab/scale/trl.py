@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import time
 import warnings
 from collections.abc import Iterator
@@ -82,7 +83,7 @@ from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
 from ..checks import require_truncation
-from ..fingerprint import prove, served_rows
+from ..fingerprint import prove, served_elements
 from ..lm.sampling import cuts, truncate_logprobs
 from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from ..plan import ObjectiveArgs, StepPlan, plan_step
@@ -414,11 +415,11 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         failure = None
         try:
             if self.alpha_model is not None:
-                served = served_rows(self.alpha_model.named_parameters(remove_duplicate=False))
+                served = served_elements(self.alpha_model.named_parameters(remove_duplicate=False), k)
             else:
                 from ..lm.sampling_vllm import served_fingerprints
 
-                served = self.vllm_generation.llm.apply_model(served_fingerprints)[0]
+                served = self.vllm_generation.llm.apply_model(functools.partial(served_fingerprints, step=k))[0]
             prove(served, dict(self.accelerator.unwrap_model(self.model).named_parameters(remove_duplicate=False)),
                   k)
         except SyncError as error:

@@ -105,10 +105,9 @@ class LivePanel:
 
     def __init__(self, study: Study, base: TrainConfig, problems: list[Any], steps: int = 20, model: Any = None,
                  tokenizer: Any = None, out_dir: str | Path | None = None, mode: str | None = None) -> None:
+        self._loads_model = model is None
         if model is None:
-            from ..lm.models import load_policy
-
-            model, tokenizer = load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
+            model, tokenizer = self._load_untrained(base)
         self.study, self.base, self.model, self.tokenizer, self.problems = study, base, model, tokenizer, problems
         self.steps, self.mode = steps, display_mode(mode)
         self.out_dir = Path(out_dir if out_dir is not None else run_dir("nb02_live"))
@@ -170,19 +169,34 @@ class LivePanel:
         knobs = self._knob_values(config)
         if self.loop is None or self._knob_values(self.loop.config) != knobs:
             self.status.value = "setting up a new run: copying the untrained model"
+            if self.model is None:                                    # released: load it again
+                self.model, self.tokenizer = self._load_untrained(self.base)
             loop = build_loop(config, copy.deepcopy(self.model), self.tokenizer, self.problems)
             if self._checkpoint_step(knobs) is not None:
                 load_checkpoint(loop, self.checkpoint)
             self.loop = loop
         return self.loop
 
+    @staticmethod
+    def _load_untrained(base: TrainConfig) -> tuple[Any, Any]:
+        from ..lm.models import load_policy
+
+        return load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
+
     def release(self) -> None:
-        """Free the run's loop (π_θ's copy, α and the optimiser state, ~4× the model's size): what a cell that
-        needs the memory calls. The next Run with the same knobs resumes from the panel's checkpoint."""
+        """Free the run's loop (π_θ's copy, α and the optimiser state, ~4× the model's size) and the untrained
+        model the panel loaded (a model passed in is the caller's to keep), and return the freed pages to the
+        OS: what a cell that needs the memory calls. The next Run loads the model again and, with the same
+        knobs, resumes from the panel's checkpoint."""
+        from ..lm.memory import return_freed_memory
+
         self.stop("release")
         if self._thread is not None:
             self._thread.join()
         self.loop = None
+        if self._loads_model:
+            self.model = None
+        return_freed_memory()
 
     def _checkpoint_step(self, knobs: dict[str, Any]) -> int | None:
         """The step of the panel's checkpoint if it holds a run with ``knobs`` (None: another run's, or none)."""
