@@ -13,7 +13,15 @@ from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from grpo_lab.exact.strict_answers import StrictAnswers
-from grpo_lab.exact.strict_j import Sampling, exact_evaluate, strict_j
+from grpo_lab.exact.strict_j import (
+    MULTI_BYTE_SPACES,
+    Sampling,
+    answer_tokens,
+    exact_evaluate,
+    may_begin_a_space,
+    strict_j,
+    token_bytes,
+)
 from grpo_lab.lm.rewards import strict_reward
 
 
@@ -148,6 +156,27 @@ def test_dead_branches_are_recognised():
         assert not answers.viable(text), text
     for text in ["", " ", "0", "0,0", "00", "8", "8.", "8.0", " 8 "]:
         assert answers.viable(text), text
+
+
+def test_only_a_token_that_may_begin_a_space_is_bounded_the_other_partial_ones_are_rejected():
+    for raw, may in [(b"\xe3", True), (b"\xe3\x80", True), (b"\xc2", True), (b"1\xe2\x80", True), (b" \xe1\x9a", True),
+                     (b"\xa1", False), (b"\xe2\x88", False), (b"a\xe2", False), (b"\xe3\x80\x80", False),
+                     (b"\xa1 1", False), (b"\xf0\x9f", False)]:
+        assert may_begin_a_space(raw) == may, raw
+    # every prefix of every multi-byte space may begin one; its last byte completes it (then it decodes whole)
+    assert all(may_begin_a_space(w[:n]) for w in MULTI_BYTE_SPACES for n in range(1, len(w)))
+
+
+def test_the_bundled_tokenizers_partial_tokens_are_read_as_bytes():
+    from grpo_lab.lm.models import load_policy
+
+    _, tokenizer = load_policy("smollm2-135m")
+    tokens = answer_tokens(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    assert token_bytes(tokenizer, 111, tokenizer.decode([111])) == b"\xa1"   # a lone continuation byte: rejected
+    assert 111 not in tokens.unknown.tolist() and len(tokens.unknown) > 0
+    for i in tokens.unknown.tolist():                                  # what stays bounded may begin a space
+        raw = token_bytes(tokenizer, i, tokenizer.decode([i]))
+        assert raw is None or may_begin_a_space(raw)
 
 
 def test_bad_input_is_refused(tiny):

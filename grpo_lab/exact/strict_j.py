@@ -19,8 +19,12 @@ token prefix y_<t with probability p and decoded text s. At each node:
   A child s + text that no continuation can make accepted is dropped (its mass is rejected mass);
   a child whose probability p · α′ is below ``threshold`` is **pruned**: its mass is added to ``pruned``;
   the others are expanded at the next depth (until depth T_max − 1: a stop must fit within T_max);
-* a token that is part of a multi-byte character (or that the tokenizer cannot decode) might complete a
-  Unicode space (``str.strip`` removes it): its mass is added to ``pruned`` too.
+* a token that is part of a multi-byte character: if its bytes (read through the tokenizer's byte-level
+  alphabet) are answer characters then a proper prefix of a multi-byte Unicode space's UTF-8 (``str.strip``
+  removes those), a continuation might complete that space, so its mass is added to ``pruned``; any other
+  such token (a lone continuation byte, the start of a character no accepted text holds) puts U+FFFD or a
+  non-answer character into the text, so its mass is rejected. A token whose bytes cannot be read is
+  pruned (the bound stays certified).
 
 So J_low ≤ J ≤ J_low + pruned, per question: ``pruned`` is a certified bound, not an estimate. Every
 tokenization of an accepted string is counted, because the walk is over tokens, not strings.
@@ -91,7 +95,8 @@ class AnswerTokens:
 
     ``ids``/``texts``: tokens whose decoded text (special tokens dropped, as the sampler decodes) consists of
     :func:`~grpo_lab.exact.strict_answers.answer_char` characters, or is empty; ``unknown``: tokens whose text
-    holds part of a multi-byte character; ``stops``: the stop ids.
+    holds part of a multi-byte character that may begin a Unicode space (:func:`may_begin_a_space`), or whose
+    bytes cannot be read; ``stops``: the stop ids.
     Every other token puts a character into the text that no accepted completion holds.
     """
 
@@ -113,7 +118,9 @@ def answer_tokens(tokenizer: Any, vocab_size: int, stops: Sequence[int]) -> Answ
         if i in stop_set or not all(answer_char(c) or c == "\ufffd" for c in text):
             continue
         if "\ufffd" in text:
-            unknown.append(i)
+            raw = token_bytes(tokenizer, i, text)
+            if raw is None or may_begin_a_space(raw):
+                unknown.append(i)
         else:
             ids.append(i)
             kept.append(text)
@@ -125,6 +132,38 @@ def answer_tokens(tokenizer: Any, vocab_size: int, stops: Sequence[int]) -> Answ
             raise ValueError(f"the tokenizer decodes tokens {a} + {b} to {joined!r}, not {ta + tb!r}: exact J "
                              "walks tokens whose decoded texts concatenate")
     return AnswerTokens(list(stops), torch.tensor(ids, dtype=torch.long), kept, torch.tensor(unknown, dtype=torch.long))
+
+
+def token_bytes(tokenizer: Any, token_id: int, text: str) -> bytes | None:
+    """The raw bytes of a byte-level BPE token (GPT-2's alphabet: one printable character per byte), checked
+    against the tokenizer's own decoding ``text`` of it; None for any other tokenizer or token."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if not isinstance(piece, str) or not piece or any(c not in byte_of for c in piece):
+        return None
+    raw = bytes(byte_of[c] for c in piece)
+    return raw if raw.decode("utf-8", errors="replace") == text else None
+
+
+MULTI_BYTE_SPACES = tuple(chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace())
+"""The UTF-8 of every Unicode space beyond ASCII (U+0085 … U+3000): the only multi-byte characters an accepted
+completion may hold."""
+
+
+def may_begin_a_space(raw: bytes) -> bool:
+    """Whether a token's bytes, appended to a text of whole characters, may still lead to an accepted one: whole
+    answer characters, then a proper prefix of a multi-byte space's UTF-8."""
+    for cut in range(1, min(3, len(raw)) + 1):
+        head, tail = raw[:-cut], raw[-cut:]
+        try:
+            whole = head.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if all(answer_char(c) for c in whole) and any(len(w) > cut and w.startswith(tail) for w in MULTI_BYTE_SPACES):
+            return True
+    return False
 
 
 @dataclass
