@@ -26,6 +26,7 @@ one after another share the work (a lock left by a killed process is removed by 
 
     python experiments/frontier_pilot.py --task addsubmul1 --lrs 3e-6 1e-5 3e-5 --seeds 2 [--threads 1]
     python experiments/frontier_pilot.py --task addsubmul1 --evaluate
+    python experiments/frontier_pilot.py --task addsubmul1 --report
 """
 
 from __future__ import annotations
@@ -137,6 +138,48 @@ def evaluate_unit(path: Path) -> None:
     path.with_suffix(".lock").unlink()
 
 
+RULES = {"untrained J in [0.05, 0.40]": lambda r: 0.05 <= r["untrained_j"] <= 0.40,
+         "gain >= 0.25": lambda r: r["gain"] >= 0.25,
+         "J at the budget <= 0.85": lambda r: r["j_final"] <= 0.85,
+         "still rising after half the budget": lambda r: r["rise_after_half"] > 0,
+         "final J - constant answer >= 0.15": lambda r: r["j_final"] - r["constant_answer_j"] >= 0.15}
+"""The task rules of the module docstring, on an lr's means over its seeds."""
+
+
+def report(out: Path, task: str) -> dict[str, Any]:
+    """Each lr's means over its evaluated seeds, the rules it meets, and the lr the rule picks (the best primary
+    endpoint among the lrs that meet every rule); written to ``<out>/summary_<task>.json``."""
+    import numpy as np
+
+    units = [json.loads(p.read_text()) for p in sorted((out / "units").glob(f"{task}_*.json"))]
+    units = [u for u in units if "j_curve" in u]
+    rows = []
+    for lr in sorted({u["lr"] for u in units}):
+        mine = [u for u in units if u["lr"] == lr]
+        curves = [{int(k): v for k, v in u["j_curve"].items()} for u in mine]
+        steps = sorted(curves[0])
+        mean = {k: float(np.mean([c[k] for c in curves])) for k in steps}
+        rose = [float((np.subtract(u["j_per_question"][str(steps[-1])], u["j_per_question"]["0"]) >= 0.1).mean())
+                for u in mine]
+        drift = [r["drift_lag1"] for u in mine for r in u["steps_log"]]
+        row = {"lr": lr, "seeds": [u["seed"] for u in mine], "j_curve": mean, "untrained_j": mean[0],
+               "j_auc": float(np.mean([u["j_auc"] for u in mine])), "j_final": mean[steps[-1]],
+               "gain": mean[steps[-1]] - mean[0], "rise_after_half": mean[steps[-2]] - mean[steps[len(steps) // 2]],
+               "constant_answer_j": mine[0]["constant_answer"]["j"], "share_rose_0.1": float(np.mean(rose)),
+               "drift_lag1_mean": float(np.mean(drift)), "drift_lag1_median": float(np.median(drift)),
+               "skipped_steps": [sum(r["skipped"] for r in u["steps_log"]) for u in mine],
+               "pruned_max": max(u["pruned_max"] for u in mine),
+               "git_commits": sorted({u["git_commit"] for u in mine} | {u.get("eval_git_commit", "") for u in mine})}
+        row["rules"] = {name: bool(rule(row)) for name, rule in RULES.items()}
+        rows.append(row)
+    passing = [r for r in rows if all(r["rules"].values())]
+    chosen = max(passing, key=lambda r: r["j_auc"])["lr"] if passing else None
+    summary = {"task": task, "rows": rows, "chosen_lr": chosen,
+               "complete": all(len(r["seeds"]) >= 2 for r in rows) and len(rows) >= 3}
+    (out / f"summary_{task}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="addmul1")
@@ -147,8 +190,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "frontier_pilot")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "frontier_pilot")
     parser.add_argument("--evaluate", action="store_true", help="compute exact J of the trained units")
+    parser.add_argument("--report", action="store_true", help="each lr's means, its rules and the lr chosen")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.report:
+        summary = report(args.out, args.task)
+        for row in summary["rows"]:
+            print(f"lr {row['lr']:g} (seeds {row['seeds']}): J {[round(v, 3) for v in row['j_curve'].values()]}, "
+                  f"J_auc {row['j_auc']:.3f}, rules failed {[k for k, ok in row['rules'].items() if not ok]}")
+        print(f"chosen lr: {summary['chosen_lr']} (complete: {summary['complete']})")
+        return
     if args.evaluate:
         for path in sorted((args.out / "units").glob(f"{args.task}_*.json")):
             evaluate_unit(path)
