@@ -182,7 +182,7 @@ def report(out: Path, task: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="addmul1")
+    parser.add_argument("--task", default="addsubmul1")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-6, 1e-5, 3e-5])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=STEPS)

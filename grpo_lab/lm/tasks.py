@@ -11,11 +11,11 @@ name             source                                          answer format
                  CPU default (the task scan in docs/benchmarks.md
                  says why); 121 questions in all
 ``addmul1``      a + b or a * b ("Calculate 3 * 4."), one-digit  ``number``
-                 a, b (0…10): 242 questions in all (the lag
-                 frontier's task; its pilot says why)
+                 a, b (0…10): 242 questions in all (the frontier
+                 pilot's first task: it saturates)
 ``addsubmul1``   a + b, a - b or a * b, one-digit a, b (0…10):  ``number``
                  363 questions, negative differences included
-                 (a harder mix for the frontier's pilot)
+                 (the lag frontier's task; its pilot says why)
 ``add12``        the same with 1–2-digit a, b (0…99)             ``number``
 ``sum3``         a + b + c, one-digit terms (0…10): 1331         ``number``
                  questions, room for held-out ones (the CPU
