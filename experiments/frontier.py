@@ -4,7 +4,8 @@ Each unit is one arm at one seed on the study's recipe (the task and lr the pilo
 1e-5, docs/benchmarks.md), with exact J at 0, ¼, ½, ¾ and the end of the budget; it is written to
 ``results/frontier/units/<arm>_s<seed>.json`` with its provenance as it finishes, and a unit whose file exists
 is skipped, so sittings one after another (or processes side by side, each claiming the next unit with a lock
-file) share the work. Every arm at seed n runs before any at n + 1. ``--summary`` rebuilds ``results/frontier/summary.json`` from the unit files::
+file) share the work. Every arm at seed n runs before any at n + 1. ``--summary`` rebuilds
+``results/frontier/summary.json`` from the unit files::
 
     python experiments/frontier.py --task addsubmul1 --lr 1e-5 [--arms v1 v4_ratio …] [--seeds 5] [--threads 1]
     python experiments/frontier.py --task addsubmul1 --lr 1e-5 --mask-arms
