@@ -50,7 +50,7 @@ def main() -> None:
     unknown = set(args.arms or ()) - {arm.name for arm in design}
     if unknown:
         raise SystemExit(f"unknown arms {sorted(unknown)}; the design's: {[arm.name for arm in design]}")
-    frontier.run_untrained(base, args.out)
+    frontier.run_untrained(base, args.out, ROOT)
     for arm, seed in frontier.unit_order(arms, args.seeds):
         unit = frontier.run_unit(arm, seed, base, args.out, ROOT)
         if unit is not None:

@@ -90,12 +90,14 @@ def test_a_unit_runs_and_the_summary_is_rebuilt_from_its_file(tmp_path) -> None:
     base = recipe("cpu_arith_smollm2", task="addmul1", steps=4, G=2, prompts_per_step=2, max_completion_length=3,
                   micro_batch_size=4, train_problems=20, checkpoint_every=0)
     questions = all_questions("addmul1")[::80]   # 0 * 0, 2 + 2, 6 * 5, 9 + 8 (sorted by question)
-    untrained = frontier.run_untrained(base, tmp_path, questions)
+    root = Path(__file__).resolve().parents[1]
+    untrained = frontier.run_untrained(base, tmp_path, root, questions)
     assert len(untrained["j_per_question"]) == 4 and 0 <= untrained["j"] <= 1
+    assert {"git_commit", "torch_threads", "load_start", "load_end"} <= set(untrained)
     assert [q.answer for q in questions] == ["0", "4", "30", "17"]
     assert untrained["constant_answer"]["j"] == pytest.approx(1 / 4)  # no answer is right twice
     for arm in frontier.ARMS[:2]:
-        unit = frontier.run_unit(arm, 0, base, tmp_path, Path(__file__).resolve().parents[1], questions)
+        unit = frontier.run_unit(arm, 0, base, tmp_path, root, questions)
         assert sorted(unit["j_curve"]) == [0, 1, 2, 3, 4] and len(unit["records"]) == 4
         assert unit["j_curve"][0] == pytest.approx(untrained["j"], abs=1e-9)  # step 0 is the untrained model
         assert unit["j_auc"] == pytest.approx(np.mean([unit["j_curve"][s] for s in (1, 2, 3, 4)]))

@@ -346,21 +346,25 @@ def claim(path: Path) -> bool:
     return True
 
 
-def run_untrained(base: Any, out_dir: Path, questions: Sequence[Any] | None = None) -> dict[str, Any]:
+def run_untrained(base: Any, out_dir: Path, root: Path, questions: Sequence[Any] | None = None) -> dict[str, Any]:
     """``<out_dir>/units/untrained.json``: exact J of the untrained model per question, and the best
-    constant-answer policy's J (the task's most common gold answer, answered always); computed once."""
+    constant-answer policy's J (the task's most common gold answer, answered always), with the provenance of
+    a unit (``root``: the checkout whose commit it records); computed once."""
+    import os
+
     from ..lm.models import load_policy
     from ..lm.tasks import all_questions
 
     path = out_dir / "units" / "untrained.json"
     if path.exists():
         return json.loads(path.read_text())
+    unit: dict[str, Any] = provenance(root)
     model, tokenizer = load_policy(base.model)
     questions = all_questions(base.task) if questions is None else questions
     result = exact_j(model, tokenizer, questions, base)
-    unit = {"task": base.task, "questions": [q.question for q in questions], "j": result.mean,
+    unit |= {"task": base.task, "questions": [q.question for q in questions], "j": result.mean,
             "j_per_question": [round(float(j), 6) for j in result.j_low], "pruned_max": float(result.pruned.max()),
-            "constant_answer": constant_answer(questions)}
+            "constant_answer": constant_answer(questions), "load_end": list(os.getloadavg())}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(unit) + "\n")
     return unit
