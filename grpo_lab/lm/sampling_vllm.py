@@ -166,9 +166,11 @@ def _product_input_size(module: torch.nn.Module) -> int | None:
     linear layer, the LM head), else None."""
     if not callable(getattr(getattr(module, "quant_method", None), "apply", None)):
         return None
-    if hasattr(module, "input_size_per_partition"):
-        return int(module.input_size_per_partition)
-    return int(module.embedding_dim) if type(module).__name__ == "ParallelLMHead" else None
+    if type(module).__name__ == "ParallelLMHead":
+        return int(module.embedding_dim)
+    if type(module).__name__ == "VocabParallelEmbedding":     # served by row lookup (F.embedding of its weight)
+        return None
+    return int(module.input_size_per_partition) if hasattr(module, "input_size_per_partition") else None
 
 
 def _retie_lm_head(model: torch.nn.Module) -> None:
