@@ -69,16 +69,38 @@ def test_the_frontier_is_the_largest_v_equivalent_with_every_smaller_one() -> No
     assert all(row["holm_p_difference"] >= row["p_difference"] for row in summary["comparisons"])
 
 
+def all_arms(gain: float = 0.3) -> dict[str, float]:
+    return {arm.name: gain for arm in frontier.ARMS}
+
+
 def test_noise_leaves_comparisons_not_resolved_and_collapses_are_counted() -> None:
-    gains = {"v1": 0.3, "v4_ratio": 0.3}
-    made = units(gains, noise=0.2)
-    made[-1]["j_final"] = 0.1  # below the untrained J
+    made = units(all_arms(), noise=0.2)
+    next(u for u in made if u["arm"] == "v4_ratio" and u["seed"] == 4)["j_final"] = 0.1  # below the untrained J
     summary = frontier.summarize(made, untrained_j=0.2, constant_answer_j=0.09, settings={})
     row = next(r for r in summary["comparisons"] if r["comparison"] == "v4_ratio - v1")
     assert row["verdict"] == "not resolved" and row["n"] == 5
     assert summary["arms"]["v4_ratio"]["collapsed"] == 1
-    missing = next(r for r in summary["comparisons"] if r["comparison"] == "v32_none - v1")
-    assert missing["n"] == 0 and math.isnan(missing["p_difference"]) and missing["verdict"] == "not resolved"
+    rows = frontier.compare({"v1": {0: 0.5, 1: 0.6}}, [("v32_none", "v1")], margin=0.03)   # no seed in common
+    assert rows[0]["n"] == 0 and math.isnan(rows[0]["p_difference"]) and rows[0]["verdict"] == "not resolved"
+
+
+def test_nothing_is_read_before_every_unit_of_a_family_is_in() -> None:
+    """No interim looks: one missing unit and the summary holds the runs and the count, but no endpoint mean,
+    margin, comparison or frontier; the mask family is read only once its own units are in."""
+    made = units(all_arms(), noise=0.001)
+    late = [u for u in made if not (u["arm"] == "v32_none" and u["seed"] == 4)]
+    summary = frontier.summarize(late, untrained_j=0.2, constant_answer_j=0.09, settings={})
+    assert summary["design"]["primary"] == {"units": 50, "in": 49, "complete": False, "missing": ["v32_none_s4"]}
+    assert len(summary["runs"]) == 49
+    assert summary["arms"] == {} and summary["comparisons"] == [] and summary["margin"] is None
+    assert summary["frontier"] == {c: "not resolved" for c in frontier.CORRECTIONS}
+    complete = frontier.summarize(made, untrained_j=0.2, constant_answer_j=0.09, settings={})
+    assert complete["design"]["primary"]["complete"] and len(complete["comparisons"]) == 15
+    assert complete["design"]["mask"]["in"] == 0 and complete["mask_comparisons"] == []
+    masked = made + units({arm.name: 0.3 for arm in frontier.MASK_ARMS}, noise=0.001)
+    with_mask = frontier.summarize(masked, untrained_j=0.2, constant_answer_j=0.09, settings={})
+    assert [row["comparison"] for row in with_mask["mask_comparisons"]] == [
+        "mask - nomask_skip", "mask - nomask", "nomask_skip - nomask"]
 
 
 def test_a_unit_runs_and_the_summary_is_rebuilt_from_its_file(tmp_path) -> None:
@@ -106,3 +128,4 @@ def test_a_unit_runs_and_the_summary_is_rebuilt_from_its_file(tmp_path) -> None:
     summary = frontier.rebuild_summary(tmp_path, base)
     assert [row["arm"] for row in summary["runs"]] == ["v1", "v4_ratio"]
     assert summary["frontier"] == {"ratio": "not resolved", "truncated": "not resolved", "none": "not resolved"}
+    assert summary["design"]["primary"]["in"] == 2 and summary["comparisons"] == []

@@ -200,34 +200,54 @@ def load_units(out_dir: str | Path) -> list[dict[str, Any]]:
             if p.name != "untrained.json"]
 
 
+def design_status(units: Sequence[Mapping[str, Any]], arms: Sequence[FrontierArm],
+                  seeds: int = SEEDS) -> dict[str, Any]:
+    """How many of a family's units (``arms`` × ``seeds``) are in, and which are missing: its analysis is read
+    only when every one is (no interim looks)."""
+    done = {(unit["arm"], unit["seed"]) for unit in units}
+    missing = [f"{arm.name}_s{seed}" for arm, seed in unit_order(arms, seeds) if (arm.name, seed) not in done]
+    expected = len(arms) * seeds
+    return {"units": expected, "in": expected - len(missing), "complete": not missing, "missing": missing}
+
+
 def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_answer_j: float,
-              settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``summary.json``: the settings, one row per unit, each arm's endpoints (mean, 95 % t CI), the
-    comparisons of both families on the primary endpoint, the frontier and the collapses."""
+              settings: Mapping[str, Any], seeds: int = SEEDS) -> dict[str, Any]:
+    """``summary.json``: the settings, one row per unit, and — once every unit of the primary family is in
+    (:func:`design_status`; before that, nothing is read) — each arm's endpoints (mean, 95 % t CI), the
+    comparisons on the primary endpoint, the frontier and the collapses; the mask family's comparisons once
+    its units are in too."""
     from .results import mean_ci
 
+    status = {"primary": design_status(units, ARMS, seeds), "mask": design_status(units, MASK_ARMS, seeds)}
+    summary: dict[str, Any] = {
+        "evaluation": "exact", **settings, "untrained_j": untrained_j, "constant_answer_j": constant_answer_j,
+        "design": status, "runs": [{key: unit.get(key) for key in RUN_KEYS} for unit in units],
+        "margin": None, "arms": {}, "comparisons": [], "mask_comparisons": [],
+        "frontier": {c: "not resolved" for c in CORRECTIONS}}
+    if not status["primary"]["complete"]:
+        return summary
     by_arm: dict[str, dict[str, dict[int, float]]] = {e: {} for e in ENDPOINTS}
     for unit in units:
         for endpoint in ENDPOINTS:
             by_arm[endpoint].setdefault(unit["arm"], {})[unit["seed"]] = unit[endpoint]
     arms = {}
-    for name, seeds in by_arm["j_auc"].items():
-        entry: dict[str, Any] = {"seeds": sorted(seeds)}
+    for name, by_seed in by_arm["j_auc"].items():
+        entry: dict[str, Any] = {"seeds": sorted(by_seed)}
         for endpoint in ENDPOINTS:
-            values = [by_arm[endpoint][name][s] for s in sorted(seeds)]
+            values = [by_arm[endpoint][name][s] for s in sorted(by_seed)]
             mean, half = mean_ci(values)
             entry[endpoint] = {"mean": float(mean), "ci": [float(mean - half), float(mean + half)]
                                if len(values) > 1 else None}
-        entry["collapsed"] = sum(by_arm["j_final"][name][s] < untrained_j for s in seeds)
+        entry["collapsed"] = sum(by_arm["j_final"][name][s] < untrained_j for s in by_seed)
         arms[name] = entry
-    v1 = arms.get("v1")
-    margin = MARGIN_FRACTION * (v1["j_auc"]["mean"] - untrained_j) if v1 else math.nan
-    primary = compare(by_arm["j_auc"], COMPARISONS, margin) if margin > 0 else []
-    return {"evaluation": "exact", **settings, "untrained_j": untrained_j, "constant_answer_j": constant_answer_j,
-            "margin": margin, "runs": [{key: unit.get(key) for key in RUN_KEYS} for unit in units],
-            "arms": arms, "comparisons": primary,
-            "mask_comparisons": compare(by_arm["j_auc"], MASK_COMPARISONS, margin) if margin > 0 else [],
-            "frontier": frontier(primary) if primary else {c: "not resolved" for c in CORRECTIONS}}
+    margin = MARGIN_FRACTION * (arms["v1"]["j_auc"]["mean"] - untrained_j)
+    summary |= {"margin": margin, "arms": arms}
+    if margin > 0:
+        summary["comparisons"] = compare(by_arm["j_auc"], COMPARISONS, margin)
+        summary["frontier"] = frontier(summary["comparisons"])
+        if status["mask"]["complete"]:
+            summary["mask_comparisons"] = compare(by_arm["j_auc"], MASK_COMPARISONS, margin)
+    return summary
 
 
 RUN_KEYS = ("arm", "v", "is_correction", "seed", "git_commit", "j_curve", "j_auc", "j_final", "pruned_max")
