@@ -102,3 +102,14 @@ def test_the_mask_figure_waits_for_its_own_family_then_draws_its_three_arms() ->
     with_mask = units + made_units(arms=frontier.MASK_ARMS)
     fig = frontier_plots.mask_figure(summary_of(with_mask))
     assert list(fig.data[0].x) == ["mask", "nomask", "nomask_skip"]
+
+
+def test_the_paper_table_puts_each_row_beside_its_arms_once_they_are_read() -> None:
+    late = summary_of(made_units()[:-1])
+    assert all("not read yet" in line or "not an arm" in line for line in frontier_plots.paper_table(late)[1:])
+    summary = summary_of(made_units())
+    lines = frontier_plots.paper_table(summary)
+    assert len(lines) == 1 + len(frontier.PAPER_GSM8K)
+    v4 = summary["arms"]["v4_ratio"]["j_auc"]
+    assert f"v4_ratio {v4['mean']:.3f} [{v4['ci'][0]:.3f}, {v4['ci'][1]:.3f}] n = 5" in lines[3]
+    assert "not an arm of this study" in lines[4] and "nomask: not read yet" in lines[1]

@@ -94,6 +94,17 @@ MASK_COMPARISONS = (("mask", "nomask_skip"), ("mask", "nomask"), ("nomask_skip",
 """The mask family (§4): the unconfounded comparison first."""
 
 
+PAPER_GSM8K = (
+    ("on-policy (v = 1, i = 1), no mask", "45 % (unstable)", ("nomask", "nomask_skip")),
+    ("on-policy + zero-variance mask", "50 %", ("mask", "v1")),
+    ("lagged server (v = 10, i = 1)", "50 % (stable)", ("v4_ratio", "v16_ratio")),
+    ("sample reuse (v = 1, i = 10)", "slower; 10× the training", ()),
+    ("not in the paper: a lagged server without the correction", "-", ("v4_none", "v16_none", "v32_none")),
+)
+"""The paper's GSM8K table (Qwen2.5-0.5B-Instruct, β = 0.04; docs/theory.md §6): each row, its Pass@1, and the
+arms here that play its role (the mask arms run at β = 0.04 as the paper's; sample reuse is not an arm)."""
+
+
 def unit_order(arms: Sequence[FrontierArm], seeds: int = SEEDS) -> list[tuple[FrontierArm, int]]:
     """Every arm at seed n before any at n + 1."""
     return [(arm, seed) for seed in range(seeds) for arm in arms]
@@ -390,13 +401,15 @@ def run_untrained(base: Any, out_dir: Path, root: Path, questions: Sequence[Any]
     return unit
 
 
-def rebuild_summary(out_dir: str | Path, base: Any) -> dict[str, Any]:
-    """``<out_dir>/summary.json`` rebuilt from the unit files (and the untrained unit)."""
+def rebuild_summary(out_dir: str | Path, base: Any, write: bool = True) -> dict[str, Any]:
+    """``<out_dir>/summary.json`` rebuilt from the unit files (and the untrained unit); ``write=False`` only
+    returns it (a notebook reading the committed units)."""
     out = Path(out_dir)
     untrained = json.loads((out / "units" / "untrained.json").read_text())
     settings = {"task": base.task, "steps": base.steps, "lr": base.lr, "G": base.G,
                 "prompts_per_step": base.prompts_per_step, "temperature": base.temperature,
                 "max_completion_length": base.max_completion_length, "is_cap": base.is_cap}
     summary = summarize(load_units(out), untrained["j"], untrained["constant_answer"]["j"], settings)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if write:
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..study.frontier import CORRECTIONS, MASK_ARMS, V_GRID
+from ..study.frontier import CORRECTIONS, MASK_ARMS, PAPER_GSM8K, V_GRID
 from .plots import COLORS, HEIGHT
 
 CORRECTION_STYLE = {"ratio": (COLORS[0], "solid"), "truncated": (COLORS[1], "dash"), "none": (COLORS[2], "dot")}
@@ -182,4 +182,17 @@ def findings(summary: Mapping[str, Any]) -> list[str]:
                          f"{row['holm_p_difference']:.3g}, sign-flip {row['p_sign_flip']:.3g}, n = {row['n']})")
     collapsed = {arm: e["collapsed"] for arm, e in summary["arms"].items() if e["collapsed"]}
     lines.append(f"collapses (final J below the untrained J): {collapsed or 'none'}")
+    return lines
+
+
+def paper_table(summary: Mapping[str, Any]) -> list[str]:
+    """The paper's GSM8K rows, each beside the arms here that play its role (J_auc, mean [95 % CI], seeds)."""
+    lines = [f"{'paper (GSM8K, Qwen2.5-0.5B, Pass@1)':58} {'paper':>24}   here (J_auc on {summary.get('task', '?')})"]
+    for configuration, paper, names in PAPER_GSM8K:
+        here = []
+        for name in names:
+            arm = summary["arms"].get(name)
+            here.append(f"{name} {arm['j_auc']['mean']:.3f} [{arm['j_auc']['ci'][0]:.3f}, {arm['j_auc']['ci'][1]:.3f}] "
+                        f"n = {len(arm['seeds'])}" if arm and arm["j_auc"]["ci"] else f"{name}: not read yet")
+        lines.append(f"{configuration:58} {paper:>24}   {'; '.join(here) or 'not an arm of this study'}")
     return lines
