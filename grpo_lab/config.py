@@ -15,7 +15,7 @@ from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
 OPTIMIZERS = ("adamw", "sgd")
-EMPTY_STEPS = ("skip", "optimizer_step", "skip_kl_only")
+EMPTY_STEPS = ("skip", "optimizer_step", "skip_kl_only", "skip_after_backward")
 RESUME_FREE_FIELDS = ("micro_batch_size", "steps", "output_dir", "checkpoint_every")
 """Fields a resumed run may change: they set how far to go, in what pieces and where and how often it saves,
 not what any step computes (the memory guard may pick a different ``micro_batch_size`` on another machine;
@@ -78,7 +78,11 @@ class GRPOConfig:
     optimiser steps on the zero gradient, so AdamW's momentum and weight decay still move θ.
     ``skip_kl_only``: also skip a step whose only gradient is the KL's (β > 0 with the mask off and every
     group's rewards agreeing), so a run without the mask takes the optimiser steps the masked run takes
-    (the frontier study's mask arms compare the mask, not the count of AdamW steps)."""
+    (the frontier study's mask arms compare the mask, not the count of AdamW steps).
+    ``skip_after_backward``: as ``skip``, but :class:`~grpo_lab.loop.GRPOLoop` first runs the forward and
+    backward of every row, as a trained step would, and drops the gradients: θ and the optimiser's state end as
+    under ``skip``, at the cost of a trainer that backpropagates every batch (TRL's; issue 38 measures what
+    skipping that compute buys). Other drivers treat it as ``skip``."""
     loss_type: str = "grpo"
     """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
     level: str = "token"

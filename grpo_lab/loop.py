@@ -317,6 +317,9 @@ class GRPOLoop:
         # Rows whose every weight is 0 (masked groups) need no gradient: one no-grad forward gives their log π_k.
         trained = [rows for rows in chunks if bool((plan.weights[rows] > 0).any())] if plan.trains else []
         all_logp_k = torch.empty_like(rollout.logp_alpha)  # log π_k of every sampled row, for the diagnostics
+        if not plan.trains and cfg.empty_step == "skip_after_backward":
+            self._backward_dropped(rollout, plan, chunks, all_logp_k)
+            return {**NO_TOKEN_METRICS, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, 0.0, 0.0
         for rows in chunks:
             if rows not in trained:
                 with torch.no_grad():
@@ -355,6 +358,25 @@ class GRPOLoop:
                 param.grad = None
         metrics = merge_metrics(parts) if parts else dict(NO_TOKEN_METRICS)
         return {**metrics, **self._sample_diagnostics(rollout, plan, all_logp_k, chunks)}, loss_sum / cfg.i, grad_norm
+
+    def _backward_dropped(self, rollout: Rollout, plan: StepPlan, chunks: list[slice],
+                          all_logp_k: torch.Tensor) -> None:
+        """``empty_step="skip_after_backward"`` on a skipped step: the i passes of forward (π_ref's too, with β > 0)
+        and backward a trained step runs, over every row, then the gradients are dropped and no optimiser step
+        is taken, so θ and the optimiser's state end as under ``skip``. Fills ``all_logp_k`` (log π_k)."""
+        for _ in range(self.config.i):
+            for rows in chunks:
+                logp_ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        logp_ref = self.reference.logprobs(rollout, rows)
+                logp = self.policy.logprobs(rollout, rows)
+                all_logp_k[rows] = logp.detach()
+                loss, _ = grpo_objective(logp, rollout.logp_alpha[rows], plan.advantages[rows], plan.weights[rows],
+                                         logp_ref=logp_ref, **plan.objective.kwargs())
+                loss.backward()
+            for param in self._params:
+                param.grad = None
 
     def _sample_diagnostics(self, rollout: Rollout, plan: StepPlan, logp_k: torch.Tensor,
                             chunks: list[slice]) -> dict[str, float]:

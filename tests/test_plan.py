@@ -211,6 +211,50 @@ def test_loop_empty_step_with_adamw_and_weight_decay(mask_zero_variance, empty_s
         assert not torch.equal(after["exp_avg"], before_state["exp_avg"])
 
 
+@pytest.mark.parametrize("changes", [dict(), dict(beta=0.04, i=2)], ids=["beta 0, i 1", "beta 0.04, i 2"])
+def test_skip_after_backward_runs_the_backward_and_ends_as_skip(changes):
+    """``empty_step="skip_after_backward"`` (issue 38's arm: TRL's compute, the loop's rule) against a plain
+    ``skip`` loop on a tiny LM: a step with signal, two empty ones (every group agrees), a step with signal.
+    After every step θ, AdamW's state and the records' decisions are the same; only the skipping loop's empty
+    steps ran no backward, the other ran it on every row, i times."""
+    from tiny_lm import EvenTokenTask, tiny_model, word_tokenizer
+
+    from grpo_lab import GRPOLoop
+    from grpo_lab.lm.policy import LMPolicy
+    from grpo_lab.lm.sampling import HFSampler
+
+    def loop(empty_step):
+        config = GRPOConfig(**{"G": 4, "prompts_per_step": 2, "max_completion_length": 5, "lr": 1e-2, "seed": 0,
+                               "micro_batch_size": 4, "empty_step": empty_step, "sync_audit": False, **changes})
+        policy = LMPolicy(tiny_model(), config.temperature)
+        built = GRPOLoop(policy, HFSampler(policy, word_tokenizer(), config.max_completion_length), EvenTokenTask(),
+                         config)
+        built.backwards = 0
+        weight = next(policy.parameters())
+        weight.register_post_accumulate_grad_hook(lambda p: setattr(built, "backwards", built.backwards + 1))
+        return built
+
+    plain, computing = loop("skip"), loop("skip_after_backward")
+    signal = plain.task.rewards
+    for k, empty in enumerate([False, True, True, False]):
+        backwards = (plain.backwards, computing.backwards)
+        for each in (plain, computing):
+            each.task.rewards = (lambda r, g: torch.ones(len(r.prompts), r.group_size)) if empty else signal
+        first, second = plain.step(), computing.step()
+        assert first.skipped == second.skipped == empty, k
+        for a, b in zip(plain.policy.parameters(), computing.policy.parameters(), strict=True):
+            assert torch.equal(a, b), k
+        states = plain.optimizer.state_dict()["state"], computing.optimizer.state_dict()["state"]
+        assert states[0].keys() == states[1].keys()
+        assert all(torch.equal(x[name], y[name]) for x, y in zip(states[0].values(), states[1].values(), strict=True)
+                   for name in x), k
+        assert first.reward_mean == second.reward_mean and first.tv_estimate == pytest.approx(second.tv_estimate)
+        ran = (plain.backwards - backwards[0], computing.backwards - backwards[1])
+        passes = plain.config.i * 2   # 8 rows in micro-batches of 4: two backwards a pass
+        assert ran == ((0, passes) if empty else (ran[0], ran[0])) and (empty or ran[0] > 0), k
+        assert all(p.grad is None for p in computing.policy.parameters())   # dropped, not held
+
+
 # ----------------------------------------------------------------------------- the closed-form engine
 
 @pytest.mark.parametrize("changes", [dict(), dict(weight_decay=0.1), dict(optimizer="adamw", lr=0.1, weight_decay=0.1)],
