@@ -1,59 +1,99 @@
-"""Time to accuracy against TRL (issue 25 §5): grpo_lab at v = 1 and v = 8 and TRL's GRPOTrainer, each for
-the same training seconds, Pass@1 on held-out questions at fixed shares of the budget.
+"""Time to accuracy against TRL (issue 38): the design, the units in its order, and the summary.
 
-The recipe is the CPU study's (``grpo_lab/configs/cpu_study_smollm2.yaml``: bundled SmolLM2-135M, sum3, strict
-reward, P = 4, G = 8, 8 tokens, T = 0.7, lr 2e-5, β = 0, loss type ``grpo``); see
-:mod:`grpo_lab.study.time_to_accuracy` for what each arm runs. Each (arm, seed) is a unit that writes
-``results/time_to_accuracy/units/<arm>_s<seed>.json`` when it finishes; run it again and it continues with
-the next missing unit, seed by seed. Run it alone on the machine (the clock is wall time)::
+The study (``grpo_lab/study/time_to_accuracy.py``): the frontier's recipe, exact J at every 30 s of training clock
+(off the clock), targets read from ``results/time_to_accuracy/targets.json``, six arms that switch off one cause of
+the speed-up at a time, ≥ 5 seeds each in a seeded random order. The statistic: ``grpo_lab/study/passage.py``.
 
-    .venv/bin/python experiments/time_to_accuracy.py [--budget 600] [--seeds 3] [--units N] [--arms ...]
+1. Fix the targets (once, before the design; from the frontier's ``v1`` units, on every k-th question or all)::
 
-``GRPO_LAB_SMOKE=1`` shrinks it to seconds and writes under ``runs/`` (nothing committed).
+       python experiments/time_to_accuracy.py --fix-targets results/frontier --date 2026-12-03 [--every 3]
+
+2. Fix the design (once; it records the targets, arms, order, budget, threads; a unit from another is refused)::
+
+       python experiments/time_to_accuracy.py --design [--budget 600] [--seeds 5] [--lag-v 4]
+           [--lag-correction ratio] [--arms …] [--threads 2] [--eval-threads 2] [--full-budget]
+
+3. Run units, alone on the machine (the clock is wall time), each written to ``units/<arm>_s<seed>.json`` as it
+   finishes with its provenance; the summary is rebuilt after each. Run it again to continue: a unit whose file
+   exists is skipped, and processes sharing the directory (one sitting after another, or machines side by side)
+   each claim the next unit with a lock file (a lock left by a killed process is removed by hand)::
+
+       python experiments/time_to_accuracy.py [--units N]
+
+4. ``--summary`` rebuilds ``summary.json`` from the unit files.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import platform
-import shlex
 import sys
+from pathlib import Path
 
 import torch
 
-from grpo_lab.config import smoke_mode
-from grpo_lab.lm.recipes import CONFIG_DIR, load_config
-from grpo_lab.study.time_to_accuracy import ALL_ARMS, ARMS, committed_dir, run_units, target_findings
+from grpo_lab.study import time_to_accuracy as tta
+from grpo_lab.study.tta_summary import ratio_table, rebuild_summary, targets_from_frontier
 
-SMOKE_SIZES = dict(prompts_per_step=2, G=4, max_completion_length=4, eval_problems=4, eval_samples=1,
-                   train_problems=8)
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=600.0, help="training seconds per run")
-    parser.add_argument("--seeds", type=int, default=3)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=tta.committed_dir(ROOT))
+    parser.add_argument("--fix-targets", type=Path, metavar="FRONTIER_DIR",
+                        help="write targets.json from the frontier's v1 units in this directory")
+    parser.add_argument("--date", help="with --fix-targets: the date the targets are fixed on")
+    parser.add_argument("--every", type=int, default=1, help="with --fix-targets: every k-th question (1: all)")
+    parser.add_argument("--design", action="store_true", help="write design.json (once)")
+    parser.add_argument("--budget", type=float, default=tta.BUDGET_SECONDS)
+    parser.add_argument("--eval-every", type=float, default=tta.EVAL_EVERY_SECONDS)
+    parser.add_argument("--seeds", type=int, default=tta.SEEDS)
+    parser.add_argument("--lag-v", type=int, default=tta.LAG_V)
+    parser.add_argument("--lag-correction", default=tta.LAG_CORRECTION, choices=("ratio", "truncated", "none"))
+    parser.add_argument("--arms", nargs="+", default=None, help="arm names (default: every arm of the design)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads while training")
+    parser.add_argument("--eval-threads", type=int, default=os.cpu_count(), help="torch threads while evaluating")
+    parser.add_argument("--full-budget", action="store_true", help="train to the budget even once every target "
+                        "is reached (default: stop then; every first passage is known)")
     parser.add_argument("--units", type=int, default=None, help="run at most this many units")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ALL_ARMS,
-                        help="default: the compared arms; trl_every_batch (stock TRL) on request")
-    parser.add_argument("--eval-problems", type=int, default=200, help="held-out questions (x eval_samples = 2)")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    base = load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", [f"eval_problems={args.eval_problems}"])
-    budget, out = args.budget, args.out or str(committed_dir())
-    if smoke_mode():
-        base, budget, out = base.replace(**SMOKE_SIZES), min(budget, 4.0), args.out or "runs/time_to_accuracy_smoke"
-    machine = {"node": platform.node(), "processor": platform.processor() or platform.machine(),
-               "cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-               "command": shlex.join([os.path.basename(sys.executable), *sys.argv])}
-    print(f"{machine}; budget {budget:.0f} s; writing {out}", flush=True)
-    summary = run_units(base, budget, out, seeds=args.seeds, arms=args.arms, units=args.units, machine=machine)
-    if "trl_final_pass_at_1" in summary:
-        print(f"TRL's final Pass@1 {summary['trl_final_pass_at_1']:.3f} "
-              f"(untrained {summary['untrained_pass_at_1']:.3f})")
-    for arm, finding in target_findings(summary).items():
-        print(f"{arm}: {finding}")
+    parser.add_argument("--summary", action="store_true")
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    if args.fix_targets:
+        if not args.date:
+            parser.error("--fix-targets needs --date")
+        if (out / "design.json").exists():
+            sys.exit(f"{out / 'design.json'} exists: the targets were fixed with it; a new target needs a new --out")
+        targets = targets_from_frontier(args.fix_targets, args.date, every=args.every)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "targets.json").write_text(json.dumps(targets, indent=1) + "\n")
+        print(json.dumps(targets["targets"]))
+        return
+    if args.design:
+        targets = tta.load_targets(out / "targets.json")
+        design = tta.make_design(targets, budget=args.budget, every=args.eval_every, seeds=args.seeds,
+                                 lag_v=args.lag_v, lag_correction=args.lag_correction, arm_names=args.arms,
+                                 stop_when_reached=not args.full_budget, threads=args.threads,
+                                 eval_threads=args.eval_threads, questions=len(tta.eval_questions(targets)))
+        design = tta.write_design(out, design)
+        print(f"design {tta.design_sha(design)[:12]}: {len(design['order'])} units, order {design['order']}")
+        return
+    if args.summary:
+        for row in ratio_table(rebuild_summary(out)):
+            print(row)
+        return
+    if not (out / "design.json").exists():
+        sys.exit(f"no design in {out}: run with --design first")
+    design = json.loads((out / "design.json").read_text())
+    torch.set_num_threads(design["threads"])
+    print(f"{len(design['order'])} units in the design; {design['threads']} torch threads; writing {out}", flush=True)
+    tta.run_units(out, ROOT, units=args.units, on_unit=lambda unit: rebuild_summary(out),
+                  log=lambda line: print(line, flush=True))
+    if (out / "units" / "untrained.json").exists():
+        for row in ratio_table(rebuild_summary(out)):
+            print(row)
 
 
 if __name__ == "__main__":

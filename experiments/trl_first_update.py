@@ -30,7 +30,7 @@ from grpo_lab.loop import make_optimizer, optimizer_step
 from grpo_lab.objective import grpo_objective
 from grpo_lab.plan import StepPlan, plan_step
 from grpo_lab.rollout import Rollout
-from grpo_lab.study.time_to_accuracy import recipe, trl_trainer
+from grpo_lab.study.tta_trl import trl_trainer
 
 
 def trl_first_step(config: TrainConfig, model: Any, tokenizer: Any) -> tuple[dict[str, torch.Tensor], float]:
@@ -85,7 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    config = recipe(load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", []), "trl", args.seed)
+    base = load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", [])   # issue 25 §5's TRL arm: v = 1, one micro-batch
+    config = base.replace(v=1, i=1, is_correction="ratio", seed=args.seed, checkpoint_every=0,
+                          micro_batch_size=base.prompts_per_step * base.G)
     model, tokenizer = load_policy(config.model)
     theta0, lab = copy.deepcopy(model.state_dict()), copy.deepcopy(model)
     batch, trl_norm = trl_first_step(config, model, tokenizer)

@@ -1,62 +1,359 @@
-"""Time to accuracy (issue 25 §5): the clock that takes evaluation off, the crossing time, the TRL config
-that matches the recipe, and every arm run end to end on a tiny model (TRL's GRPOTrainer included)."""
+"""Time to accuracy (issue 38): the statistic on made-up times whose answers are worked out by hand, the design,
+the clock that takes evaluation off, the summary from made-up units, and a whole sitting on a tiny model (every
+kind of arm, TRL's GRPOTrainer included); the readers of issue 25 §5's superseded summary."""
 
+import itertools
 import json
+import math
 
+import numpy as np
 import pytest
 import torch
-from reliability_runs import tiny_model, tokenizer
+from reliability_runs import problems, tiny_model, tokenizer
 
-from grpo_lab.lm.evaluate import EvalResult
 from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.study import passage, tta_units
 from grpo_lab.study import time_to_accuracy as tta
-from grpo_lab.study.time_to_accuracy import (
-    TrainingClock,
-    rebuild_summary,
-    run_units,
-    seconds_to_reach,
-    summary_table,
-    target_findings,
-    trl_config,
-)
+from grpo_lab.study.tta_legacy import is_legacy, summary_table, target_findings
+from grpo_lab.study.tta_summary import ratio_table, rebuild_summary, summarize, targets_from_frontier
+from grpo_lab.study.tta_trl import skip_empty_batch, trl_config
 from grpo_lab.viz.throughput import time_to_accuracy_figure
+from grpo_lab.viz.tta_plots import tta_curves_figure, tta_ratio_figure
+
+# ----------------------------------------------------------------------------- the statistic, by hand
 
 
-def test_clock_takes_evaluation_off_and_scores_each_time_once(monkeypatch):
+def test_first_passage_is_the_first_evaluation_at_or_above_the_target_without_interpolation():
+    curve = {0.0: 0.1, 31.2: 0.3, 60.5: 0.5, 92.0: 0.45, 121.0: 0.7}
+    assert passage.first_passage(curve, 0.4) == 60.5            # not 45.9, where a line through 0.3 and 0.5 meets it
+    assert passage.first_passage(curve, 0.5) == 60.5
+    assert passage.first_passage(curve, 0.6) == 121.0           # the dip at 92 s does not matter
+    assert passage.first_passage(curve, 0.1) == 0.0
+    assert passage.first_passage(curve, 0.71) is None
+    assert passage.first_passage({121.0: 0.7, 0.0: 0.1, 60.5: 0.5}, 0.45) == 60.5   # read in time order
+
+
+def test_kaplan_meier_by_hand():
+    # events at 30 (1 of 5 at risk) and 50 (2 of 4): S = 4/5, then 4/5 · 2/4 = 2/5
+    times, follow = [50.0, None, 30.0, 50.0, None], [600, 600, 600, 600, 610]
+    assert passage.kaplan_meier(times, follow) == [(30.0, pytest.approx(0.8)), (50.0, pytest.approx(0.4))]
+    assert passage.km_median(times, follow) == 50.0
+    # a seed censored at 80 s leaves the risk set before the first event: S = 2/3 at 100, 1/3 at 200
+    early = [None, 100.0, 200.0, 300.0]
+    assert passage.kaplan_meier(early, [80, 600, 600, 600]) == [(100.0, pytest.approx(2 / 3)),
+                                                               (200.0, pytest.approx(1 / 3)), (300.0, 0.0)]
+    assert passage.km_median(early, [80, 600, 600, 600]) == 200.0
+    assert passage.km_median([10.0, 20.0, 30.0, 40.0], [600] * 4) == 20.0       # S(20) = 0.5: the lower middle
+    assert passage.km_median([100.0, None, None, 200.0, None], [600] * 5) is None   # S falls to 0.6 only
+    assert passage.reached_share([100.0, None, None, 200.0, None]) == pytest.approx(0.4)
+
+
+def test_restricted_times_need_censored_seeds_followed_to_the_budget():
+    assert passage.restricted_times([60.0, None, 615.0], [600, 601, 615], 600).tolist() == [60.0, 600.0, 600.0]
+    with pytest.raises(ValueError, match="stopped before the budget"):
+        passage.restricted_times([60.0, None], [600, 420], 600)
+
+
+def test_time_ratio_is_the_ratio_of_restricted_means():
+    arm, reference = [60.0, 90.0, 120.0, 60.0, 90.0], [300.0, None, 450.0, None, 600.0]
+    result = passage.time_ratio(arm, reference, 600.0)
+    # arm: mean 84; reference: (300 + 600 + 450 + 600 + 600) / 5 = 510
+    assert result["ratio"] == pytest.approx(84 / 510)
+    assert result["restricted_mean"] == pytest.approx(84) and result["reference_restricted_mean"] == pytest.approx(510)
+    assert (result["reached_share"], result["reference_reached_share"]) == (1.0, pytest.approx(0.6))
+    assert result["ci_low"] < result["ratio"] < result["ci_high"] and result["note"] == ""
+    assert passage.time_ratio(arm, reference, 600.0) == result                   # the fixed generator
+
+
+def test_the_bootstrap_interval_matches_the_exact_bootstrap_distribution():
+    """With 4 seeds an arm has 4^4 = 256 equally likely resamples: the exact bootstrap distribution of the ratio is
+    every pair of them. The Monte Carlo interval's ends lie within its sampling error of the exact quantiles."""
+    arm, reference = [60.0, 90.0, 150.0, None], [200.0, 350.0, None, 500.0]
+    a = np.array([600.0 if t is None else t for t in arm])
+    r = np.array([600.0 if t is None else t for t in reference])
+    draws = np.array(list(itertools.product(range(4), repeat=4)))
+    ratios = (a[draws].mean(1)[:, None] / r[draws].mean(1)[None, :]).ravel()
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    result = passage.time_ratio(arm, reference, 600.0)
+    assert result["ci_low"] == pytest.approx(low, abs=0.01) and result["ci_high"] == pytest.approx(high, abs=0.02)
+    assert result["unresolved_resamples"] == 0.0          # every resample of the reference holds a reached seed
+
+
+def test_what_censoring_leaves_not_resolved():
+    nobody = passage.time_ratio([None] * 5, [None] * 5, 600.0)
+    assert nobody["ratio"] is None and nobody["ci_low"] is None and "neither arm reached" in nobody["note"]
+    # one reached seed each: (4/5)^5 of an arm's resamples hold none, (4/5)^10 ≈ 10.7 % of pairs neither
+    sparse = passage.time_ratio([None, None, None, None, 100.0], [None, None, None, None, 200.0], 600.0)
+    assert sparse["ratio"] == pytest.approx((4 * 600 + 100) / (4 * 600 + 200))
+    assert sparse["ci_low"] is None and "interval not resolved" in sparse["note"]
+    assert sparse["unresolved_resamples"] == pytest.approx(0.8**10, abs=0.01)
+    few = passage.time_ratio([60.0, 90.0], [300.0, 400.0], 600.0)
+    assert few["ratio"] == pytest.approx(75 / 350) and few["ci_low"] is None and "3 needed" in few["note"]
+    at_start = passage.time_ratio([0.0, 30.0, 60.0], [0.0, 0.0, 0.0], 600.0)
+    assert at_start["ratio"] is None and "untrained J" in at_start["note"]
+    # the reference never reaches it, the arm does: a ratio within the budget, bounded by the budget
+    bounded = passage.time_ratio([60.0, 90.0, 120.0], [None, None, None], 600.0)
+    assert bounded["ratio"] == pytest.approx(90 / 600) and bounded["ci_high"] <= 120 / 600
+
+
+# ----------------------------------------------------------------------------- the design
+
+
+def test_the_arms_and_the_seeded_interleaved_order():
+    names = [arm.name for arm in tta.arms()]
+    assert names == ["grpo_lab_v1", "grpo_lab_v1_no_share_prompt", "grpo_lab_v1_empty_backward",
+                     "grpo_lab_v4_ratio", "trl", "trl_every_batch"]
+    assert tta.arms(16, "truncated")[3].changes == {"v": 16, "is_correction": "truncated"}
+    order = tta.unit_order(names, seeds=5)
+    assert order == tta.unit_order(names, seeds=5) != tta.unit_order(names, seeds=5, order_seed=1)
+    blocks = [order[i:i + 6] for i in range(0, 30, 6)]
+    assert all(sorted(a for a, _ in block) == sorted(names) and {s for _, s in block} == {n}
+               for n, block in enumerate(blocks))
+    assert len({tuple(a for a, _ in block) for block in blocks}) > 1         # interleaved, not one fixed order
+    with pytest.raises(ValueError, match="v > 1"):
+        tta.arms(1)
+
+
+def test_arm_configs_change_one_thing_each():
+    base = TrainConfig(G=8, prompts_per_step=4, v=1, micro_batch_size=32, scoring="strict")
+    configs = {arm.name: tta.arm_config(base, arm, 3) for arm in tta.arms()}
+    assert all(c.seed == 3 for c in configs.values())
+    changed = {name: {k for k, v in c.to_dict().items() if v != configs["grpo_lab_v1"].to_dict()[k]}
+               for name, c in configs.items()}
+    assert changed == {"grpo_lab_v1": set(), "grpo_lab_v1_no_share_prompt": {"share_prompt"},
+                       "grpo_lab_v1_empty_backward": {"empty_step"}, "grpo_lab_v4_ratio": {"v"}, "trl": set(),
+                       "trl_every_batch": set()}
+    assert configs["grpo_lab_v1_empty_backward"].empty_step == "skip_after_backward"
+    assert [a.skip_empty for a in tta.arms() if a.trainer == "trl"] == [True, False]
+
+
+def test_the_shared_recipe_is_the_frontiers_at_v1_in_one_micro_batch():
+    base = tta.shared_recipe("addsubmul1", 1e-5)
+    assert (base.task, base.lr, base.scoring, base.empty_step, base.v, base.i) == ("addsubmul1", 1e-5, "strict",
+                                                                                   "skip", 1, 1)
+    assert base.micro_batch_size == base.prompts_per_step * base.G and base.checkpoint_every == 0
+
+
+def targets_file(path, untrained=0.1, levels=None, **extra):
+    content = {"evaluation": "exact", "task": "addsubmul1", "lr": 1e-5, "fixed_on": "2026-12-02",
+               "untrained_j": untrained, "targets": levels or {"50%": 0.4, "80%": 0.6}, **extra}
+    path.write_text(json.dumps(content))
+    return path
+
+
+def test_targets_are_read_from_their_file_and_must_lie_above_the_untrained_j(tmp_path):
+    committed = tta.load_targets(tta.committed_dir() / "targets.json")
+    assert committed["evaluation"] == "exact" and set(committed["targets"]) == {"50%", "80%"}
+    with pytest.raises(ValueError, match="do not lie above"):
+        tta.load_targets(targets_file(tmp_path / "t.json", untrained=0.5))
+    (tmp_path / "u.json").write_text('{"evaluation": "exact", "targets": {}}')
+    with pytest.raises(ValueError, match="fixed_on"):
+        tta.load_targets(tmp_path / "u.json")
+    every = tta.eval_questions({"task": "addsubmul1", "questions": {"every": 3}})
+    assert len(every) == 121 and every[1].question == tta.eval_questions({"task": "addsubmul1"})[3].question
+
+
+def test_the_design_is_written_once(tmp_path):
+    targets = tta.load_targets(targets_file(tmp_path / "t.json"))
+    design = tta.make_design(targets, threads=1, eval_threads=2, questions=363)
+    assert design["order"] == [list(u) for u in tta.unit_order([a["name"] for a in design["arms"]], 5)]
+    assert design["targets"]["targets"] == {"50%": 0.4, "80%": 0.6} and design["targets"]["questions"] == "all"
+    assert tta.write_design(tmp_path, design) == design == tta.write_design(tmp_path, design)
+    with pytest.raises(ValueError, match="another design"):
+        tta.write_design(tmp_path, {**design, "budget_seconds": 300.0})
+    with pytest.raises(ValueError, match="reference arm"):
+        tta.make_design(targets, arm_names=["grpo_lab_v1"], threads=1, eval_threads=1, questions=363)
+    assert tta.design_sha(design) != tta.design_sha({**design, "seeds": 6})
+
+
+def test_targets_from_the_frontiers_per_question_j(tmp_path):
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "untrained.json").write_text(json.dumps({"task": "t", "j_per_question": [0.1, 0.2, 0.3, 0.4]}))
+    for seed, final in ((0, [0.5, 0.6, 0.7, 0.8]), (1, [0.3, 0.4, 0.5, 0.6])):
+        (units / f"v1_s{seed}.json").write_text(json.dumps({"seed": seed, "lr": 1e-5, "steps": 128, "j_per_question": {
+            "0": [0.1, 0.2, 0.3, 0.4], "128": final}}))
+    (units / "v4_ratio_s0.json").write_text(json.dumps({"seed": 0, "steps": 128, "j_per_question": {"128": [1] * 4}}))
+    whole = targets_from_frontier(tmp_path, "2026-12-03")
+    # untrained 0.25; v1 0.65 and 0.45 → 0.55; gain 0.3
+    assert whole["untrained_j"] == pytest.approx(0.25) and whole["v1_gain"] == pytest.approx(0.3)
+    assert whole["targets"] == {"50%": pytest.approx(0.4), "80%": pytest.approx(0.49)}
+    half = targets_from_frontier(tmp_path, "2026-12-03", every=2)           # questions 0 and 2
+    # untrained 0.2; v1 0.6 and 0.4 → 0.5; gain 0.3
+    assert half["targets"] == {"50%": pytest.approx(0.35), "80%": pytest.approx(0.44)}
+    assert half["questions"] == {"every": 2} and half["question_count"] == 2 and half["fixed_on"] == "2026-12-03"
+    (tmp_path / "half.json").write_text(json.dumps(half))
+    assert tta.load_targets(tmp_path / "half.json")["targets"] == half["targets"]
+
+
+# ----------------------------------------------------------------------------- the clock
+
+
+def test_the_clock_takes_evaluation_off_evaluates_each_mark_once_and_stops(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(tta.time, "perf_counter", lambda: now[0])
-    clock = TrainingClock(10.0, fractions=(0.2, 0.5, 1.0))
+    monkeypatch.setattr(tta_units.time, "perf_counter", lambda: now[0])
+    js = iter([0.2, 0.5, 0.7])
 
-    def score():
-        now[0] += 50.0                                # an evaluation: 50 s that the clock must not count
-        return EvalResult(n=1, correct=[1, 0], correct_lenient=[1, 0], examples=[], truncated=[0, 0])
+    def evaluate():
+        now[0] += 50.0                                 # an evaluation: 50 s that the clock must not count
+        return next(js), {"pruned_max": 0.0}
 
+    clock = tta_units.MarkClock(30.0, 10.0)
+    assert clock.marks == [10.0, 20.0, 30.0]
     clock.start()
-    now[0] += 1.0
-    assert not clock.step_done(score) and clock.points == []
-    now[0] += 1.5                                     # 2.5 s: the 2 s point is due
-    assert not clock.step_done(score)
-    assert [(p["at"], p["seconds"], p["steps"]) for p in clock.points] == [(2.0, 2.5, 2)]
-    assert clock.seconds == 2.5                       # the 50 s evaluation is off the clock
-    now[0] += 8.0                                     # 10.5 s: the 5 s and 10 s points pass in one step
-    assert clock.step_done(score)
-    assert [(p["at"], p["seconds"]) for p in clock.points] == [(2.0, 2.5), (5.0, 10.5), (10.0, 10.5)]
-    assert clock.points[-1]["pass_at_1"] == 0.5 and clock.points[-1]["completions"] == 2
-    with pytest.raises(ValueError, match="fractions must rise"):
-        TrainingClock(10.0, fractions=(0.5, 0.2, 1.0))
-    with pytest.raises(ValueError, match="budget_seconds"):
-        TrainingClock(0.0)
+    now[0] += 4.0
+    assert not clock.after_step(True, evaluate) and clock.points == []
+    now[0] += 7.0                                      # 11 s: the 10 s mark
+    assert not clock.after_step(False, evaluate)
+    assert [(p["marks"], p["training_seconds"], p["steps"], p["optimizer_steps"], p["j"]) for p in clock.points] == \
+           [([10.0], 11.0, 2, 1, 0.2)]
+    assert clock.seconds == 11.0 and clock.eval_seconds == 50.0
+    now[0] += 10.0                                     # 21 s: the 20 s mark
+    assert not clock.after_step(True, evaluate)
+    now[0] += 12.0                                     # 33 s: the budget's mark, then stop
+    assert clock.after_step(True, evaluate) and [p["marks"] for p in clock.points] == [[10.0], [20.0], [30.0]]
+    assert [s["optimizer_step"] for s in clock.step_log] == [True, False, True, True]
+
+    early = tta_units.MarkClock(30.0, 10.0, stop_at=0.5)
+    js = iter([0.2, 0.55])
+    early.start()
+    now[0] += 25.0                                     # one step past two marks: evaluated once, for both
+    assert not early.after_step(True, evaluate) and early.points[0]["marks"] == [10.0, 20.0]
+    now[0] += 2.0
+    assert not early.after_step(True, evaluate)        # no mark passed: no evaluation
+    now[0] += 4.0
+    assert early.after_step(True, evaluate) and early.points[-1]["j"] == 0.55   # J ≥ the top target: stop
+    with pytest.raises(ValueError, match="whole number of marks"):
+        tta_units.MarkClock(25.0, 10.0)
     with pytest.raises(RuntimeError, match="not started"):
-        _ = TrainingClock(1.0).seconds
+        _ = tta_units.MarkClock(30.0, 10.0).seconds
 
 
-def test_seconds_to_reach_interpolates_the_first_crossing():
-    curve = [(0, 0.0), (100, 0.1), (200, 0.3), (300, 0.2), (400, 0.5)]
-    assert seconds_to_reach(curve, 0.2) == pytest.approx(150.0)     # between 0.1 at 100 s and 0.3 at 200 s
-    assert seconds_to_reach(curve, 0.1) == 100.0
-    assert seconds_to_reach(curve, 0.0) == 0.0
-    assert seconds_to_reach(curve, 0.6) is None
-    assert seconds_to_reach([(0, 0.4), (50, 0.4)], 0.4) == 0.0
+# ----------------------------------------------------------------------------- the summary from made-up units
+
+
+def made_unit(arm, seed, curve, sha, budget=120.0, steps_per_point=4):
+    points = [{"marks": [t], "training_seconds": t + 0.5, "steps": steps_per_point * (k + 1),
+               "optimizer_steps": 2 * (k + 1), "j": j} for k, (t, j) in enumerate(curve)]
+    return {"arm": arm, "seed": seed, "design_sha": sha, "git_commit": "abc", "grpo_lab_dirty": False,
+            "torch_threads": 1, "load_start": [1, 1, 1], "load_end": [1, 1, 1], "untrained_j": 0.1, "points": points,
+            "follow_up_seconds": points[-1]["training_seconds"], "stopped_early": points[-1]["marks"][-1] < budget,
+            "steps": points[-1]["steps"], "wall_seconds": 1.0, "cpu_seconds": 1.0, "eval_seconds": 0.5}
+
+
+def test_the_summary_of_made_up_units(tmp_path):
+    targets = tta.load_targets(targets_file(tmp_path / "t.json", untrained=0.1, levels={"50%": 0.4, "80%": 0.6}))
+    design = tta.make_design(targets, budget=120.0, every=30.0, seeds=3, arm_names=["grpo_lab_v1", "trl"],
+                             threads=1, eval_threads=1, questions=363)
+    sha = tta.design_sha(design)
+    fast = [[(30, 0.45), (60, 0.65)], [(30, 0.3), (60, 0.5), (90, 0.7)], [(30, 0.42), (60, 0.61)]]
+    slow = [[(30, 0.2), (60, 0.3), (90, 0.41), (120, 0.5)], [(30, 0.2), (60, 0.25), (90, 0.3), (120, 0.35)],
+            [(30, 0.3), (60, 0.45), (90, 0.5), (120, 0.62)]]
+    units = [made_unit("grpo_lab_v1", s, c, sha) for s, c in enumerate(fast)]
+    units += [made_unit("trl", s, c, sha) for s, c in enumerate(slow[:2])]
+    summary = summarize(design, {"j": 0.1, "design_sha": sha}, units, sha)
+    assert summary["evaluation"] == "exact" and summary["targets"]["levels"] == {"50%": 0.4, "80%": 0.6}
+    assert summary["targets"]["fixed_on"] == "2026-12-02" and summary["missing"] == ["trl_s2"]
+    row = summary["runs"][1]
+    assert (row["arm"], row["seed"], row["git_commit"]) == ("grpo_lab_v1", 1, "abc")
+    assert row["curve"] == {"0.00": 0.1, "30.50": 0.3, "60.50": 0.5, "90.50": 0.7}
+    assert row["optimizer_steps"] == {"0.00": 0, "30.50": 2, "60.50": 4, "90.50": 6}
+    assert row["first_passage"] == {"50%": 60.5, "80%": 90.5} and row["stopped_early"]
+    assert summary["runs"][4]["first_passage"] == {"50%": None, "80%": None}
+    fast_50 = [30.5, 60.5, 30.5]                           # first J ≥ 0.4 per seed
+    ratio = summary["time_ratios"]["grpo_lab_v1"]["50%"]
+    assert ratio["ratio"] == pytest.approx(np.mean(fast_50) / np.mean([90.5, 120.0]))   # seed 1: censored at 120
+    assert ratio["ci_low"] is None and "3 needed" in ratio["note"]                     # two TRL seeds
+    assert summary["arms"]["trl"]["50%"] == {"seeds": 2, "reached_share": 0.5, "km_median": 90.5,
+                                             "restricted_mean": pytest.approx(105.25)}
+    assert summary["arms"]["grpo_lab_v1"]["80%"]["km_median"] == 60.5
+    assert "trl" not in summary["time_ratios"]
+    summary = summarize(design, {"j": 0.1, "design_sha": sha}, units + [made_unit("trl", 2, slow[2], sha)], sha)
+    ratio = summary["time_ratios"]["grpo_lab_v1"]["80%"]
+    assert ratio["ratio"] == pytest.approx(np.mean([60.5, 90.5, 60.5]) / np.mean([120.0, 120.0, 120.0]))
+    assert ratio["reference_reached_share"] == pytest.approx(1 / 3) and ratio["ci_high"] is not None
+    rows = ratio_table(summary)
+    assert [(r["arm"], r["target"][:3]) for r in rows][:2] == [("grpo_lab_v1", "50%"), ("grpo_lab_v1", "80%")]
+    assert rows[-1]["× trl's time"] == "reference" and rows[-2]["KM median s"] == "90"
+    curves = tta_curves_figure(summary)
+    assert [t.name for t in curves.data if t.showlegend] == ["grpo_lab_v1", "trl"] and len(curves.data) == 6
+    assert list(curves.data[1].x) == [0.0, 30.5, 60.5, 90.5] and list(curves.data[1].y) == [0.1, 0.3, 0.5, 0.7]
+    assert list(tta_curves_figure(summary, by="optimizer_steps").data[1].x) == [0, 2, 4, 6]
+    ratios = tta_ratio_figure(summary)
+    assert [t.name for t in ratios.data] == ["target 50%", "target 80%"]
+    assert ratios.data[1].x[0] == pytest.approx(ratio["ratio"]) and list(ratios.data[1].y) == ["grpo_lab_v1"]
+    with pytest.raises(ValueError, match="another design"):
+        summarize(design, {"j": 0.1, "design_sha": sha}, [made_unit("trl", 2, slow[2], "other")], sha)
+    short = made_unit("trl", 2, slow[2][:2], sha)           # missed the targets yet stopped at 60 s
+    with pytest.raises(ValueError, match="stopped before the budget"):
+        summarize(design, {"j": 0.1, "design_sha": sha}, units + [short], sha)
+
+
+# ----------------------------------------------------------------------------- a sitting on a tiny model
+
+
+def test_a_sitting_on_a_tiny_model_runs_every_kind_of_arm_and_rebuilds_the_summary(tmp_path):
+    """Every kind of arm (the loop at v = 1, its empty-backward and no-sharing variants, the lagged loop, TRL
+    with and without the empty-batch rule) for a budget of one 0.3 s mark (the clock's marks are tested above;
+    an exact J here costs ~2 s, most of it the walk's vocabulary split), exact J on two questions: unit files
+    with provenance, curves from the untrained J, J per optimiser step, locks, the summary."""
+    from pathlib import Path
+
+    from grpo_lab.study.frontier import exact_j
+
+    torch.manual_seed(0)
+    model, tok = tiny_model(), tokenizer()
+    questions = list(problems()[:2])
+    base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
+                       micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False)
+    untrained = exact_j(model, tok, questions, base).mean
+    targets = tta.load_targets(targets_file(tmp_path / "t.json", untrained=untrained,
+                                            levels={"50%": untrained + 1e-6, "80%": untrained + 0.5}))
+    design = tta.make_design(targets, budget=0.3, every=0.3, seeds=1, threads=1, eval_threads=1, questions=2)
+    tta.write_design(tmp_path, design)
+    root = Path(__file__).resolve().parents[1]
+    kwargs = dict(model=model, tokenizer=tok, questions=questions, problems=lambda config: problems(), base=base,
+                  log=lambda line: None)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    first_name, _ = design["order"][0]
+    (tmp_path / "units" / f"{design['order'][1][0]}_s0.lock").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "units" / f"{design['order'][1][0]}_s0.lock").touch()   # another process holds the second unit
+    done = tta.run_units(tmp_path, root, units=1, **kwargs)
+    assert [u["arm"] for u in done] == [first_name]
+    done += tta.run_units(tmp_path, root, **kwargs)
+    assert sorted(u["arm"] for u in done) == sorted(a["name"] for a in design["arms"] if a["name"] !=
+                                                     design["order"][1][0])
+    (tmp_path / "units" / f"{design['order'][1][0]}_s0.lock").unlink()
+    done += tta.run_units(tmp_path, root, **kwargs)
+    assert len(done) == 6 and tta.run_units(tmp_path, root, **kwargs) == []          # nothing left
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())     # every unit trained a copy
+    assert not list((tmp_path / "units").glob("*.lock"))
+    for unit in done:
+        assert {"git_commit", "torch_threads", "load_start", "load_end", "wall_seconds", "cpu_seconds",
+                "eval_seconds", "design_sha"} <= set(unit)
+        assert unit["points"][-1]["marks"] == [0.3] and unit["follow_up_seconds"] >= 0.3
+        assert all(len(p["j_per_question"]) == 2 for p in unit["points"])
+        assert 0 <= unit["optimizer_steps"] <= unit["steps"] == len(unit["step_log"])
+    by_arm = {u["arm"]: u for u in done}
+    assert by_arm["trl_every_batch"]["optimizer_steps"] == by_arm["trl_every_batch"]["steps"]
+    assert by_arm["grpo_lab_v1_empty_backward"]["config"]["empty_step"] == "skip_after_backward"
+    assert by_arm["grpo_lab_v1_no_share_prompt"]["config"]["share_prompt"] is False
+    assert len(by_arm["grpo_lab_v1"]["records"]) == by_arm["grpo_lab_v1"]["steps"]
+    summary = rebuild_summary(tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    assert summary["untrained_j"] == pytest.approx(untrained) and summary["missing"] == []
+    assert sorted(summary["time_ratios"]) == sorted(a["name"] for a in design["arms"] if a["name"] != "trl")
+    for row in summary["runs"]:
+        assert row["curve"]["0.00"] == pytest.approx(untrained) and len(row["curve"]) == len(row["optimizer_steps"])
+        assert row["first_passage"]["80%"] is None                 # 0.5 above the untrained J: out of reach
+    assert all(r["50%"]["ratio"] is None or r["50%"]["ratio"] > 0 for r in summary["time_ratios"].values())
+    bad = tta.write_design(tmp_path / "bad", {**design, "targets": {**design["targets"], "untrained_j": 0.9}})
+    assert bad["targets"]["untrained_j"] == 0.9
+    with pytest.raises(ValueError, match="another model, task or question set"):
+        tta.run_units(tmp_path / "bad", root, **kwargs)
+
+
+# ----------------------------------------------------------------------------- TRL's pieces
 
 
 def test_trl_config_sets_the_recipe_where_trl_defaults_differ(tmp_path):
@@ -77,7 +374,7 @@ def test_skip_empty_batch_leaves_a_zero_gradient_step_undone_and_a_real_one_alon
     weights.grad = torch.tensor([1.0, -2.0, 0.5])
     optimizer.step()
     after_first, state = weights.detach().clone(), {k: v.clone() for k, v in optimizer.state[weights].items()}
-    skipper = tta.skip_empty_batch()
+    skipper = skip_empty_batch()
     weights.grad = torch.zeros(3)
     skipper.on_pre_optimizer_step(None, None, None, optimizer=optimizer)
     optimizer.step()
@@ -91,63 +388,73 @@ def test_skip_empty_batch_leaves_a_zero_gradient_step_undone_and_a_real_one_alon
     assert skipper.skipped == 1 and torch.equal(weights.grad, torch.tensor([0.0, 1.0, 0.0]))
 
 
-def test_every_arm_runs_unit_by_unit(tmp_path):
-    base = TrainConfig(G=4, prompts_per_step=2, lr=1e-3, max_completion_length=4, train_problems=20,
-                       eval_problems=3, eval_samples=2, temperature=1.0)
-    model = tiny_model()
-    untouched = {k: v.clone() for k, v in model.state_dict().items()}
-    logs = []
-    kwargs = dict(seeds=1, model=model, tokenizer=tokenizer(), log=logs.append)
-    summary = run_units(base, 1.5, tmp_path, units=2, **kwargs)
-    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == \
-           ["grpo_lab_v1_s0.json", "grpo_lab_v8_s0.json", "untrained.json"]
-    assert "seconds_to_trl_final" not in summary                         # no TRL run yet
-    summary = run_units(base, 1.5, tmp_path, **kwargs)                     # the next sitting: TRL's unit
-    assert all(torch.equal(v, untouched[k]) for k, v in model.state_dict().items())
-    assert [(r["arm"], r["seed"]) for r in summary["runs"]] == [("grpo_lab_v1", 0), ("grpo_lab_v8", 0), ("trl", 0)]
-    for run in summary["runs"]:
-        times = [t for t, _ in run["curve"]]
-        assert run["curve"][0] == [0.0, summary["untrained_pass_at_1"]] and len(times) == 1 + len(tta.EVAL_FRACTIONS)
-        assert times == sorted(times) and times[-1] >= 1.5 and run["steps"] >= 1
-    unit = json.loads((tmp_path / "units" / "trl_s0.json").read_text())
-    assert [p["at"] for p in unit["points"]] == [f * 1.5 for f in tta.EVAL_FRACTIONS]
-    assert all(p["completions"] == 6 for p in unit["points"]) and 0 <= unit["optimizer_steps"] <= unit["steps"]
-    stock = run_units(base, 1.5, tmp_path / "stock", arms=["trl_every_batch"], **kwargs)["runs"][0]
-    assert stock["arm"] == "trl_every_batch" and stock["optimizer_steps"] == stock["steps"]   # steps on every batch
-    assert summary["trl_final_pass_at_1"] == summary["runs"][2]["curve"][-1][1]
-    assert summary["seconds_to_trl_final"]["trl"] <= summary["runs"][2]["curve"][-1][0]
-    assert summary["budget_seconds"] == 1.5 and summary["scoring"] == "strict"
-    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(rebuild_summary(tmp_path)))
-    rows = summary_table(summary)
-    assert [r["arm"] for r in rows] == list(tta.ARMS) and all(r["95 % CI"] == "-" for r in rows)   # one seed each
-    trl_seconds = summary["seconds_to_trl_final"]["trl"]                  # 0 where TRL ended at the untrained score
-    assert rows[2]["× TRL's"] == ("1.00" if trl_seconds > 0 else "-")
-    fig = time_to_accuracy_figure(summary)
-    assert [t.name for t in fig.data if t.showlegend is not False] == list(tta.ARMS)
-    assert not [t for t in fig.data if t.fill == "toself"]                 # no band from one seed
-    logs.clear()
-    run_units(base, 1.5, tmp_path, **kwargs)
-    assert not any(line.startswith("unit ") for line in logs)             # nothing left to run
-    with pytest.raises(ValueError, match="use another out_dir"):
-        run_units(base, 3.0, tmp_path, **kwargs)
+# ----------------------------------------------------------------------------- issue 25 §5's superseded summary
 
 
-def test_target_findings_follow_the_rule():
-    def summary(seeds, ratios, by_seed, trl_final=0.2):
-        runs = [{"arm": arm, "seed": s} for arm, n in seeds.items() for s in range(n)]
-        return {"runs": runs, "ratio_to_trl": ratios, "seconds_to_trl_final_by_seed": by_seed,
-                "trl_final_pass_at_1": trl_final, "untrained_pass_at_1": 0.035}
+def legacy_summary(seeds, ratios, by_seed, trl_final=0.2):
+    runs = [{"arm": arm, "seed": s, "steps": 10, "curve": [[0.0, 0.035], [600.0, 0.1]]}
+            for arm, n in seeds.items() for s in range(n)]
+    curve = {"seconds": [0.0, 600.0], "pass_at_1": [0.035, 0.1], "ci_low": [None, None], "ci_high": [None, None]}
+    return {"runs": runs, "ratio_to_trl": ratios, "seconds_to_trl_final_by_seed": by_seed, "task": "sum3",
+            "budget_seconds": 600.0, "trl_final_pass_at_1": trl_final, "untrained_pass_at_1": 0.035,
+            "mean_curves": {arm: curve for arm in seeds}, "seconds_to_trl_final": {}}
 
+
+def test_the_legacy_readers_follow_their_rule_and_refuse_the_new_schema():
     three = {"grpo_lab_v1": 3, "grpo_lab_v8": 3, "trl": 3}
     by_seed = {"grpo_lab_v1": {"0": 100.0, "1": 200.0, "2": 150.0}, "grpo_lab_v8": {"0": None, "1": 500.0, "2": 550.0}}
-    findings = target_findings(summary(three, {"grpo_lab_v1": 0.25, "grpo_lab_v8": 0.9, "trl": 1.0}, by_seed))
+    findings = target_findings(legacy_summary(three, {"grpo_lab_v1": 0.25, "grpo_lab_v8": 0.9, "trl": 1.0}, by_seed))
     assert findings["grpo_lab_v1"].endswith("met") and "0.25× TRL's time" in findings["grpo_lab_v1"]
     assert findings["grpo_lab_v8"].endswith("missed") and "never, 500 s, 550 s" in findings["grpo_lab_v8"]
-    findings = target_findings(summary({**three, "trl": 1}, {"grpo_lab_v1": 0.25, "grpo_lab_v8": None}, by_seed))
-    assert all("not resolved (3 seeds" in f for f in findings.values())       # one TRL seed decides nothing
-    assert "does not reach it" in findings["grpo_lab_v8"]
-    collapsed = target_findings(summary(three, {"grpo_lab_v1": None, "grpo_lab_v8": None}, by_seed, trl_final=0.0))
-    assert all(f.startswith("not resolved: TRL ended at 0.000, at or below the untrained 0.035")
-               for f in collapsed.values())
-    assert target_findings(summary({"grpo_lab_v1": 1}, {}, {})) == {"grpo_lab_v1": "not run yet",
-                                                                     "grpo_lab_v8": "not run yet"}
+    findings = target_findings(legacy_summary({**three, "trl": 1}, {"grpo_lab_v1": 0.25, "grpo_lab_v8": None},
+                                              by_seed))
+    assert all("not resolved (3 seeds" in f for f in findings.values())
+    collapsed = target_findings(legacy_summary(three, {"grpo_lab_v1": None, "grpo_lab_v8": None}, by_seed, 0.0))
+    assert all(f.startswith("not resolved: TRL ended at 0.000") for f in collapsed.values())
+    rows = summary_table(legacy_summary(three, {"grpo_lab_v1": 0.25}, by_seed))
+    assert [r["arm"] for r in rows] == list(three) and rows[0]["× TRL's"] == "0.25" and rows[1]["× TRL's"] == "-"
+    assert tta.summary_table is summary_table and tta.target_findings is target_findings   # notebook 03's import
+    figure = time_to_accuracy_figure(legacy_summary(three, {}, by_seed))
+    assert [t.name for t in figure.data if t.showlegend is not False] == list(three)
+    new = {"time_ratios": {}, "runs": []}
+    assert not is_legacy(new) and is_legacy(legacy_summary(three, {}, by_seed))
+    with pytest.raises(ValueError, match="issue 38's"):
+        summary_table(new)
+
+
+def test_the_committed_summary_is_read_by_the_readers_of_its_schema():
+    """Notebook 03 §3c reads results/time_to_accuracy/summary.json: issue 25 §5's until issue 38's units are in."""
+    summary = tta.load_summary()
+    if is_legacy(summary):
+        assert summary_table(summary) and set(target_findings(summary)) == {"grpo_lab_v1", "grpo_lab_v8"}
+    else:
+        assert summary["evaluation"] == "exact" and ratio_table(summary)
+        assert all(not math.isnan(r["restricted_mean"]) for arm in summary["arms"].values() for r in arm.values())
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_the_command_fixes_targets_then_the_design_and_refuses_to_change_them(tmp_path, capsys):
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "time_to_accuracy.py"
+    spec = importlib.util.spec_from_file_location("tta_command", path)
+    command = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(command)
+    out = tmp_path / "study"
+    with pytest.raises(SystemExit, match="--design first"):
+        command.main(["--out", str(out)])
+    out.mkdir()
+    shutil.copy(tta.committed_dir() / "targets.json", out / "targets.json")
+    command.main(["--out", str(out), "--design", "--threads", "1", "--eval-threads", "2", "--lag-v", "16"])
+    design = json.loads((out / "design.json").read_text())
+    assert len(design["order"]) == 30 and design["budget_seconds"] == 600.0 and design["eval_every_seconds"] == 30.0
+    assert "grpo_lab_v16_ratio" in {a["name"] for a in design["arms"]} and design["stop_when_reached"]
+    assert design["targets"]["question_count"] == 363 and (design["threads"], design["eval_threads"]) == (1, 2)
+    with pytest.raises(ValueError, match="another design"):
+        command.main(["--out", str(out), "--design", "--threads", "1", "--eval-threads", "2", "--budget", "300"])
+    with pytest.raises(SystemExit, match="design.json exists"):
+        command.main(["--out", str(out), "--fix-targets", str(tmp_path), "--date", "2026-12-03"])

@@ -1,0 +1,164 @@
+"""First-passage times to a target, and how two arms' times compare (issue 38 §1). Pure functions, no I/O.
+
+A unit's curve is exact J (:mod:`grpo_lab.exact.strict_j`) at its evaluations, keyed by training seconds: the
+untrained J at 0, then one evaluation at the first step boundary at or after every mark (30 s, 60 s, … up to the
+budget B), with the clock paused while it runs. Per target level:
+
+**First passage** (:func:`first_passage`): the training seconds of the first evaluation with J ≥ the target;
+None if no evaluation reaches it (censored: the unit ran to the budget without reaching it). No interpolation
+between evaluations: J is only known where it was evaluated, and interpolating noisy curves is what decided the
+old statistic by rounding. So a time is the end of the interval in which the target was first met: every arm's
+times are quantised by the same 30 s grid (plus at most one step: an evaluation waits for the step in flight).
+
+**Censoring is administrative.** A unit that does not reach a target trains to the budget (only a unit that has
+reached every target may stop early), so every censored seed is followed to B. Then min(T, B) is *observed*
+for every seed, reached or not, and needs neither imputation nor a model of the censoring.
+
+**The time ratio** (:func:`time_ratio`) of an arm against the reference (TRL) is the ratio of **restricted
+mean** first-passage times at the budget, mean(min(T, B)) over the arm's seeds / the same over the reference's
+(a censored seed enters as B). Why this rule, not the mean or the median:
+
+* the mean of T is undefined once a seed is censored; the restricted mean is defined for every set of seeds;
+* the ratio of Kaplan–Meier medians is undefined whenever half an arm's seeds miss the target (TRL's ~21 s steps
+  make that likely within 600 s), and a bootstrap of medians of 5 seeds takes only a handful of values;
+* it is exact under administrative censoring (above) and uses every seed;
+* it is a statement about the budget only: "mean training seconds to the target, a miss counted as B". Where
+  the reference misses in some seeds, its restricted mean is smaller than its unrestricted mean would be; the
+  ratio is reported with both arms' reached shares beside it so that a reader sees this.
+
+It is **not resolved** (None) when neither arm reached the target in any seed (both restricted means are B by
+construction: "1.0" would be invented), or when the reference's restricted mean is 0 (a target at or below the
+untrained J). The Kaplan–Meier median (:func:`km_median`) and the share reached (:func:`reached_share`) are
+reported per arm beside the ratio.
+
+**The interval** (:func:`time_ratio`): a percentile bootstrap over seeds, resampling each arm's seeds with
+replacement on its own (the arms share seed numbers, not randomness: nothing pairs them), :data:`RESAMPLES`
+resamples from a generator seeded with :data:`BOOTSTRAP_SEED` (the same stream for every comparison, so one
+ratio does not depend on which others were computed). It is not resolved (None) with fewer than
+:data:`MIN_SEEDS` seeds in either arm (too few distinct resamples: 3 seeds give 10), or when at least
+(1 − level)/2 of the resamples drew no reached seed in either arm: such a resample's ratio is 1 by construction,
+so an end of the interval could be that artefact. With 5 seeds a percentile interval covers less than its
+nominal 95 %; it is a description of the spread over seeds, not a test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+RESAMPLES = 10_000
+"""Bootstrap resamples per ratio."""
+BOOTSTRAP_SEED = 38
+"""The bootstrap generator's seed (the issue's number), fixed before any unit ran."""
+LEVEL = 0.95
+MIN_SEEDS = 3
+"""Seeds each arm needs for an interval."""
+
+
+def first_passage(curve: Mapping[float, float], target: float) -> float | None:
+    """The training seconds of the first evaluation of ``curve`` (training seconds → J) with J ≥ ``target``;
+    None if none reaches it. No interpolation (module docstring)."""
+    for seconds in sorted(curve):
+        if curve[seconds] >= target:
+            return float(seconds)
+    return None
+
+
+def restricted_times(times: Sequence[float | None], follow_up: Sequence[float], budget: float) -> np.ndarray:
+    """min(T, B) per seed: T if reached, B if not. A seed that did not reach the target must have been followed
+    to the budget (its last evaluation at ≥ B), else min(T, B) is not observed: ValueError."""
+    if len(times) != len(follow_up):
+        raise ValueError(f"{len(times)} first-passage times but {len(follow_up)} follow-up times")
+    short = [i for i, (t, f) in enumerate(zip(times, follow_up, strict=True)) if t is None and f < budget]
+    if short:
+        raise ValueError(f"seeds at positions {short} missed the target but stopped before the budget {budget} s: "
+                         "their restricted time is not observed")
+    return np.array([budget if t is None else min(float(t), budget) for t in times], dtype=float)
+
+
+def reached_share(times: Sequence[float | None]) -> float | None:
+    """The share of seeds that reached the target (None with no seeds)."""
+    return sum(t is not None for t in times) / len(times) if times else None
+
+
+def kaplan_meier(times: Sequence[float | None], follow_up: Sequence[float]) -> list[tuple[float, float]]:
+    """The Kaplan–Meier survival curve S(t) = P(not yet reached at t) as [(t, S(t))] at each distinct
+    first-passage time; a seed with None is censored at its ``follow_up`` (and counts as at risk at an event
+    time equal to it). S(t) = Π over event times t_j ≤ t of (1 − d_j / n_j)."""
+    if len(times) != len(follow_up):
+        raise ValueError(f"{len(times)} first-passage times but {len(follow_up)} follow-up times")
+    exits = [(float(t), True) if t is not None else (float(f), False) for t, f in zip(times, follow_up, strict=True)]
+    survival, curve = 1.0, []
+    for t in sorted({t for t, event in exits if event}):
+        at_risk = sum(exit_time >= t for exit_time, _ in exits)
+        events = sum(exit_time == t and event for exit_time, event in exits)
+        survival *= 1.0 - events / at_risk
+        curve.append((t, survival))
+    return curve
+
+
+def km_median(times: Sequence[float | None], follow_up: Sequence[float]) -> float | None:
+    """The Kaplan–Meier median: the first event time at which S(t) ≤ 0.5 (with no censoring and an even count,
+    the lower of the two middle times); None if S never falls to 0.5 (half the seeds or more were not seen to
+    reach the target)."""
+    for t, survival in kaplan_meier(times, follow_up):
+        if survival <= 0.5 + 1e-12:
+            return t
+    return None
+
+
+def _ratio(arm: np.ndarray, reference: np.ndarray, budget: float) -> np.ndarray:
+    """Restricted-mean ratios of resampled rows ([R, n] each); NaN where not resolved."""
+    a, r = arm.mean(axis=-1), reference.mean(axis=-1)
+    neither = (arm >= budget).all(axis=-1) & (reference >= budget).all(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(neither | (r <= 0), math.nan, a / np.where(r > 0, r, 1.0))
+
+
+def time_ratio(arm: Sequence[float | None], reference: Sequence[float | None], budget: float,
+               resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL,
+               min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
+    """The restricted-mean time ratio arm / reference with its percentile bootstrap interval (module docstring).
+
+    ``arm``, ``reference``: first-passage times per seed, None where the seed did not reach the target by the
+    budget (check the follow-up first: :func:`restricted_times`). Returns ``ratio``, ``ci_low``, ``ci_high``
+    (None where not resolved), ``note`` (why not, or ""), ``reached_share`` (the arm's),
+    ``reference_reached_share``, ``restricted_mean`` and ``reference_restricted_mean`` (seconds), ``seeds`` and
+    ``reference_seeds``, and ``unresolved_resamples`` (the share of resamples with no reached seed in either arm)."""
+    if not arm or not reference:
+        raise ValueError("time_ratio needs at least one seed in each arm")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    a = np.array([budget if t is None else min(float(t), budget) for t in arm])
+    r = np.array([budget if t is None else min(float(t), budget) for t in reference])
+    point = float(_ratio(a, r, budget))
+    out: dict[str, Any] = {
+        "ratio": None if math.isnan(point) else point, "ci_low": None, "ci_high": None, "note": "",
+        "reached_share": reached_share(arm), "reference_reached_share": reached_share(reference),
+        "restricted_mean": float(a.mean()), "reference_restricted_mean": float(r.mean()),
+        "seeds": len(arm), "reference_seeds": len(reference), "unresolved_resamples": None}
+    if out["ratio"] is None:
+        out["note"] = ("not resolved: neither arm reached the target in any seed" if r.mean() > 0 else
+                       "not resolved: the reference's restricted mean is 0 (target at or below the untrained J)")
+        return out
+    if min(len(a), len(r)) < min_seeds:
+        out["note"] = f"no interval: {len(a)} and {len(r)} seeds, {min_seeds} needed in each arm"
+        return out
+    rng = np.random.default_rng(seed)
+    draws_a = a[rng.integers(0, len(a), size=(resamples, len(a)))]
+    draws_r = r[rng.integers(0, len(r), size=(resamples, len(r)))]
+    ratios = _ratio(draws_a, draws_r, budget)
+    unresolved = float(np.isnan(ratios).mean())
+    out["unresolved_resamples"] = unresolved
+    tail = (1.0 - level) / 2.0
+    if unresolved >= tail:
+        out["note"] = (f"interval not resolved: {unresolved:.1%} of resamples drew no reached seed in either arm "
+                       f"(at most {tail:.1%} allowed)")
+        return out
+    # Unresolved resamples (fewer than the tail) are resamples where the restricted ratio is 1 by construction.
+    low, high = np.quantile(np.where(np.isnan(ratios), 1.0, ratios), [tail, 1.0 - tail])
+    out["ci_low"], out["ci_high"] = float(low), float(high)
+    return out

@@ -1,0 +1,180 @@
+"""Running one time-to-accuracy unit (issue 38 §1–§2): an arm at a seed, trained for a budget of training
+seconds, with exact J evaluated off the clock at every mark; and the untrained unit.
+
+The design (arms, seeds, order, budget, marks, targets, threads) is :mod:`grpo_lab.study.time_to_accuracy`'s;
+this module only trains and evaluates. A unit file ``units/<arm>_s<seed>.json`` holds:
+
+* ``points``: one per evaluation: the marks it serves (a step that passes two marks is evaluated once),
+  ``training_seconds`` (the clock at the evaluation: at or just after the mark), ``steps``, ``optimizer_steps``,
+  ``j`` (the mean exact J, its certified lower end, as the frontier reports), ``pruned_max`` and ``j_per_question``;
+  so J per second and J per optimiser step both come from the file;
+* ``step_log``: per step the training seconds at its end and whether AdamW stepped; the loop's arms also keep
+  every :class:`~grpo_lab.loop.StepRecord` (``records``);
+* provenance as the frontier's units (:func:`~grpo_lab.study.frontier.provenance`: commit, torch threads, load
+  at the start) plus the load at the end, wall, CPU and evaluation seconds, and ``design_sha``, which ties the
+  unit to the design it was run under.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .frontier import claim, exact_j, provenance
+
+
+class MarkClock:
+    """Training seconds with evaluations taken out, an evaluation at every mark, and when to stop.
+
+    ``start()`` at the first step; ``after_step(stepped, evaluate)`` after each step (``stepped``: AdamW took a
+    step). Once one or more marks have passed it calls ``evaluate()`` (→ (J, extras)) with the clock paused and
+    records one point for them. It returns True to stop: after the evaluation of the last mark (the budget), or,
+    with ``stop_at``, once an evaluation's J is at least ``stop_at`` (every target reached, so every first
+    passage is known; the censoring rule allows it)."""
+
+    def __init__(self, budget_seconds: float, every_seconds: float, stop_at: float | None = None) -> None:
+        if not budget_seconds > 0 or not every_seconds > 0:
+            raise ValueError(f"budget and mark spacing must be > 0, got {budget_seconds} and {every_seconds}")
+        count = int(round(budget_seconds / every_seconds))
+        if abs(count * every_seconds - budget_seconds) > 1e-9 * budget_seconds:
+            raise ValueError(f"the budget {budget_seconds} s must be a whole number of marks of {every_seconds} s")
+        self.budget_seconds, self.stop_at = budget_seconds, stop_at
+        self.marks = [every_seconds * k for k in range(1, count + 1)]
+        self.points: list[dict[str, Any]] = []
+        self.step_log: list[dict[str, Any]] = []
+        self.eval_seconds = 0.0
+        self._started: float | None = None
+        self._paused = 0.0
+        self._next = 0
+
+    def start(self) -> None:
+        self._started, self._paused = time.perf_counter(), 0.0
+
+    @property
+    def seconds(self) -> float:
+        if self._started is None:
+            raise RuntimeError("the clock was not started")
+        return time.perf_counter() - self._started - self._paused
+
+    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool:
+        now = self.seconds
+        self.step_log.append({"training_seconds": now, "optimizer_step": bool(stepped)})
+        due = [m for m in self.marks[self._next:] if m <= now]
+        if not due:
+            return False
+        self._next += len(due)
+        paused = time.perf_counter()
+        j, extras = evaluate()
+        self.points.append({"marks": due, "training_seconds": now, "steps": len(self.step_log),
+                            "optimizer_steps": sum(s["optimizer_step"] for s in self.step_log), "j": j, **extras})
+        spent = time.perf_counter() - paused
+        self._paused += spent
+        self.eval_seconds += spent
+        return self._next == len(self.marks) or (self.stop_at is not None and j >= self.stop_at)
+
+
+def evaluator(questions: Sequence[Any], config: Any, threads: int | None) -> Callable[[Any, Any], tuple]:
+    """``evaluate(model, tokenizer)`` → (J, extras): exact J of ``model`` on ``questions`` under ``config``'s
+    sampling (:func:`~grpo_lab.study.frontier.exact_j`), with torch at ``threads`` threads while it runs (it is
+    off the clock; None: as training)."""
+    def evaluate(model: Any, tokenizer: Any) -> tuple[float, dict[str, Any]]:
+        training_threads = torch.get_num_threads()
+        torch.set_num_threads(threads or training_threads)
+        try:
+            with torch.no_grad():
+                result = exact_j(model, tokenizer, questions, config)
+        finally:
+            torch.set_num_threads(training_threads)
+        return result.mean, {"pruned_max": float(result.pruned.max()),
+                             "j_per_question": [round(float(j), 6) for j in result.j_low]}
+    return evaluate
+
+
+def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: MarkClock,
+                   evaluate: Callable[[Any, Any], tuple]) -> dict[str, Any]:
+    """The loop (:func:`~grpo_lab.lm.build.build_loop`, set-up off the clock) until the clock says stop; J of
+    ``loop.policy``'s model. Returns the unit's ``records``."""
+    from ..lm.build import build_loop
+
+    loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems)
+    clock.start()
+    while True:
+        record = loop.step()
+        if clock.after_step(not record.skipped, lambda: evaluate(loop.policy.model, tokenizer)):
+            break
+    return {"records": [dataclasses.asdict(r) for r in loop.history]}
+
+
+def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: MarkClock,
+              evaluate: Callable[[Any, Any], tuple], skip_empty: bool) -> dict[str, Any]:
+    """TRL's ``GRPOTrainer`` (:func:`~grpo_lab.study.tta_trl.run_trl`) until the clock says stop."""
+    from .tta_trl import run_trl
+
+    run_trl(config, model, tokenizer, problems, clock.start,
+            lambda stepped, trained: clock.after_step(stepped, lambda: evaluate(trained, tokenizer)), skip_empty)
+    return {}
+
+
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    """``content`` to ``path`` through a temporary file (a reader never sees half a unit)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content) + "\n")
+    tmp.replace(path)
+
+
+def run_unit(arm: Any, seed: int, config: Any, out_dir: Path, root: Path, design_sha: str, *, budget: float,
+             every: float, stop_at: float | None, questions: Sequence[Any], untrained_j: float,
+             eval_threads: int | None, model: Any, tokenizer: Any, problems: Sequence[Any]) -> dict[str, Any] | None:
+    """Train one unit (``config``: the arm's recipe at ``seed``) on a copy of ``model`` and write
+    ``<out_dir>/units/<arm>_s<seed>.json``; None if the file exists or another process holds its lock
+    (:func:`~grpo_lab.study.frontier.claim`). The curve starts at (0, ``untrained_j``): every arm starts from
+    the same weights, evaluated once by the untrained unit."""
+    path = out_dir / "units" / f"{arm.name}_s{seed}.json"
+    if path.exists() or not claim(path):
+        return None
+    try:
+        unit: dict[str, Any] = {"arm": arm.name, "seed": seed, "design_sha": design_sha, **provenance(root),
+                                "config": config.to_dict()}
+        wall, cpu = time.perf_counter(), time.process_time()
+        clock = MarkClock(budget, every, stop_at)
+        evaluate = evaluator(questions, config, eval_threads)
+        trained = copy.deepcopy(model)
+        if arm.trainer == "trl":
+            extra = train_trl(config, trained, tokenizer, problems, clock, evaluate, arm.skip_empty)
+        else:
+            extra = train_grpo_lab(config, trained, tokenizer, problems, clock, evaluate)
+        last = clock.points[-1]
+        unit |= {"untrained_j": untrained_j, "points": clock.points, "step_log": clock.step_log, **extra,
+                 "steps": len(clock.step_log), "optimizer_steps": last["optimizer_steps"],
+                 "stopped_early": last["marks"][-1] < budget, "follow_up_seconds": last["training_seconds"],
+                 "load_end": list(os.getloadavg()), "wall_seconds": time.perf_counter() - wall,
+                 "cpu_seconds": time.process_time() - cpu, "eval_seconds": clock.eval_seconds}
+        write_json(path, unit)
+    finally:
+        path.with_suffix(".lock").unlink(missing_ok=True)
+    return unit
+
+
+def run_untrained(out_dir: Path, root: Path, design_sha: str, config: Any, questions: Sequence[Any],
+                  eval_threads: int | None, model: Any, tokenizer: Any) -> dict[str, Any]:
+    """``<out_dir>/units/untrained.json``: exact J of the untrained model per question, every curve's point at
+    0 s, with a unit's provenance; computed once (the file is read if it exists)."""
+    path = out_dir / "units" / "untrained.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    unit: dict[str, Any] = {"design_sha": design_sha, **provenance(root)}
+    wall = time.perf_counter()
+    j, extras = evaluator(questions, config, eval_threads)(model, tokenizer)
+    unit |= {"j": j, **extras, "questions": [q.question for q in questions], "eval_seconds": time.perf_counter() - wall,
+             "load_end": list(os.getloadavg())}
+    write_json(path, unit)
+    return unit

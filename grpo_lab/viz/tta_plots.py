@@ -1,0 +1,65 @@
+"""Time to accuracy's figures (issue 38, notebook 03 §3c) from ``results/time_to_accuracy/summary.json``
+(:mod:`grpo_lab.study.tta_summary`): every seed's exact-J curve against training seconds or optimiser steps with
+the targets, and the time ratios to TRL with their intervals. They only draw what the summary holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from ..scale.throughput import MEASURED
+from .display import new_figure
+
+
+def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Figure:
+    """Each unit's exact J (one line per seed, one colour per arm) against training seconds (``by="seconds"``:
+    speed) or optimiser steps (``by="optimizer_steps"``: learning per update), with the targets dashed."""
+    if by not in ("seconds", "optimizer_steps"):
+        raise ValueError(f"by must be 'seconds' or 'optimizer_steps', got {by!r}")
+    fig = new_figure(height=440, yaxis_title="exact J (strict)", yaxis_range=[0, 1],
+                     xaxis_title="training seconds (evaluation off the clock)" if by == "seconds" else
+                     "optimiser steps", title=f"{MEASURED} by experiments/time_to_accuracy.py: {summary['task']}, "
+                     f"{summary['budget_seconds']:.0f} s a unit, J every {summary['eval_every_seconds']:.0f} s")
+    arms = sorted({run["arm"] for run in summary["runs"]})
+    for arm, color in zip(arms, itertools.cycle(qualitative.Plotly), strict=False):
+        for k, run in enumerate(r for r in summary["runs"] if r["arm"] == arm):
+            seconds = list(run["curve"])
+            x = [float(s) for s in seconds] if by == "seconds" else [run["optimizer_steps"][s] for s in seconds]
+            fig.add_scatter(x=x, y=[run["curve"][s] for s in seconds], mode="lines+markers", name=arm,
+                            legendgroup=arm, showlegend=k == 0, line=dict(color=color, width=1.5),
+                            marker=dict(size=4), hovertext=f"{arm} seed {run['seed']}")
+    for name, level in summary["targets"]["levels"].items():
+        fig.add_hline(y=level, line=dict(dash="dash", color="grey", width=1),
+                      annotation_text=f"target {name} ({level:.3f}, fixed {summary['targets']['fixed_on']})")
+    return fig
+
+
+def tta_ratio_figure(summary: Mapping[str, Any]) -> go.Figure:
+    """Each arm's time ratio to the reference per target (restricted means, :mod:`grpo_lab.study.passage`) with
+    its 95 % bootstrap interval, on a log axis; an arm whose ratio or interval is not resolved is marked and
+    named in the hover text with the reason."""
+    fig = new_figure(height=120 + 60 * max(1, len(summary["time_ratios"])), xaxis_type="log",
+                     xaxis_title=f"training time to the target ÷ {summary['reference']}'s (restricted means)",
+                     title=f"{MEASURED}: time ratios with 95 % bootstrap intervals over seeds")
+    for name, color in zip(summary["targets"]["levels"], itertools.cycle(qualitative.Plotly), strict=False):
+        arms, ratios, plus, minus, notes = [], [], [], [], []
+        for arm, by_target in summary["time_ratios"].items():
+            entry = by_target[name]
+            if entry["ratio"] is None:
+                continue
+            arms.append(arm)
+            ratios.append(entry["ratio"])
+            resolved = entry["ci_low"] is not None
+            plus.append(entry["ci_high"] - entry["ratio"] if resolved else 0.0)
+            minus.append(entry["ratio"] - entry["ci_low"] if resolved else 0.0)
+            notes.append(entry["note"] or f"reached {entry['reached_share']:.0%}, "
+                         f"{summary['reference']} {entry['reference_reached_share']:.0%}")
+        fig.add_scatter(x=ratios, y=arms, mode="markers", name=f"target {name}", marker=dict(color=color, size=9),
+                        error_x=dict(type="data", array=plus, arrayminus=minus), hovertext=notes)
+    fig.add_vline(x=1.0, line=dict(color="grey", dash="dot"))
+    return fig
