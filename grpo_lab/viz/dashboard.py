@@ -31,6 +31,10 @@ PANELS = (
 )
 """(field, title): titles short enough for a quarter of a notebook's width; seconds per step are
 sample + train + sync."""
+UNITS = {"reward_mean": "reward", "masked_frac": "share of groups", "lag": "steps", "ratio_k_max": "r′",
+         "log_ratio_k_abs": "nats a token", "clip_low_frac": "share of tokens", "kl": "nats a token",
+         "step_seconds": "s"}
+"""Each panel's y-axis title (its quantity's unit); every x axis is the step."""
 OVER_COUNTED_TOKENS = {*NO_TOKEN_METRICS, "kl"} - {"num_tokens"}
 """Fields that are means or maxima over the loss's counted tokens: undefined on a step that counted none."""
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
@@ -63,6 +67,9 @@ def dashboard(runs: Mapping[str, Sequence[Any]], title: str = "", mode: str | No
             fig.add_trace(go.Scatter(x=steps, y=_values(records, key), name=name, legendgroup=name,
                                      showlegend=index == 0, mode="lines+markers", marker_size=4,
                                      line=dict(color=colour)), row=index // 4 + 1, col=index % 4 + 1)
+    for index, (key, _) in enumerate(PANELS):
+        fig.update_xaxes(title_text="step", title_standoff=2, row=index // 4 + 1, col=index % 4 + 1)
+        fig.update_yaxes(title_text=UNITS[key], title_standoff=2, row=index // 4 + 1, col=index % 4 + 1)
     live = new_figure(mode)
     live.update_layout(fig.layout)
     live.add_traces(list(fig.data))

@@ -90,8 +90,8 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
     median and 99th percentile by lag; (c) the token ESS raw and as applied, and the share of tokens capped."""
     trained = [u for u in units if u.get("beta", 0.0) == 0.0]
     fig = make_subplots(rows=1, cols=3, subplot_titles=[
-        "(a) drift: mean |log r′| by lag", "(b) raw r′: median (solid) and p99 (dotted) by lag",
-        "(c) ESS / N raw (bar), applied (marker); share capped (text)"])
+        "(a) drift: mean |log r′| by lag", "(b) raw r′ by lag: median, p99 (dotted)",
+        "(c) ESS / N: raw (bar), applied (◆), % capped"])
     for arm, runs in _by_arm(trained).items():
         v, correction = runs[0]["v"], runs[0]["is_correction"]
         color, dash = CORRECTION_STYLE[correction] if v > 1 else ("black", "solid")

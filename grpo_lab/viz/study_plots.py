@@ -183,7 +183,7 @@ def token_ratio_figure(tokens: Sequence[Sequence[str]], ratios: np.ndarray, rewa
         colorbar=dict(title=dict(text="r′", side="top"), tickvals=ticks, ticktext=[f"{2 ** t:.3g}" for t in ticks],
                       len=1.0, thickness=14)))
     title = f"Per-token r′ = π_k/α at lag {lag}" + (f"<br><sup>{note}</sup>" if note else "")
-    fig.update_layout(title=title, yaxis=dict(autorange="reversed"),
+    fig.update_layout(title=title, yaxis=dict(autorange="reversed", title="completion: reward r, advantage A"),
                       xaxis=dict(title="token t", tick0=0, dtick=max(1, math.ceil(ratios.shape[1] / 20))),
                       height=max(300, 140 + 34 * len(tokens)))
     return fig

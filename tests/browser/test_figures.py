@@ -1,5 +1,6 @@
 """The figures issue 37 named, drawn by Chromium from standalone pages (offline, plotly inlined): notebook
-01b's Theorem 1 figure, notebook 01's findings and wall-clock figures. For each, a screenshot in
+01b's Theorem 1 figure, notebook 01's findings and wall-clock figures, notebook 02's group view and run
+dashboard, and its drift figure (on made-up records of two runs). For each, a screenshot in
 ``outputs/browser/`` and what a test can check of the drawing: every axis has its title, the legend lists
 every named series, and no label is cut short with "…". Run with ``make test-browser``."""
 
@@ -11,7 +12,9 @@ import pytest
 
 from grpo_lab.exact import studies
 from grpo_lab.exact.digits_lm import ExactStep, bound_figure
-from grpo_lab.viz import plots
+from grpo_lab.viz import frontier_plots, plots
+from grpo_lab.viz.dashboard import dashboard
+from grpo_lab.viz.study_plots import token_ratio_figure
 
 pytestmark = pytest.mark.browser
 
@@ -27,6 +30,10 @@ DRAWING = """() => {
     };
 }"""
 
+DRAWN = """() => { const gd = document.querySelector('.js-plotly-plot');
+    return gd && gd._fullData && gd._fullData.length > 0 && gd.querySelector('.trace, .hm'); }"""
+"""The page has drawn its figure: a plotted trace (a scatter's or bar's) or a heat map."""
+
 
 def exact_steps(k: int, lag_every: int) -> list[ExactStep]:
     """A run's worth of :class:`ExactStep` values for two prompts (the figure only draws them)."""
@@ -36,10 +43,30 @@ def exact_steps(k: int, lag_every: int) -> list[ExactStep]:
                       bound=-rng.random(2)) for j in range(4)]
 
 
+def made_unit(arm: str, v: int, correction: str, steps: int = 24) -> dict:
+    """A unit's fields the run dashboard and the drift figure draw, for a run synced every ``v`` steps."""
+    rng = np.random.default_rng(v)
+    records = [{"step": k, "lag": k % v, "synced": k % v == 0, "skipped": k % 7 == 6,
+                "num_tokens": 0 if k % 7 == 6 else 60,
+                "reward_mean": min(1.0, 0.1 + 0.03 * k + 0.05 * rng.random()), "masked_frac": rng.random(),
+                "ratio_k_max": 1 + 0.2 * (k % v), "log_ratio_k_abs": 0.05 * (k % v), "log_ratio_k_p50": 0.0,
+                "log_ratio_k_p99": 0.1 * (k % v), "clip_low_frac": 0.01 * (k % v), "kl": 0.0,
+                "sample_seconds": 1.0, "train_seconds": 2.0, "sync_seconds": 0.1 * (k % v == 0),
+                "ess_token": 1 - 0.02 * (k % v), "ess_token_applied": 1 - 0.01 * (k % v),
+                "cap_frac": 0.01 * (k % v) if correction == "truncated" else 0.0} for k in range(steps)]
+    return {"arm": arm, "v": v, "is_correction": correction, "seed": 0, "records": records}
+
+
 def figures() -> dict[str, go.Figure]:
     problem, config = studies.lab_problem(), studies.lab_config(steps=40)
     findings = studies.run_findings(problem, config, runs=2)
+    units = [made_unit("v1", 1, "ratio"), made_unit("v4_truncated", 4, "truncated")]
+    ratios = np.array([[1.02, 0.97, 1.10, 0.0], [0.95, 1.01, 1.04, 1.08]])          # 0: padding
     return {
+        "group_view": token_ratio_figure([["4", "<|im_end|>", "", ""], [" 7", ".", "<|im_end|>", "x"]], ratios,
+                                         [1.0, 0.0], [0.71, -0.71], lag=3),
+        "run_dashboard": dashboard({u["arm"]: u["records"] for u in units}, title="two made-up runs"),
+        "frontier_drift": frontier_plots.drift_figure(units),
         "theorem1_smollm2": bound_figure({"v = 1": exact_steps(0, 1), "v = 3": exact_steps(1, 3)},
                                          ["4 + 0", "0 + 4"]),
         "findings": plots.findings_figure(findings),
@@ -62,12 +89,11 @@ def test_named_figures_have_titled_axes_full_legends_and_no_cut_labels(tmp_path,
     for name, fig in figures().items():
         titles = axis_titles(fig)
         assert titles and all(titles), f"{name}: an axis without a title: {titles}"
-        named = {t.name for t in fig.data if t.showlegend is not False and t.name}
+        named = {t.name for t in fig.data if t.showlegend is not False and t.name and t.type != "heatmap"}
         html = tmp_path / f"{name}.html"
         fig.write_html(html, include_plotlyjs=True, full_html=True)
         page.goto(html.as_uri(), timeout=deadline.ms(30))
-        page.wait_for_function("() => document.querySelector('.js-plotly-plot .scatterlayer .trace')",
-                               timeout=deadline.ms(30))
+        page.wait_for_function(DRAWN, timeout=deadline.ms(30))
         drawn = page.evaluate(DRAWING)
         assert sorted(drawn["axisTitles"]) == sorted(titles), name
         assert set(drawn["legend"]) == named, name
