@@ -268,6 +268,9 @@ def test_the_summary_of_made_up_units(tmp_path):
                                              "restricted_mean": pytest.approx(105.25)}
     assert summary["arms"]["grpo_lab_v1"]["80%"]["km_median"] == 60.5
     assert "trl" not in summary["time_ratios"]
+    to_v1 = summary["time_ratios_to_v1"]["trl"]["50%"]                 # the decomposition's direction
+    assert set(summary["time_ratios_to_v1"]) == {"trl"}
+    assert to_v1["ratio"] == pytest.approx(np.mean([90.5, 120.0]) / np.mean(fast_50))
     summary = summarize(design, {"j": 0.1, "design_sha": sha}, units + [made_unit("trl", 2, slow[2], sha)], sha)
     ratio = summary["time_ratios"]["grpo_lab_v1"]["80%"]
     assert ratio["ratio"] == pytest.approx(np.mean([60.5, 90.5, 60.5]) / np.mean([120.0, 120.0, 120.0]))
@@ -275,6 +278,8 @@ def test_the_summary_of_made_up_units(tmp_path):
     rows = ratio_table(summary)
     assert [(r["arm"], r["target"][:3]) for r in rows][:2] == [("grpo_lab_v1", "50%"), ("grpo_lab_v1", "80%")]
     assert rows[-1]["× trl's time"] == "reference" and rows[-2]["KM median s"] == "90"
+    decomposition = ratio_table(summary, to_v1=True)
+    assert decomposition[0]["× grpo_lab_v1's time"] == "reference" and decomposition[2]["seeds"] == 3
     curves = tta_curves_figure(summary)
     assert [t.name for t in curves.data if t.showlegend] == ["grpo_lab_v1", "trl"] and len(curves.data) == 6
     assert list(curves.data[1].x) == [0.0, 30.5, 60.5, 90.5] and list(curves.data[1].y) == [0.1, 0.3, 0.5, 0.7]

@@ -6,8 +6,9 @@ the question set); ``runs``, one row per unit: ``{arm, seed, git_commit, curve: 
 optimizer_steps: {training_seconds: n}, first_passage: {target: seconds or null}, …}`` (so J per second and J per
 optimiser step are both there); ``arms``: per arm and target the seeds, the share reached, the Kaplan–Meier
 median and the restricted mean; ``time_ratios``: ``{arm: {target: {ratio, ci_low, ci_high, reached_share, …}}}``
-against the reference arm (TRL), by the rule of :mod:`grpo_lab.study.passage`; and ``missing``, the design's
-units without a file.
+against the reference arm (TRL), by the rule of :mod:`grpo_lab.study.passage`; ``time_ratios_to_v1``, the same
+against ``grpo_lab_v1`` (the decomposition: what switching off one cause costs the loop); and ``missing``, the
+design's units without a file.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from . import passage
+
+V1 = "grpo_lab_v1"
+"""The arm the decomposition divides by: each cause's arm against the loop's defaults (``time_ratios_to_v1``)."""
 
 
 def unit_curve(unit: Mapping[str, Any]) -> dict[float, float]:
@@ -65,17 +69,20 @@ def summarize(design: Mapping[str, Any], untrained: Mapping[str, Any], units: Se
             arms[arm][name] = {"seeds": len(runs), "reached_share": passage.reached_share(times),
                                "km_median": passage.km_median(times, follow),
                                "restricted_mean": float(passage.restricted_times(times, follow, budget).mean())}
-    reference = by_arm.get(design["reference"], [])
-    ratios = {arm: {name: passage.time_ratio([r["first_passage"][name] for r in runs],
-                                             [r["first_passage"][name] for r in reference], budget)
-                    for name in levels}
-              for arm, runs in by_arm.items() if arm != design["reference"] and reference}
+    def ratios_to(denominator: str) -> dict[str, dict[str, Any]]:
+        against = by_arm.get(denominator, [])
+        return {arm: {name: passage.time_ratio([r["first_passage"][name] for r in runs],
+                                               [r["first_passage"][name] for r in against], budget)
+                      for name in levels}
+                for arm, runs in by_arm.items() if arm != denominator and against}
+
     done = {(r["arm"], r["seed"]) for r in rows}
     return {"evaluation": "exact", "task": design["task"], "lr": design["lr"], "design_sha": sha,
             "targets": {"levels": levels, **{k: v for k, v in design["targets"].items() if k != "targets"}},
             "untrained_j": untrained["j"], "budget_seconds": budget, "eval_every_seconds": design["eval_every_seconds"],
             "reference": design["reference"], "statistic": design["statistic"], "runs": rows, "arms": arms,
-            "time_ratios": ratios, "missing": [f"{a}_s{s}" for a, s in design["order"] if (a, s) not in done]}
+            "time_ratios": ratios_to(design["reference"]), "time_ratios_to_v1": ratios_to(V1),
+            "missing": [f"{a}_s{s}" for a, s in design["order"] if (a, s) not in done]}
 
 
 def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
@@ -97,15 +104,17 @@ def _seconds(value: float | None, budget: float) -> str:
     return f"> {budget:.0f}" if value is None else f"{value:.0f}"
 
 
-def ratio_table(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def ratio_table(summary: Mapping[str, Any], to_v1: bool = False) -> list[dict[str, Any]]:
     """A row per arm and target: seeds, share reached, Kaplan–Meier median and restricted mean (s), and the
-    time ratio to the reference with its interval, or why it is not resolved."""
+    time ratio to the reference (``to_v1``: to ``grpo_lab_v1``, the decomposition) with its interval, or why it
+    is not resolved."""
     rows, budget = [], summary["budget_seconds"]
+    denominator, key = (V1, "time_ratios_to_v1") if to_v1 else (summary["reference"], "time_ratios")
     for arm, targets in summary["arms"].items():
         for name, entry in targets.items():
-            ratio = summary["time_ratios"].get(arm, {}).get(name)
+            ratio = summary[key].get(arm, {}).get(name)
             if ratio is None:
-                said = "reference" if arm == summary["reference"] else "no reference runs"
+                said = "reference" if arm == denominator else f"no {denominator} runs"
             elif ratio["ratio"] is None:
                 said = ratio["note"]
             else:
@@ -116,7 +125,7 @@ def ratio_table(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                          "seeds": entry["seeds"], "reached": f"{entry['reached_share']:.0%}",
                          "KM median s": _seconds(entry["km_median"], budget),
                          "restricted mean s": f"{entry['restricted_mean']:.0f}",
-                         f"× {summary['reference']}'s time": said})
+                         f"× {denominator}'s time": said})
     return rows
 
 
