@@ -53,9 +53,9 @@ def main() -> None:
     frontier.run_untrained(base, args.out, ROOT)
     for arm, seed in frontier.unit_order(arms, args.seeds):
         unit = frontier.run_unit(arm, seed, base, args.out, ROOT)
-        if unit is not None:
-            print(f"{arm.name} seed {seed}: J_auc {unit['j_auc']:.3f}, J_final {unit['j_final']:.3f}, "
-                  f"{unit['wall_seconds']:.0f} s", flush=True)
+        if unit is not None:  # no endpoint printed: nothing is read before every unit is in
+            print(f"{arm.name} seed {seed}: done in {unit['wall_seconds']:.0f} s (exact J "
+                  f"{unit['eval_seconds']:.0f} s), largest pruned mass {unit['pruned_max']:.1e}", flush=True)
 
 
 if __name__ == "__main__":
