@@ -341,6 +341,8 @@ def test_a_sitting_on_a_tiny_model_runs_every_kind_of_arm_and_rebuilds_the_summa
         assert 0 <= unit["optimizer_steps"] <= unit["steps"] == len(unit["step_log"])
     by_arm = {u["arm"]: u for u in done}
     assert by_arm["trl_every_batch"]["optimizer_steps"] == by_arm["trl_every_batch"]["steps"]
+    # a random tiny model never answers strictly: every batch is empty, so only stock TRL steps AdamW
+    assert all(by_arm[a]["optimizer_steps"] == 0 < by_arm[a]["steps"] for a in by_arm if a != "trl_every_batch")
     assert by_arm["grpo_lab_v1_empty_backward"]["config"]["empty_step"] == "skip_after_backward"
     assert by_arm["grpo_lab_v1_no_share_prompt"]["config"]["share_prompt"] is False
     assert len(by_arm["grpo_lab_v1"]["records"]) == by_arm["grpo_lab_v1"]["steps"]

@@ -99,7 +99,8 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
             on_start()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            stepped.append(len(stepped) - sum(stepped) == skipper.skipped)   # no skip counted during this step
+            skipped_before = len(stepped) - sum(stepped)
+            stepped.append(skipper.skipped == skipped_before)   # the skipper counted no skip during this step
             control.should_training_stop = after_step(stepped[-1], kwargs["model"])
 
     with tempfile.TemporaryDirectory() as output_dir:
