@@ -1,6 +1,6 @@
 """P1, the step ratio: grpo_lab's loop against TRL's GRPOTrainer on the same work, side by side in one run.
 
-Same model (bundled SmolLM2-135M, float32, CPU), same problems (add1), G, prompts per step P,
+Same model (bundled SmolLM2-135M, float32, CPU), same problems (add1, or ``--task``), G, prompts per step P,
 max completion tokens, β and i = 1, temperature 1. The loop runs v = 1 (it syncs α every step,
 a cost TRL does not pay without vLLM), and by default without the zero-variance mask
 (``--mask off``) so that, like TRL, it trains every group. The two run interleaved, one step
@@ -17,8 +17,14 @@ token position it processes (N_body: the weights outside the embedding) plus 2·
 position where logits are taken; backward costs twice the forward; the β > 0 reference
 forward once more. Attention scores (under 2 % at these lengths) are left out.
 
-    .venv/bin/python benchmarks/trl_step_ratio.py [--steps 5] [--G 8] [--prompts 2] [--tokens 32]
-                                                   [--beta 0.04] [--mask off|on]
+    .venv/bin/python benchmarks/trl_step_ratio.py [--steps 5] [--G 8] [--prompts 2] [--tokens 32 128]
+                                                   [--task gsm_symbolic] [--beta 0.04] [--mask off|on]
+
+Several ``--tokens`` budgets are measured one after another in one run, each side by side. Issue 38 §3
+(where the lead holds as completions lengthen) runs ``--tokens 32 128 --task gsm_symbolic``: word problems whose
+chain of thought uses the budget (add1's answers take ~5 tokens whatever the budget; add1 stays the default, the
+P1 row's task). The sampler has one decoding path (the model's forward; the decoder options went,
+docs/benchmarks.md), so there is no decoder to vary.
 
 Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 """
@@ -26,6 +32,7 @@ Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -86,14 +93,19 @@ def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
     return 2.0 * size**3 / best
 
 
-def lab_side(args: argparse.Namespace) -> Side:
+def task_for(args: argparse.Namespace, tokens: int) -> str:
+    """The task of the ``tokens`` budget: ``--task`` (default add1) at every budget."""
+    return args.task
+
+
+def lab_side(args: argparse.Namespace, tokens: int) -> Side:
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
     from grpo_lab.lm.train_config import TrainConfig
 
     config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
-                         temperature=1.0, max_completion_length=args.tokens, train_problems=200, steps=10**6,
-                         mask_zero_variance=args.mask == "on")
+                         temperature=1.0, max_completion_length=tokens, train_problems=200, steps=10**6,
+                         mask_zero_variance=args.mask == "on", task=task_for(args, tokens))
     loop = build_loop(config)
     side = Side(step=lambda: None)
     n_body, n_head = weight_counts(loop.policy.model)
@@ -117,7 +129,7 @@ def lab_side(args: argparse.Namespace) -> Side:
         logits = int(rollout.mask.sum()) if trained_rows else 0
         passes = 3 + (1 if args.beta > 0 else 0)
         side.flops.append(passes * forward_flops(n_body, n_head, positions, logits))
-        side.tokens.append(record.num_tokens)
+        side.tokens.append(int(rollout.mask.sum()))  # completion tokens drawn (TRL counts the same)
         total = record.sample_seconds + record.train_seconds + record.sync_seconds
         for part, seconds in (("sample", record.sample_seconds - rewards[-1]), ("reward", rewards[-1]),
                               ("sync", record.sync_seconds), ("train", record.train_seconds), ("total", total)):
@@ -127,7 +139,7 @@ def lab_side(args: argparse.Namespace) -> Side:
     return side
 
 
-def trl_side(args: argparse.Namespace) -> Side:
+def trl_side(args: argparse.Namespace, tokens: int) -> Side:
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -137,7 +149,7 @@ def trl_side(args: argparse.Namespace) -> Side:
     from grpo_lab.lm.tasks import build_prompt, load_problems
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
-    problems = load_problems("add1", 200, seed=0)
+    problems = load_problems(task_for(args, tokens), 200, seed=0)
     data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer) for p in problems],
                               "gold": [p.answer for p in problems]})
 
@@ -145,7 +157,7 @@ def trl_side(args: argparse.Namespace) -> Side:
         return [lenient_reward(c, g) for c, g in zip(completions, gold, strict=True)]
 
     config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.G * args.prompts,
-                        num_generations=args.G, max_completion_length=args.tokens, beta=args.beta,
+                        num_generations=args.G, max_completion_length=tokens, beta=args.beta,
                         learning_rate=1e-6, num_iterations=1, use_cpu=True, bf16=False, report_to="none",
                         save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=10**6, seed=0,
                         temperature=1.0)
@@ -196,26 +208,35 @@ def trl_side(args: argparse.Namespace) -> Side:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[32], help="completion budgets, measured together")
+    parser.add_argument("--task", default="add1", help="gsm_symbolic: answers that use 32-128 tokens")
     parser.add_argument("--G", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--mask", choices=("off", "on"), default="off",
                         help="the loop's zero-variance mask (off: every group trains, as in TRL)")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    sides = {"grpo_lab": lab_side(args), "trl": trl_side(args)}
-    for side in sides.values():  # a warm-up step each, not kept
-        side.step()
-        for values in (*side.parts.values(), side.tokens, side.flops):
-            values.clear()
-    for _ in range(args.steps):
-        for side in sides.values():
-            side.step()
     peak = gemm_peak()
+    for tokens in args.tokens:  # one budget at a time: two trainers in memory, not two per budget
+        torch.manual_seed(0)
+        sides = {"grpo_lab": lab_side(args, tokens), "trl": trl_side(args, tokens)}
+        for side in sides.values():  # a warm-up step each, not kept
+            side.step()
+            for values in (*side.parts.values(), side.tokens, side.flops):
+                values.clear()
+        for _ in range(args.steps):  # the two in turn, so machine noise hits both alike
+            for side in sides.values():
+                side.step()
+        report(args, tokens, sides, peak)
+        del sides
+        gc.collect()
+
+
+def report(args: argparse.Namespace, tokens: int, sides: dict[str, Side], peak: float) -> None:
+    """One budget's table: each side's median parts, seconds per token and FLOP/s, and the P1 ratios."""
     median = statistics.median
-    print(f"G={args.G}, P={args.prompts}, tokens={args.tokens}, beta={args.beta}, mask={args.mask}, "
-          f"{args.steps} steps each, {torch.get_num_threads()} torch threads; float32 GEMM peak "
+    print(f"G={args.G}, P={args.prompts}, tokens={tokens} ({task_for(args, tokens)}), beta={args.beta}, "
+          f"mask={args.mask}, {args.steps} steps each, {torch.get_num_threads()} torch threads; float32 GEMM peak "
           f"{peak / 1e9:.1f} GFLOP/s")
     print(f"{'':18s} " + " ".join(f"{p:>7s}" for p in (*PARTS, "total"))
           + "   s/token  tokens  train GFLOP/s (of peak)")
