@@ -13,7 +13,6 @@ import pytest
 import torch
 from fault_scenarios import SCENARIOS, FillingFile, lock_released, read_only
 from reliability_runs import make_loop, problems, tiny_model, tokenizer, train_config
-from test_study import write_fake_units
 
 from grpo_lab import cli
 from grpo_lab.files import DiskError, append_line, atomic_write
@@ -202,10 +201,9 @@ def test_atomic_write_and_append_line_keep_the_previous_contents(tmp_path, monke
 def test_live_panel_shows_the_disk_error_in_its_status_and_stays_usable(tmp_path, monkeypatch):
     from grpo_lab.viz.study_panel import LivePanel
 
-    study = write_fake_units(tmp_path / "study", {"v1": {0: 0.3, 1: 0.4}})
     base = TrainConfig(G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=4, temperature=1.0)
-    panel = LivePanel(study, base, list(problems()), steps=3, model=tiny_model(), tokenizer=tokenizer(),
-                      out_dir=tmp_path / "live", mode="none")
+    panel = LivePanel(base, list(problems()), steps=3, eval_questions=1, pilot=None, model=tiny_model(),
+                      tokenizer=tokenizer(), out_dir=tmp_path / "live", mode="none")
     fake_free(monkeypatch, 2**10)
     loop = panel.run(steps=2)
     assert loop.k == 0 and panel.status.value.startswith("stopped: disk guard:") and "\n" not in panel.status.value

@@ -1,9 +1,11 @@
-"""Notebook 02's figures and live panel on fake study folders (any seeds per arm, arms missing): bands stay
-inside their quantity's range, the panel trains through ``training.train`` (a Stop pressed during set-up
-counts, Kernel > Interrupt reaches a background run, in a real ipykernel too, one checkpoint per panel, a
-step that fails at pass 2 saves nothing and the run resumes exactly), and the group view says why r′ is
-what it is."""
+"""Notebook 02's figures on fake study folders (any seeds per arm, arms missing): bands stay inside their
+quantity's range; its live panel on the tiny model: the backdrop is the frontier pilot's units, the live exact J
+is that of the loop's π_θ at its steps, the panel trains through ``training.train`` (a Stop pressed during
+set-up counts, Kernel > Interrupt reaches a background run, in a real ipykernel too, one checkpoint per panel,
+release frees the run, a step that fails at pass 2 saves nothing and the run resumes exactly), and the group
+view says why r′ is what it is."""
 
+import gc
 import html
 import json
 import math
@@ -13,6 +15,7 @@ import re
 import signal
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -22,12 +25,17 @@ from reliability_runs import even_length, problems, rows_of, tiny_model, tokeniz
 from test_study import write_fake_units
 from test_viz import title_clears_toolbar
 
+from grpo_lab.exact.strict_j import Sampling, exact_evaluate
+from grpo_lab.files import results_path
+from grpo_lab.lm.sampling import stop_and_pad_ids
+from grpo_lab.lm.tasks import all_questions
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics
 from grpo_lab.viz import study_panel
-from grpo_lab.viz.study_panel import LivePanel
+from grpo_lab.viz.study_panel import LivePanel, eval_subset
 from grpo_lab.viz.study_plots import paired_figure, pass_figure, secondary_figure, token_ratio_figure
 
+RESULTS = results_path()
 RUN_FOLDER = ["checkpoint.pt", "config.json", "metrics.jsonl", "run.lock"]
 """What the panel's run folder holds: ``training.train``'s files, one checkpoint."""
 
@@ -108,10 +116,11 @@ def test_token_ratio_figure_at_r_one_everywhere_has_distinct_ticks_integer_posit
 
 
 @pytest.fixture
-def panel_parts(tmp_path):
-    study = write_fake_units(tmp_path / "study", {"v1": {0: 0.3, 1: 0.4}, "v8_none": {0: 0.2}})
-    base = TrainConfig(task="add12", G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=8, temperature=1.0)
-    return study, base, list(problems()), tiny_model(), tokenizer()
+def panel_parts():
+    """The frontier's task (its questions are the live J's, and the pilot's), the tiny model, add1's problems."""
+    base = TrainConfig(task="addsubmul1", G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=8,
+                       temperature=1.0)
+    return base, list(problems()), tiny_model(), tokenizer()
 
 
 def status(panel):
@@ -119,41 +128,90 @@ def status(panel):
     return html.unescape(panel.status.value)
 
 
-def make_panel(panel_parts, tmp_path, steps=3, out="live", **changes):
-    """A panel on the tiny model, its knobs at ``base`` with ``changes``, its run folder ``tmp_path / out``."""
-    study, base, problems, model, tokenizer = panel_parts
-    return LivePanel(study, base.replace(**changes), problems, steps=steps, model=model, tokenizer=tokenizer,
-                     out_dir=tmp_path / out, mode="none")
+def make_panel(panel_parts, tmp_path, steps=3, out="live", eval_questions=1, eval_every=16, **changes):
+    """A panel on the tiny model, its knobs at ``base`` with ``changes``, its run folder ``tmp_path / out``; exact J
+    on 1 question at step 0 and the last step (the tiny model's walk takes seconds)."""
+    base, problems, model, tokenizer = panel_parts
+    return LivePanel(base.replace(**changes), problems, steps=steps, eval_questions=eval_questions,
+                     eval_every=eval_every, model=model, tokenizer=tokenizer, out_dir=tmp_path / out, mode="none")
+
+
+def pilot_units():
+    return [json.loads((RESULTS / "frontier_pilot" / "units" / f"addsubmul1_lr1e-05_s{s}.json").read_text())
+            for s in (0, 1)]
+
+
+def test_the_backdrop_is_the_pilots_units_on_the_same_questions(panel_parts, tmp_path):
+    """The pilot's J per question is in all_questions' order (as the frontier's untrained unit's): the subset
+    curve is the units' own values at the subset's indices, the whole-set curve their j_curve, the reward their
+    steps' reward_mean; every series has a legend entry and every axis a title."""
+    units = pilot_units()
+    untrained = json.loads((RESULTS / "frontier" / "units" / "untrained.json").read_text())
+    texts = [q.question for q in all_questions("addsubmul1")]
+    assert texts == untrained["questions"] == units[0]["questions"] == units[1]["questions"] and len(texts) == 363
+    assert eval_subset(texts, 27) == list(range(0, 351, 13)) and eval_subset(texts, 4) == [0, 90, 180, 270]
+    with pytest.raises(ValueError, match="between 1 and the task's 363"):
+        eval_subset(texts, 0)
+
+    panel = LivePanel(panel_parts[0], panel_parts[1], steps=3, model=panel_parts[2], tokenizer=panel_parts[3],
+                      out_dir=tmp_path / "live", mode="none")                # the default subset: 27 questions
+    assert [q.question for q in panel.questions] == texts[::13][:27]
+    assert panel.subset_text() == "exact J on 27 of 363 questions (every 13th)"
+    fig, steps = panel.figure, [0, 32, 64, 96, 128]
+    lines = {t.name: t for t in fig.data if t.fill != "toself"}
+    assert list(lines) == ["pilot v = 1, lr 1e-5, 2 seeds: J on these 27 of 363 (band: the seeds' range)",
+                           "pilot: J on all 363 questions (mean of the seeds)",
+                           "pilot: training reward (mean of the seeds)",
+                           "live run: J on these 27 of 363", "live run: training reward"]
+    assert fig.layout.title.text.startswith("Live run over the frontier pilot's v = 1 at lr 1e-5 (2 seeds)")
+    assert all(t.showlegend is not False for t in lines.values())
+    per_seed = np.array([[np.mean([u["j_per_question"][str(s)][i] for i in range(0, 351, 13)]) for s in steps]
+                         for u in units])
+    subset, whole, reward = list(lines.values())[:3]
+    assert list(subset.x) == steps and np.allclose(subset.y, per_seed.mean(axis=0), rtol=0, atol=1e-12)
+    band = next(t for t in fig.data if t.fill == "toself")
+    assert np.allclose(band.y, np.concatenate([per_seed.max(axis=0), per_seed.min(axis=0)[::-1]]), rtol=0, atol=1e-12)
+    assert np.allclose(whole.y, [np.mean([u["j_curve"][str(s)] for u in units]) for s in steps], rtol=0, atol=1e-12)
+    rewards = np.array([[r["reward_mean"] for r in u["steps_log"]] for u in units])
+    assert list(reward.x) == list(range(128)) and np.allclose(reward.y, rewards.mean(axis=0), rtol=0, atol=1e-12)
+    assert np.abs(per_seed.mean(axis=0) - np.array(whole.y)).max() < 0.025   # the subset tracks the whole set
+    assert fig.layout.xaxis2.title.text.startswith("step k") and fig.layout.yaxis.title.text.startswith("exact J")
+    assert fig.layout.yaxis2.title.text == "training reward" and list(fig.layout.xaxis.range) == [0, 3]
+    assert title_clears_toolbar(fig) and "27 of 363 questions" in fig.layout.annotations[0].text
+    assert "not the whole-set J" in fig.layout.title.text
+    with pytest.raises(ValueError, match="the pilot's units ran 'addsubmul1', the panel's task is 'add1'"):
+        make_panel(panel_parts, tmp_path, task="add1")
 
 
 def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_parts, tmp_path):
     from grpo_lab.lm.group_view import group_view, token_ratios
 
     panel = make_panel(panel_parts, tmp_path)
-    assert "expected ~" in status(panel) and "s a step, the study's median" in status(panel)
-    bands = band_values(panel.figure)
-    assert [t.name for t in panel.figure.data if t.fill != "toself"] == ["v = 1 (study, n = 2)",
-                                                                          "v = 8, none (study, n = 1)", "live run"]
-    assert 0.0 <= bands.min() and bands.max() <= 1.0 and title_clears_toolbar(panel.figure)
+    assert "the time per step shows after the first step" in status(panel)   # not the pilot's P, G, T_max
+    assert "exact J on 1 of 363 questions (every 363rd) at step 0 and every 16 steps" in status(panel)
     first = panel.run(steps=2)
-    assert first.k == 2 and list(panel.figure.data[-1].x) == [0, 1] and panel.progress.value == 2
+    assert first.k == 2 and list(panel.live_reward_trace.x) == [0, 1] and panel.progress.value == 2
+    assert sorted(panel.j) == [0] and list(panel.live_j_trace.x) == [0]  # evaluated at 0; next at the last step
     assert sorted(p.name for p in (tmp_path / "live").iterdir()) == RUN_FOLDER
     where = re.escape(str(tmp_path / "live" / "checkpoint.pt"))
     assert re.search(rf"checkpoint {where} \(0\.\d\d GiB, one per panel", status(panel)) and "step 2/3" in status(panel)
+    assert "evaluations not" in status(panel) and "J at step 0: " in status(panel)
     assert panel.run() is first and first.k == 3                       # same knobs: the run continues
+    assert sorted(panel.j) == [0, 3] and "J at step 3: " in status(panel)
     assert rows_of(load_metrics(tmp_path / "live")) == rows_of(first.history)     # train's metrics.jsonl, all 3
-    assert panel.run() is first and status(panel).startswith("the run has all 3 steps")
+    assert panel.run() is first and "the run has all 3 steps" in status(panel)
 
     panel.knobs["is_correction"].value = "none"                          # a knob: a new run from the untrained model
     panel._draw = lambda loop, *_: panel.stop()                         # Stop pressed during the first step
     second = panel.run()
     assert second is not first and second.k == 1 and second.config.is_correction == "none"
     assert "stopped by Stop at step 1" in status(panel)
+    assert sorted(panel.j) == [0] and list(panel.live_j_trace.x) == [0]  # the new run's J: the old one's is gone
     assert sorted(p.name for p in (tmp_path / "live").iterdir()) == RUN_FOLDER   # replaced, not added
     assert torch.load(tmp_path / "live" / "checkpoint.pt", weights_only=True)["k"] == 1
     assert len(load_metrics(tmp_path / "live")) == 1
 
-    # the tiny model never answers add12: every group is masked, every step skipped, π_θ never moved
+    # the tiny model never answers add1: every group is masked, every step skipped, π_θ never moved
     assert all(r.skipped for r in first.history)
     view = group_view(first, seed=3)
     G, T = panel.base.G, panel.base.max_completion_length
@@ -167,22 +225,81 @@ def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_part
     assert r.tolist() == [[1.0, 0.0]]
 
 
+def rewarded_build(monkeypatch):
+    """build_loop with a reward that varies within groups: the steps train, π_θ moves."""
+    real = study_panel.build_loop
+
+    def rewarded(*args, **kwargs):
+        loop = real(*args, **kwargs)
+        loop.task.reward_fn = even_length
+        return loop
+
+    monkeypatch.setattr(study_panel, "build_loop", rewarded)
+
+
+def test_the_live_j_is_exact_j_of_the_loops_policy_at_its_steps(panel_parts, tmp_path, monkeypatch):
+    """Each live point equals exact_evaluate of the loop's π_θ at that step on the panel's questions, under the
+    run's sampling (T, T_max) and the model's stop ids (the panel with 1 torch thread, the reference with torch's
+    setting: equal to rounding); the figure draws those values and their bound."""
+    rewarded_build(monkeypatch)
+    base, _, model, tok = panel_parts
+    panel = make_panel(panel_parts, tmp_path, steps=4, eval_questions=2, eval_every=2, lr=1e-2)
+    sampling = Sampling(temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
+                        max_tokens=base.max_completion_length)
+    stops = stop_and_pad_ids(model, tok, None)[0]
+    threads = torch.get_num_threads()
+
+    def reference(policy):
+        torch.set_num_threads(1)                     # as fast as the panel's (rounding may differ with threads)
+        try:
+            return exact_evaluate(policy, tok, panel.questions, sampling, eos_token_ids=stops)
+        finally:
+            torch.set_num_threads(threads)
+
+    expected, draw = {0: reference(model)}, panel._draw                   # step 0: the untrained model
+
+    def draw_and_evaluate(loop, *rest):
+        draw(loop, *rest)
+        if loop.k in (2, 4):
+            expected[loop.k] = reference(loop.policy.model)
+
+    panel._draw = draw_and_evaluate
+    loop = panel.run()
+    assert torch.get_num_threads() == threads                           # the evaluations' 1 thread is put back
+    assert loop.k == 4 and not all(r.skipped for r in loop.history) and sorted(panel.j) == [0, 2, 4]
+    for k, result in expected.items():
+        np.testing.assert_allclose([panel.j[k].j_low, panel.j[k].pruned, panel.j[k].pruned_max],
+                                   [result.mean, result.pruned.mean(), result.pruned.max()], rtol=1e-6, atol=0)
+        assert 0 <= panel.j[k].pruned <= 1e-3
+    assert abs(panel.j[4].j_low / panel.j[0].j_low - 1) > 1e-3             # π_θ moved: J did too
+    trace = panel.live_j_trace
+    assert list(trace.x) == [0, 2, 4] and list(trace.y) == [panel.j[k].j_low for k in (0, 2, 4)]
+    assert list(trace.error_y.array) == list(trace.customdata) == [panel.j[k].pruned for k in (0, 2, 4)]
+    assert not any(trace.error_y.arrayminus)
+
+
 def test_release_frees_the_run_and_the_loaded_model_and_the_next_run_resumes(panel_parts, tmp_path, monkeypatch):
-    study, base, problems, _, _ = panel_parts
+    base, problems, _, _ = panel_parts
     loads = []
     monkeypatch.setattr(LivePanel, "_load_untrained", staticmethod(lambda b: loads.append(b) or (tiny_model(),
                                                                                                tokenizer())))
-    panel = LivePanel(study, base, problems, steps=3, out_dir=tmp_path / "live", mode="none")
+    panel = LivePanel(base, problems, steps=3, eval_questions=1, out_dir=tmp_path / "live", mode="none")
     first = panel.run(steps=2)
+    history, j_at_0 = rows_of(first.history), panel.j[0]
+    freed = [weakref.ref(first), weakref.ref(first.policy.model), weakref.ref(first.sampler), weakref.ref(panel.model)]
+    del first
     panel.release()
+    gc.collect()
     assert panel.loop is None and panel.model is None and len(loads) == 1   # the panel loaded it: it frees it
+    assert [ref() for ref in freed] == [None] * 4                         # nothing else holds π_θ, α or the model
     resumed = panel.run()                                                    # loads it again, resumes at step 2
-    assert len(loads) == 2 and resumed is not first and resumed.k == 3
-    assert rows_of(resumed.history[:2]) == rows_of(first.history)
+    assert len(loads) == 2 and resumed.k == 3
+    assert rows_of(resumed.history[:2]) == history
+    assert sorted(panel.j) == [0, 3] and panel.j[0] == j_at_0              # the run's J at 0 is kept, 3 is new
     given = make_panel(panel_parts, tmp_path, out="given")
     given.run(steps=1)
     given.release()
-    assert given.loop is None and given.model is panel_parts[3]             # a model passed in is the caller's
+    assert given.loop is None and given.model is panel_parts[2]             # a model passed in is the caller's
 
 
 def test_a_stop_pressed_while_run_sets_up_is_kept(panel_parts, tmp_path, monkeypatch):
@@ -223,14 +340,7 @@ def test_a_fault_at_pass_2_saves_nothing_and_the_panel_resumes_exactly(panel_par
     checkpoint of step 2 and ends bit for bit where an uninterrupted run ends."""
     from grpo_lab.lm.group_view import group_view
 
-    real = study_panel.build_loop
-
-    def rewarded(*args, **kwargs):                   # a reward that varies within groups: the steps train
-        loop = real(*args, **kwargs)
-        loop.task.reward_fn = even_length
-        return loop
-
-    monkeypatch.setattr(study_panel, "build_loop", rewarded)
+    rewarded_build(monkeypatch)
     uninterrupted = make_panel(panel_parts, tmp_path, steps=4, out="uninterrupted", i=2).run()
     assert uninterrupted.k == 4 and not uninterrupted.history[2].skipped and uninterrupted.config.i == 2
 
@@ -272,6 +382,7 @@ def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
             signalled.set()
 
     panel._draw = draw_then_interrupt
+    threads = torch.get_num_threads()
     previous = signal.signal(signal.SIGINT, study_panel._stop_running)
     try:
         panel.start()
@@ -280,6 +391,7 @@ def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert signalled.is_set() and panel.loop.k < 50 and "stopped by Kernel > Interrupt" in status(panel)
+    assert sorted(panel.j) == [0] and torch.get_num_threads() == threads   # J at 0, in the run's thread
     assert not list(study_panel._RUNNING)                               # a finished run is not stopped again
 
 
@@ -332,9 +444,9 @@ print(study_panel.hook_interrupt())""")
 
 
 def test_static_mode_shows_the_panel_as_the_run_left_it(panel_parts, tmp_path, capsys):
-    study, base, problems, model, tokenizer = panel_parts
-    panel = LivePanel(study, base, problems, steps=3, model=model, tokenizer=tokenizer, out_dir=tmp_path / "live",
-                      mode="static")
+    base, problems, model, tokenizer = panel_parts
+    panel = LivePanel(base, problems, steps=3, eval_questions=1, model=model, tokenizer=tokenizer,
+                      out_dir=tmp_path / "live", mode="static")
     loop = panel.show_and_run(steps=1)
     printed = capsys.readouterr().out
     assert loop.k == 1 and "step 1/3" in printed and "checkpoint" in printed and "press Run" not in printed
@@ -362,3 +474,34 @@ def test_model_loading_silences_transformers_progress_bars_and_puts_them_back(mo
     with models.quiet_loading():
         assert not logging.is_progress_bar_enabled()
     assert logging.is_progress_bar_enabled()
+
+
+@pytest.mark.slow
+def test_notebook_02s_cell_at_smoke_size_and_the_untrained_j_of_the_frontier(tmp_path):
+    """Notebook 02's live cell in smoke mode (SmolLM2-135M, the frontier's recipe shrunk, exact J on 4 questions
+    at T_max = 4) trains 2 steps with J at steps 0 and 2; at the frontier's own size the panel's J at step 0 is the
+    frontier's untrained unit on the same 4 questions (its J_low per question, rounded to 1e-6)."""
+    from grpo_lab.lm.recipes import recipe
+    from grpo_lab.lm.text_task import train_problems
+
+    start = time.perf_counter()
+    base = recipe("cpu_arith_smollm2", task="addsubmul1", lr=1e-5, scoring="strict", empty_step="skip", v=16)
+    smoke = base.replace(G=4, prompts_per_step=2, max_completion_length=4, micro_batch_size=8)
+    panel = LivePanel(smoke, train_problems(smoke), steps=4, eval_questions=4, eval_every=2,
+                      out_dir=tmp_path / "smoke", mode="none")
+    live = panel.show_and_run(steps=2)
+    assert live.k == 2 and sorted(panel.j) == [0, 2] and list(panel.live_reward_trace.x) == [0, 1]
+    assert all(0 <= p.j_low <= 1 and p.pruned_max <= 1e-3 for p in panel.j.values())
+    assert [q.question for q in panel.questions] == ["Calculate 0 * 0.", "Calculate 10 - 10.", "Calculate 4 + 3.",
+                                                     "Calculate 7 * 5."]
+    smoke_seconds = time.perf_counter() - start
+
+    full = LivePanel(base, train_problems(base), steps=128, eval_questions=4, model=panel.model,
+                     tokenizer=panel.tokenizer, out_dir=tmp_path / "full", mode="none")
+    assert re.search(r"expected ~\d+ min of training \(\d+\.\d s a step, the pilot's v = 1 runs", status(full))
+    assert full.run(steps=0).k == 0 and "no step asked for" in status(full)
+    untrained = json.loads((RESULTS / "frontier" / "units" / "untrained.json").read_text())
+    expected = np.mean([untrained["j_per_question"][i] for i in (0, 90, 180, 270)])
+    assert abs(full.j[0].j_low - expected) <= 1e-6 and full.j[0].pruned <= 1e-3
+    print(f"smoke cell {smoke_seconds:.0f} s; J evaluations {[round(p.seconds, 1) for p in panel.j.values()]} s "
+          f"(4 questions, T_max 4), {full.j[0].seconds:.1f} s (4 questions, T_max 8); load {os.getloadavg()}")

@@ -1,51 +1,186 @@
-"""Notebook 02's live ablation: knobs (v, i, the correction, ε, β, mask) train a short run on the CPU
-study's task and overlay its reward, step by step, on the study's cached curves.
+"""Notebook 02's live ablation: knobs (v, i, the correction, ε, β, mask) train a run of the lag frontier's recipe
+(issue 34: SmolLM2-135M on ``addsubmul1``, lr 1e-5, strict scoring) and draw, as it trains, its **exact J** on a
+fixed subset of the task's questions and its training reward, over the frontier pilot's v = 1 runs at lr 1e-5.
+
+**The backdrop** is the pilot's two finished v = 1 units at lr 1e-5 (:data:`PILOT_UNITS`, seeds 0 and 1): their
+exact J at steps 0/32/64/96/128 on the **same subset** the live run is scored on (computed from each unit's
+``j_per_question``, matched to the subset by question text), their whole-set J (all 363 questions, dotted, for
+reference only) and their training reward per step. The pilot's per-question values are J_low, each within
+its unit's ``pruned_max`` (≤ 0.0023) of J.
+
+**The live J.** At step 0 and every ``eval_every`` steps (and at the run's last step) the panel computes exact J of
+the loop's π_θ (:func:`~grpo_lab.exact.strict_j.exact_evaluate` under the run's sampling: T, top-p/top-k, T_max
+and the model's stop ids, as the frontier's units do; with 1 torch thread, :data:`EVAL_THREADS`) on
+``eval_questions`` questions of :func:`~grpo_lab.lm.tasks.all_questions`: every (363 // n)-th, from the first
+(:func:`eval_subset`). The default, 27 questions (every 13th: 8 sums, 10 differences, 9 products), was chosen
+among the strides 11–24 (15–33 questions) as the one whose subset J tracked the pilot's whole-set J closest:
+within 0.024 at each of its five evaluation steps (stride 20: 0.030, the others 0.06–0.19; stride 11 takes only
+"a op 0"). It is the J of those 27 questions, not of the task: the figure says "exact J on 27 of 363 questions".
+One evaluation took 3.7–5.1 s of CPU (6–11 s wall) with 1 torch thread on the 2-core machine at load 4.6–5.8
+(the untrained model and the pilot's π_θ at steps 32 and 128); smoke mode's 4 questions at T_max = 4, 1.4–1.8 s.
+Each point is J_low with its certified bound, J_low ≤ J ≤ J_low + pruned (drawn as an upper error bar, ~1e-4,
+and given in the status line). The evaluation runs between steps, off the training clock: the status line's time
+per step leaves it out, and gives its own seconds.
 
 The run trains through :func:`grpo_lab.lm.training.train`, like any other: its stop event is the
-**Stop** button, its per-step callback redraws the figure; this module only draws and keeps the knobs.
+**Stop** button, its per-step callback evaluates and redraws; this module only draws and keeps the knobs.
 In a kernel with a front end, **Run** trains in a background thread (the notebook stays
 responsive); **Stop**, or **Kernel > Interrupt** while no cell is executing, ends the run after the
-step in progress (:func:`hook_interrupt`). The loop and the figure keep everything done so far,
-and **Run** with the same knobs continues it; changing a knob starts a new run from the untrained
+step (and any evaluation) in progress (:func:`hook_interrupt`). The loop and the figure keep everything done so
+far, and **Run** with the same knobs continues it; changing a knob starts a new run from the untrained
 model. Without a front end, :meth:`LivePanel.run` trains synchronously; a kernel interrupt
-(Ctrl-C) there also finishes the step, saves the checkpoint and returns.
+(Ctrl-C) there also finishes the step, saves the checkpoint and returns (an evaluation it cuts short is not
+drawn).
 
 Each panel keeps one run folder, ``<out_dir>`` (``checkpoint.pt``, ``metrics.jsonl``, ``config.json``),
 whose checkpoint is replaced whenever a run stops or ends (a SmolLM2-135M checkpoint holds π_θ, α and
 AdamW's moments: its size is in the status line). A step that fails (a non-finite gradient at pass 2
 of i = 2, after pass 1 moved π_θ) saves nothing: the panel drops that loop, and **Run** with the same
-knobs resumes from the last checkpoint. A disk too full (or read-only) for the checkpoint stops the
-run with one line in the status, and the kernel stays usable.
+knobs resumes from the last checkpoint (with the J points up to it). A disk too full (or read-only) for the
+checkpoint stops the run with one line in the status, and the kernel stays usable.
 """
 
 from __future__ import annotations
 
 import copy
 import html
-import math
-import statistics
+import json
 import threading
 import time
 import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
 import numpy as np
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
 
-from ..files import DiskError
+from ..exact.strict_j import ExactEvaluation, Sampling, exact_evaluate
+from ..files import DiskError, results_path
 from ..lm.build import build_loop
 from ..lm.checkpoint import load_checkpoint
-from ..lm.recipes import run_dir
+from ..lm.recipes import recipe, run_dir
+from ..lm.sampling import stop_and_pad_ids
+from ..lm.tasks import Problem, all_questions
 from ..lm.train_config import DTYPES, TrainConfig
 from ..lm.training import CHECKPOINT_FILE, RunDirInUse, train
 from ..loop import GRPOLoop
 from ..objective import IS_CORRECTIONS
-from ..study.design import PRIMARY, Study
-from .display import display_mode, new_figure, show_panel, title_below_toolbar
+from .display import display_mode, show_panel, title_below_toolbar
 from .plots import HEIGHT
-from .study_plots import arm_color, arm_label, ci_traces
 from .widgets import knob
+
+PILOT_UNITS = tuple(f"frontier_pilot/units/addsubmul1_lr1e-05_s{seed}.json" for seed in (0, 1))
+"""The backdrop: the frontier pilot's finished v = 1 units at lr 1e-5 on ``addsubmul1`` (paths under ``results/``)."""
+EVAL_QUESTIONS = 27
+"""Questions of the live exact J by default: every 13th of ``addsubmul1``'s 363 (module docstring)."""
+EVAL_EVERY = 16
+"""Steps between two live evaluations by default (step 0 is always one): 0, 16, …, 128 over the frontier's budget."""
+EVAL_THREADS = 1
+"""Torch threads during a live evaluation by default (the setting is put back after it). The walk's forwards are of
+a few rows each, where a second thread waits on the first: on the 2-core machine loaded ~5, 18 questions took
+2.8–3.5 s wall with 1 thread and 10–26 s with 2 (SmolLM2-135M untrained and at the pilot's steps 32 and 128).
+The frontier's units were evaluated with 1 too."""
+STEPS = 128
+"""A run's length by default: the frontier's budget, over which the pilot is drawn."""
+SUBPLOT_TITLE_PX = 20
+"""Room above the top row for its subplot title."""
+PILOT_COLOR, LIVE_COLOR = "#7f7f7f", "black"
+
+
+def eval_subset(questions: Sequence[Any], n: int) -> list[int]:
+    """The indices of the live evaluation's ``n`` questions: every (len // n)-th of ``questions``, from the first."""
+    if not 1 <= n <= len(questions):
+        raise ValueError(f"eval_questions must be between 1 and the task's {len(questions)} questions, got {n}")
+    stride = len(questions) // n
+    return list(range(0, stride * n, stride))
+
+
+def ordinal(n: int) -> str:
+    """``n`` as an ordinal: 1st, 2nd, 3rd, 11th, 20th, 22nd."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """The backdrop's units, read from their files: per seed, exact J per evaluation step on the whole question
+    set (``j``), per question (``j_per_question``, in the order of ``questions``), and the training reward per
+    step (``reward``)."""
+
+    task: str
+    lr: float
+    v: int
+    seeds: list[int]
+    questions: list[str]
+    j_steps: list[int]
+    j: np.ndarray
+    """[seeds, evaluation steps]: the unit's ``j_curve``."""
+    j_per_question: np.ndarray
+    """[seeds, evaluation steps, questions]."""
+    reward: np.ndarray
+    """[seeds, steps]: ``reward_mean`` of each step's record (step k: the step that took π_k to π_{k+1})."""
+    pruned_max: float
+    seconds_per_step: float
+    """The units' training wall seconds per step (1 torch thread; each step also measured the drift at lag 1)."""
+
+    def subset_j(self, texts: Sequence[str]) -> np.ndarray:
+        """[seeds, evaluation steps]: mean J over the questions ``texts`` (a KeyError names one the pilot lacks)."""
+        where = {q: i for i, q in enumerate(self.questions)}
+        missing = [t for t in texts if t not in where]
+        if missing:
+            raise KeyError(f"the pilot's units hold no J for {missing[:3]}")
+        return self.j_per_question[:, :, [where[t] for t in texts]].mean(axis=2)
+
+    @property
+    def label(self) -> str:
+        """"pilot v = 1, lr 1e-5, 2 seeds"."""
+        return f"pilot v = {self.v}, lr {short_number(self.lr)}, {len(self.seeds)} seeds"
+
+
+def short_number(x: float) -> str:
+    """``x`` as a person writes it: 1e-5, 3e-6, 0.5."""
+    text = f"{x:g}"
+    return text.replace("e-0", "e-").replace("e+0", "e")
+
+
+def load_pilot(paths: Sequence[str | Path] = PILOT_UNITS) -> Pilot:
+    """The units at ``paths`` (relative ones under ``results/``, :func:`~grpo_lab.files.results_path`); they must
+    share task, lr, v, questions and evaluation steps."""
+    units = [json.loads((Path(p) if Path(p).is_absolute() else results_path(str(p))).read_text()) for p in paths]
+    if not units:
+        raise ValueError("the backdrop needs at least one pilot unit")
+    first = units[0]
+    steps = sorted(int(s) for s in first["j_curve"])
+    for unit in units:
+        if (unit["task"], unit["lr"], unit["v"], unit["questions"], sorted(int(s) for s in unit["j_curve"])) != \
+                (first["task"], first["lr"], first["v"], first["questions"], steps):
+            raise ValueError("the pilot units differ in task, lr, v, questions or evaluation steps")
+    return Pilot(task=first["task"], lr=first["lr"], v=first["v"], seeds=[u["seed"] for u in units],
+                 questions=list(first["questions"]), j_steps=steps,
+                 j=np.array([[u["j_curve"][str(s)] for s in steps] for u in units]),
+                 j_per_question=np.array([[u["j_per_question"][str(s)] for s in steps] for u in units]),
+                 reward=np.array([[r["reward_mean"] for r in u["steps_log"]] for u in units]),
+                 pruned_max=max(u["pruned_max"] for u in units),
+                 seconds_per_step=float(np.mean([u["wall_seconds"] / u["steps"] for u in units])))
+
+
+@dataclass(frozen=True)
+class JPoint:
+    """One live evaluation: exact J of π_θ after ``step`` steps on the panel's questions."""
+
+    step: int
+    j_low: float
+    """Mean J_low over the questions."""
+    pruned: float
+    """Mean pruned mass: J_low ≤ J ≤ J_low + pruned."""
+    pruned_max: float
+    """The largest pruned mass of one question."""
+    seconds: float
 
 
 def make_knobs(config: TrainConfig) -> dict[str, W.ValueWidget]:
@@ -94,52 +229,149 @@ def hook_interrupt() -> bool:
 
 
 class LivePanel:
-    """A short GRPO run with the knobs' values, drawn over the study's reward curves.
+    """A GRPO run of the frontier's recipe with the knobs' values: exact J on a fixed subset of the task's questions
+    and the training reward, drawn over the frontier pilot's v = 1 runs (module docstring).
 
-    ``study``: the cached study (its primary arms are drawn); ``base``: the study's config (task, P,
-    G, T_max, lr); ``problems``: the training problems; ``steps``: a run's length; ``model`` /
-    ``tokenizer``: the untrained model (default: ``base.model``), of which each new run trains a copy;
-    ``out_dir``: the panel's run folder, holding its one checkpoint (default
-    :func:`~grpo_lab.lm.recipes.run_dir` ``("nb02_live")``).
+    ``base``: the run's config (task, P, G, T_max, T, lr; the knobs start at its values); ``problems``: the
+    training problems; ``steps``: a run's length (default :data:`STEPS`, the frontier's budget);
+    ``eval_questions``: how many of :func:`~grpo_lab.lm.tasks.all_questions` ``(base.task)`` the live exact J
+    covers (:func:`eval_subset`; default :data:`EVAL_QUESTIONS`); ``eval_every``: steps between evaluations
+    (default :data:`EVAL_EVERY`); ``pilot``: the backdrop's unit files (default :data:`PILOT_UNITS`; None: no
+    backdrop; a pilot of another task is a ValueError); ``eval_threads``: torch threads during an evaluation
+    (default :data:`EVAL_THREADS`; None: torch's setting); ``model`` / ``tokenizer``: the untrained model
+    (default: ``base.model``), of which each new run trains a copy; ``out_dir``: the panel's run folder,
+    holding its one checkpoint (default :func:`~grpo_lab.lm.recipes.run_dir` ``("nb02_live")``).
+
+    After a run: ``loop`` (its :class:`~grpo_lab.loop.GRPOLoop`, ``loop.history`` its step records), ``j`` (step →
+    :class:`JPoint`), ``questions`` (the evaluated problems).
     """
 
-    def __init__(self, study: Study, base: TrainConfig, problems: list[Any], steps: int = 20, model: Any = None,
-                 tokenizer: Any = None, out_dir: str | Path | None = None, mode: str | None = None) -> None:
+    def __init__(self, base: TrainConfig, problems: list[Any], steps: int = STEPS,
+                 eval_questions: int = EVAL_QUESTIONS, eval_every: int = EVAL_EVERY,
+                 pilot: Sequence[str | Path] | None = PILOT_UNITS, eval_threads: int | None = EVAL_THREADS,
+                 model: Any = None, tokenizer: Any = None, out_dir: str | Path | None = None,
+                 mode: str | None = None) -> None:
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be at least 1, got {eval_every}")
+        task_questions = all_questions(base.task)
+        self.question_count = len(task_questions)
+        self.questions: list[Problem] = [task_questions[i] for i in eval_subset(task_questions, eval_questions)]
+        self.stride = self.question_count // eval_questions
+        self.pilot = None if pilot is None else load_pilot(pilot)
+        if self.pilot is not None and self.pilot.task != base.task:
+            raise ValueError(f"the pilot's units ran {self.pilot.task!r}, the panel's task is {base.task!r}: "
+                             "pass pilot=None or the pilot of that task")
         self._loads_model = model is None
         if model is None:
             model, tokenizer = self._load_untrained(base)
-        self.study, self.base, self.model, self.tokenizer, self.problems = study, base, model, tokenizer, problems
-        self.steps, self.mode = steps, display_mode(mode)
+        self.base, self.model, self.tokenizer, self.problems = base, model, tokenizer, problems
+        self.steps, self.eval_every, self.eval_threads, self.mode = steps, eval_every, eval_threads, display_mode(mode)
         self.out_dir = Path(out_dir if out_dir is not None else run_dir("nb02_live"))
         self.checkpoint = self.out_dir / CHECKPOINT_FILE
         self.knobs = make_knobs(base)
         self.run_button = W.Button(description="Run", button_style="success", icon="play")
         self.stop_button = W.Button(description="Stop", button_style="warning", icon="stop")
         self.progress = W.IntProgress(value=0, min=0, max=steps, description="step 0")
-        self.status = W.HTML(f"press Run: {steps} steps; {self._expected()}")
-        self.figure = new_figure(self.mode, xaxis_title="step k",
-                                 yaxis=dict(range=[0, 1], title="training reward (mean of P·G)"),
-                                 **title_below_toolbar("Live run over the study's curves (mean ± 95 % CI over "
-                                                       "seeds, in [0, 1])", HEIGHT))
-        for arm in (a.name for a in PRIMARY if a.name in study.arms):
-            reward = study.metric(arm, "reward_mean")
-            for trace in ci_traces(np.arange(reward.shape[0]), reward, f"{arm_label(arm)} (study, n = {study.n(arm)})",
-                                   arm_color(arm), (0.0, 1.0), dash="dot"):
-                self.figure.add_trace(trace)
-        self.figure.add_scatter(x=[], y=[], name="live run", mode="lines+markers", line=dict(color="black", width=3))
+        self.status = W.HTML(html.escape(f"press Run: {steps} steps, {self.subset_text()} at step 0 and every "
+                                         f"{eval_every} steps; {self._expected()}"))
+        self.figure = self._new_figure()
         self.loop: GRPOLoop | None = None
+        self.j: dict[int, JPoint] = {}
+        """The live run's exact J by step (that of :attr:`loop`'s run, or of the run a failed step dropped)."""
+        self._j_knobs: dict[str, Any] | None = None
+        """The knobs of the run whose J points :attr:`j` holds."""
         self._saved: tuple[dict[str, Any], int] | None = None
         """The knobs and the step of the run whose checkpoint this panel last wrote (None: none yet)."""
         self._stop = threading.Event()
-        self._stopped_by, self._line = "", ""
+        self._stopped_by, self._line, self._j_line = "", "", ""
+        self._eval_seconds = 0.0
+        """Seconds of evaluation in the current sitting (left out of its time per step)."""
         self.interruptible = False
         """Whether Kernel > Interrupt reaches a background run (:func:`hook_interrupt`, set by show and start)."""
         self._thread: threading.Thread | None = None
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop("Stop"))
 
+    # ------------------------------------------------------------------------- the figure
+
+    def subset_text(self) -> str:
+        """What the live J is taken over, as every label says it."""
+        n = len(self.questions)
+        every = "every question" if self.stride == 1 else f"every {ordinal(self.stride)}"
+        return f"exact J on {n} of {self.question_count} questions ({every})"
+
+    def _new_figure(self) -> go.Figure:
+        """Two rows over the step: (a) exact J, the pilot on the same questions (mean of its seeds, band: their
+        range) and on all of them (dotted), the live run with its bound; (b) the training reward."""
+        n, total = len(self.questions), self.question_count
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.14, row_heights=[0.6, 0.4],
+                            subplot_titles=(f"(a) {self.subset_text()}: J_low, bar up to J_low + pruned",
+                                            f"(b) training reward: mean over each step's P·G = "
+                                            f"{self.base.prompts_per_step * self.base.G} completions"))
+        fig.update_annotations(font_size=12)
+        title = ("Live run" + (f" over the frontier pilot's v = {self.pilot.v} at lr {short_number(self.pilot.lr)} "
+                               f"({len(self.pilot.seeds)} seeds)" if self.pilot else "")
+                 + f"<br><sup>J on {n} of {total} questions is not the whole-set J: compare the live run with "
+                   "the pilot's solid line</sup>")
+        fig.update_layout(**title_below_toolbar(title, int(1.8 * HEIGHT), headroom=SUBPLOT_TITLE_PX),
+                          legend=dict(font_size=11, orientation="h", x=0, xanchor="left", y=-0.1, yanchor="top"),
+                          hovermode="x")
+        fig.update_layout(margin=dict(b=130))
+        fig.update_xaxes(range=[0, self.steps])
+        fig.update_xaxes(title_text="step k (J: π_θ after k steps)", row=2, col=1)
+        fig.update_yaxes(title_text="exact J (strict Pass@1)", range=[0, 1], row=1, col=1)
+        fig.update_yaxes(title_text="training reward", range=[0, 1], row=2, col=1)
+        if self.pilot is not None:
+            p, steps = self.pilot, np.array(self.pilot.j_steps)
+            subset = p.subset_j([q.question for q in self.questions])
+            name = f"{p.label}: J on these {n} of {total} (band: the seeds' range)"
+            if len(p.seeds) > 1:
+                low, high = subset.min(axis=0), subset.max(axis=0)
+                fig.add_trace(go.Scatter(x=np.concatenate([steps, steps[::-1]]), y=np.concatenate([high, low[::-1]]),
+                                         fill="toself", fillcolor=PILOT_COLOR, opacity=0.2, line=dict(width=0),
+                                         mode="lines", hoverinfo="skip", showlegend=False, legendgroup=name),
+                              row=1, col=1)
+            fig.add_trace(go.Scatter(x=steps, y=subset.mean(axis=0), name=name, legendgroup=name, mode="lines+markers",
+                                     line=dict(color=PILOT_COLOR, width=2),
+                                     hovertemplate=f"step %{{x}}: J %{{y:.3f}} (J_low; each question within "
+                                                   f"{p.pruned_max:.1e})<extra>pilot, mean of {len(p.seeds)} "
+                                                   "seeds</extra>"), row=1, col=1)
+            fig.add_trace(go.Scatter(x=steps, y=p.j.mean(axis=0), name=f"pilot: J on all {total} questions (mean of "
+                                     "the seeds)",
+                                     mode="lines", line=dict(color=PILOT_COLOR, width=1, dash="dot")), row=1, col=1)
+            fig.add_trace(go.Scatter(x=np.arange(p.reward.shape[1]), y=p.reward.mean(axis=0),
+                                     name="pilot: training reward (mean of the seeds)", mode="lines",
+                                     line=dict(color=PILOT_COLOR, width=1)), row=2, col=1)
+        fig.add_trace(go.Scatter(x=[], y=[], name=f"live run: J on these {n} of {total}", mode="lines+markers",
+                                 line=dict(color=LIVE_COLOR, width=3),
+                                 error_y=dict(type="data", symmetric=False, array=[], arrayminus=[], width=4),
+                                 hovertemplate="step %{x}: J_low %{y:.4f}, J ≤ J_low + %{customdata:.1e}"
+                                               "<extra>live run</extra>"), row=1, col=1)
+        self._live_j = len(fig.data) - 1
+        fig.add_trace(go.Scatter(x=[], y=[], name="live run: training reward", mode="lines",
+                                 line=dict(color=LIVE_COLOR, width=2)), row=2, col=1)
+        self._live_reward = len(fig.data) - 1
+        if self.mode == "widget":
+            try:
+                return go.FigureWidget(fig)
+            except ImportError:
+                pass
+        return fig
+
+    @property
+    def live_j_trace(self) -> Any:
+        """The figure's live exact-J trace (x: steps, y: J_low, error_y.array: pruned)."""
+        return self.figure.data[self._live_j]
+
+    @property
+    def live_reward_trace(self) -> Any:
+        """The figure's live training-reward trace."""
+        return self.figure.data[self._live_reward]
+
+    # ------------------------------------------------------------------------- the run
+
     def config(self) -> TrainConfig:
-        """The live run's config: the study's, with the knobs' values (β = 0 keeps no π_ref)."""
+        """The live run's config: ``base``, with the knobs' values (β = 0 keeps no π_ref)."""
         return self.base.replace(**self._knob_values(), steps=self.steps, output_dir=str(self.out_dir),
                                  checkpoint_every=0)
 
@@ -150,32 +382,94 @@ class LivePanel:
         return {name: getattr(config, name) for name in self.knobs}
 
     def _expected(self) -> str:
-        """The expected run time before any live step: the study's median step time when the study ran
-        this task at this size, else after the first step."""
-        s, b = self.study.settings, self.base
-        if self.study.arms and (s.get("task"), s.get("prompts_per_step"), s.get("G"), s.get("max_completion_length")) \
-                == (b.task, b.prompts_per_step, b.G, b.max_completion_length):
-            times = [m["sample_seconds"] + m["train_seconds"] + m["sync_seconds"] for units in self.study.units.values()
-                     for unit in units.values() for m in unit["metrics"] if not m["skipped"]]
-            per_step = statistics.median(times or [math.nan])
-            return (f"expected ~{per_step * self.steps / 60:.1f} min ({per_step:.1f} s a step, the study's median "
-                    f"on this machine; the live step time replaces it once a step has run)")
-        return "the expected time shows after the first step"
+        """The expected time per step before any live step: the pilot's, when the pilot ran this task at this
+        size (its recipe's P, G and T_max), else after the first step."""
+        if self.pilot is None:
+            return "the time per step shows after the first step"
+        pilot = recipe("cpu_arith_smollm2", task=self.pilot.task)
+        b = self.base
+        if (b.prompts_per_step, b.G, b.max_completion_length) != \
+                (pilot.prompts_per_step, pilot.G, pilot.max_completion_length):
+            return "the time per step shows after the first step"
+        per_step = self.pilot.seconds_per_step
+        return (f"expected ~{per_step * self.steps / 60:.0f} min of training ({per_step:.1f} s a step, the pilot's "
+                "v = 1 runs with 1 torch thread; the live step time replaces it once a step has run) plus the "
+                "evaluations")
+
+    def eval_steps(self) -> list[int]:
+        """The steps at which the live run is evaluated: 0, every ``eval_every``, and the last."""
+        return sorted({*range(0, self.steps + 1, self.eval_every), self.steps})
+
+    def sampling(self, config: TrainConfig) -> Sampling:
+        """The sampling distribution the live J is taken under: the run's T, top-p/top-k and T_max."""
+        return Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_tokens=config.max_completion_length)
+
+    def evaluate(self, loop: GRPOLoop) -> ExactEvaluation:
+        """Exact J of ``loop``'s π_θ on the panel's questions (as the frontier's units take it: the config's
+        sampling and system prompt, the model's stop ids), with ``eval_threads`` torch threads."""
+        model, config = loop.policy.model, loop.config
+        threads = torch.get_num_threads()
+        if self.eval_threads is not None:
+            torch.set_num_threads(self.eval_threads)
+        try:
+            return exact_evaluate(model, loop.tokenizer, self.questions, self.sampling(config),
+                                  system_prompt=config.system_prompt,
+                                  eos_token_ids=stop_and_pad_ids(model, loop.tokenizer, None)[0])
+        finally:
+            torch.set_num_threads(threads)
+
+    def _measure(self, loop: GRPOLoop) -> None:
+        """Evaluate ``loop`` at its step if that is an evaluation step without a J yet; draw it."""
+        if loop.k not in self.eval_steps() or loop.k in self.j:
+            return
+        self.status.value = html.escape(f"{self._line} · step {loop.k}: {self.subset_text()} under way")
+        start = time.perf_counter()
+        result = self.evaluate(loop)
+        seconds = time.perf_counter() - start
+        self._eval_seconds += seconds
+        self.j[loop.k] = JPoint(loop.k, result.mean, float(result.pruned.mean()), float(result.pruned.max()),
+                                seconds)
+        point = self.j[loop.k]
+        self._j_line = (f"J at step {point.step}: {point.j_low:.3f} ≤ J ≤ {point.j_low + point.pruned:.4f} on "
+                        f"{len(self.questions)} of {self.question_count} questions ({seconds:.0f} s, off the "
+                        "training clock)")
+        with self.figure.batch_update():
+            self._draw_j()
 
     def _loop_for(self, config: TrainConfig) -> GRPOLoop:
         """The current loop if it was built with these knobs, else a fresh one from the untrained model,
         resumed from the panel's checkpoint when that holds a run with these knobs (a failed step dropped
-        the run's loop)."""
+        the run's loop); the J points kept are those of that run up to its step."""
         knobs = self._knob_values(config)
         if self.loop is None or self._knob_values(self.loop.config) != knobs:
             self.status.value = "setting up a new run: copying the untrained model"
             if self.model is None:                                    # released: load it again
                 self.model, self.tokenizer = self._load_untrained(self.base)
             loop = build_loop(config, copy.deepcopy(self.model), self.tokenizer, self.problems)
-            if self._checkpoint_step(knobs) is not None:
+            step = self._checkpoint_step(knobs)
+            if step is not None:
                 load_checkpoint(loop, self.checkpoint)
-            self.loop = loop
+            same_run = step is not None and self._j_knobs == knobs
+            self.j = {k: p for k, p in self.j.items() if k <= loop.k} if same_run else {}
+            self.loop, self._j_knobs = loop, knobs
+            self._redraw()
         return self.loop
+
+    def _draw_j(self) -> None:
+        """The live J trace from :attr:`j`: J_low, and an error bar up to J_low + pruned."""
+        steps = sorted(self.j)
+        pruned = [self.j[s].pruned for s in steps]
+        trace = self.live_j_trace
+        trace.x, trace.y, trace.customdata = steps, [self.j[s].j_low for s in steps], pruned
+        trace.error_y.array, trace.error_y.arrayminus = pruned, [0.0] * len(steps)
+
+    def _redraw(self) -> None:
+        """Both live traces from the current loop and J points."""
+        rewards = [] if self.loop is None else [r.reward_mean for r in self.loop.history]
+        with self.figure.batch_update():
+            self._draw_j()
+            self.live_reward_trace.x, self.live_reward_trace.y = list(range(len(rewards))), rewards
 
     @staticmethod
     def _load_untrained(base: TrainConfig) -> tuple[Any, Any]:
@@ -218,27 +512,37 @@ class LivePanel:
 
     def _train(self, steps: int | None = None) -> GRPOLoop:
         """Train up to ``steps`` more steps (default: to the panel's total) through
-        :func:`~grpo_lab.lm.training.train`, redrawing after each; returns the loop.
+        :func:`~grpo_lab.lm.training.train`, redrawing after each and evaluating at the evaluation steps (the
+        step the run starts from too, step 0 of a new run, unless it has its J); returns the loop.
 
-        Stops early on Stop or an interrupt, also one pressed while the run is set up; a sitting that
-        trained leaves a checkpoint of whole steps. A disk that cannot hold the checkpoint
-        (:class:`~grpo_lab.files.DiskError`, checked before the first step) or a run folder in use
-        ends the run with the error's one line in the status; the last checkpoint stays. Any other
-        error (a failed step) is raised, after the status names it and the panel drops the loop, whose
-        π_θ may be half-updated: **Run** then resumes from the last checkpoint."""
+        Stops early on Stop or an interrupt, also one pressed while the run is set up (then nothing is
+        evaluated either); a sitting that trained leaves a checkpoint of whole steps. An interrupt during an
+        evaluation leaves that step without a J: the next Run with the same knobs computes it if the run is
+        still at that step. A disk that cannot hold the checkpoint (:class:`~grpo_lab.files.DiskError`, checked
+        before the first step) or a run folder in use ends the run with the error's one line in the status; the
+        last checkpoint stays. Any other error (a failed step) is raised, after the status names it and the
+        panel drops the loop, whose π_θ may be half-updated: **Run** then resumes from the last checkpoint."""
         config = self.config()
         start = time.perf_counter()
         loop = self._loop_for(config)
         last = self.steps if steps is None else min(self.steps, loop.k + steps)
-        if loop.k >= last:
-            self.status.value = f"the run has all {self.steps} steps: change a knob to start a new one"
-            return loop
-        first = loop.k
+        first, self._eval_seconds, self._j_line = loop.k, 0.0, ""
         self._line = f"set up in {time.perf_counter() - start:.0f} s" + (f", resumed at step {first}" if first else "")
-        self.status.value = html.escape(f"{self._line} · step {first + 1}/{self.steps} under way")
+        try:
+            self._measure(loop)
+        except KeyboardInterrupt:
+            self.status.value = html.escape(f"{self._line} · interrupted during the evaluation at step {loop.k}: "
+                                            "no J drawn for it; Run with the same knobs evaluates it")
+            return loop
+        if loop.k >= last:
+            done = (f"the run has all {self.steps} steps: change a knob to start a new one" if loop.k >= self.steps
+                    else f"at step {loop.k}: no step asked for")
+            self.status.value = html.escape(self._status(done))
+            return loop
+        self.status.value = html.escape(self._status(self._line, f"step {first + 1}/{self.steps} under way"))
         try:
             train(config.replace(steps=last), loop, progress=False, resume=False, stop=self._stop,
-                  on_step=lambda trained, _: self._draw(trained, first, start, last))
+                  on_step=lambda trained, _: self._after_step(trained, first, start, last))
         except (DiskError, RunDirInUse) as exc:
             self.status.value = f"stopped: {html.escape(str(exc))}"
             return loop
@@ -249,30 +553,50 @@ class LivePanel:
             self.status.value = html.escape(f"{self._line} · stopped at step {loop.k} by {type(exc).__name__}: {exc} "
                                             f"· nothing saved from this step; Run with the same knobs {resume}")
             raise
-        line = self._line
+        notes = []
         if loop.k < last:
-            line += (f" · stopped by {self._stopped_by or 'an interrupt'} at step {loop.k}: Run with the same knobs "
-                     "continues")
+            notes.append(f"stopped by {self._stopped_by or 'an interrupt'} at step {loop.k}: Run with the same knobs "
+                         "continues")
         if loop.k > first:
             self._saved = self._knob_values(config), loop.k
-            line += (f" · checkpoint {self.checkpoint} ({self.checkpoint.stat().st_size / 2**30:.2f} GiB, one per "
-                     "panel, replaced at every save)")
-        self.status.value = html.escape(line)
+            notes.append(f"checkpoint {self.checkpoint} ({self.checkpoint.stat().st_size / 2**30:.2f} GiB, one per "
+                         "panel, replaced at every save)")
+        self.status.value = html.escape(self._status(self._line, *notes))
         return loop
 
+    def _status(self, line: str, *notes: str) -> str:
+        """The status line: ``line``, the last J, then ``notes``."""
+        return " · ".join(part for part in (line, self._j_line, *notes) if part)
+
+    def _after_step(self, loop: GRPOLoop, first: int, start: float, last: int) -> None:
+        """What runs after each step: redraw, then evaluate at an evaluation step (unless the run was stopped)."""
+        self._draw(loop, first, start, last)
+        if not self._stop.is_set():
+            self._measure(loop)
+            going = loop.k < last and not self._stop.is_set()
+            self.status.value = html.escape(self._status(self._line, f"step {loop.k + 1}/{self.steps} under way"
+                                                         if going else ""))
+
     def _draw(self, loop: GRPOLoop, first: int, start: float, last: int) -> None:
-        """The live curve and the status line: the last step, and the time left at this sitting's pace."""
+        """The live reward curve and the status line: the last step, and the time left at this sitting's pace
+        (its time per step leaves the evaluations out; the time left adds the evaluations to come at the
+        sitting's mean evaluation time)."""
         rewards = [r.reward_mean for r in loop.history]
         with self.figure.batch_update():
-            self.figure.data[-1].x, self.figure.data[-1].y = list(range(len(rewards))), rewards
+            self.live_reward_trace.x, self.live_reward_trace.y = list(range(len(rewards))), rewards
         self.progress.value, self.progress.description = loop.k, f"step {loop.k}"
-        per_step = (time.perf_counter() - start) / (loop.k - first)
+        per_step = (time.perf_counter() - start - self._eval_seconds) / (loop.k - first)
         record = loop.history[-1]
+        measured = [p.seconds for p in self.j.values()]
+        per_eval = float(np.mean(measured)) if measured else 0.0
+        evals_left = sum(1 for s in self.eval_steps() if loop.k < s <= last) + (loop.k in self.eval_steps())
         self._line = (f"step {loop.k}/{self.steps} · reward {record.reward_mean:.3f} · lag {record.lag} · "
-                      f"masked {record.masked_frac:.0%} · {per_step:.1f} s a step (set-up included)"
-                      + (f", ~{per_step * (last - loop.k):.0f} s left" if loop.k < last else ""))
+                      f"masked {record.masked_frac:.0%} · {per_step:.1f} s a step (set-up included, evaluations "
+                      "not)" + (f", ~{per_step * (last - loop.k) + per_eval * evals_left:.0f} s left"
+                                if loop.k < last else ""))
         going = loop.k < last and not self._stop.is_set()
-        self.status.value = html.escape(self._line + (f" · step {loop.k + 1}/{self.steps} under way" if going else ""))
+        self.status.value = html.escape(self._status(self._line, f"step {loop.k + 1}/{self.steps} under way"
+                                                     if going else ""))
 
     def start(self) -> None:
         """Run in a background thread (what the Run button does); ignored while a run is going. The stop
@@ -295,8 +619,10 @@ class LivePanel:
     def help_text(self) -> str:
         """What the buttons do, shown under them."""
         ends = "Stop or Kernel > Interrupt" if self.interruptible else "Stop (Kernel > Interrupt does not reach it)"
+        subset = self.subset_text()
         return (f"Run trains {self.steps} steps in the background, Run again continues, a new knob value starts "
-                f"over; {ends} ends a run after its step in progress. One checkpoint: {self.checkpoint}.")
+                f"over; {ends} ends a run after its step in progress. {subset[0].upper()}{subset[1:]} at step 0 "
+                f"and every {self.eval_every} steps, between steps. One checkpoint: {self.checkpoint}.")
 
     @property
     def widget(self) -> W.Widget:
