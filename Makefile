@@ -23,10 +23,11 @@ STAMP := $(VENV)/.grpo-lab-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
-# The engine in this process (no fork, no __main__ guard needed); a small KV cache on a shared CPU; every core
-# for torch (vLLM otherwise drops this process, the trainer's too, to one thread).
-VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} \
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
+# The engine in this process (no fork, no __main__ guard needed); every core for torch (vLLM otherwise drops this
+# process, the trainer's too, to one thread). The tests' engines get a small KV cache (VLLM_TEST_KV, whole GiB);
+# the notebook's runs size theirs to a step (grpo_lab.lm.build.vllm_sampler), which the variable would override.
+VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
+VLLM_TEST_KV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1}
 
 .PHONY: setup lab demo test test-lib test-slow test-notebooks test-browser browser-deps bench docs binder-check clean \
 	setup-vllm test-vllm
@@ -93,8 +94,8 @@ setup-vllm: $(VLLM_STAMP)
 
 # The TRL colocate test builds its own engine and process group: in a process of its own, as in a real run.
 test-vllm: setup-vllm
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m vllm tests --ignore=tests/test_trl_vllm.py
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m vllm tests/test_trl_vllm.py
+	$(VLLM_ENV) $(VLLM_TEST_KV) $(VLLM_PY) -m pytest -q -m vllm tests --ignore=tests/test_trl_vllm.py
+	$(VLLM_ENV) $(VLLM_TEST_KV) $(VLLM_PY) -m pytest -q -m vllm tests/test_trl_vllm.py
 	$(VLLM_ENV) GRPO_LAB_SMOKE=1 $(VLLM_PY) -m pytest -q --nbval-lax notebooks/03_colocate_throughput_7b.ipynb
 
 binder-check:

@@ -19,10 +19,13 @@ import pytest
 GIB = 2**30
 LAPTOP = 4e9
 """The issue's target, 4 GB (decimal: 3.73 GiB), for every notebook's kernel at its default CPU size."""
-VLLM_ENGINE = 8 * GIB
+VLLM_ENGINE = 5.25 * GIB
 """Notebook 03 with vLLM installed (``make test-vllm``): the engine runs in the kernel's process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and its peak, 7.54 GiB in smoke mode, is over the laptop target; this
-budget holds it where it was measured until the engine's share is cut."""
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Its peak was 7.36–7.54 GiB in smoke mode; with the first run's frames
+released and the KV cache sized to a step (``grpo_lab.lm.build.vllm_sampler``) it is 4.74 GiB, still over the
+laptop target: the engine's packed float32 weights, its tied head's own copy and vLLM's imports (~1 GiB) and
+the sampler's copy of α (0.5 GiB) come on top of what the in-process sampler needs (docs/benchmarks.md,
+*Notebook memory*). This budget holds it there, with room for run-to-run variation."""
 KERNEL_PEAK_BUDGET = {"01_bandit.ipynb": LAPTOP, "01b_theorem1_smollm2.ipynb": LAPTOP, "02_gsm8k_qwen05b.ipynb": LAPTOP,
                       "03_colocate_throughput_7b.ipynb": VLLM_ENGINE if find_spec("vllm") else LAPTOP}
 """Peak kernel RSS allowed per notebook, whatever the mode (docs/benchmarks.md, *Notebook memory*, has each one's

@@ -140,3 +140,51 @@ def test_sampling_term_bounds_the_samplers_measured_peak():
     assert 0.95 * held["tensors"] <= held["measured"] <= 1.05 * held["tensors"], held
     default = sampler_peak(4, 16, 64)
     assert default["measured"] <= default["estimate"], default
+
+
+def test_vllm_cpu_kv_cache_is_one_block_per_sequence_plus_the_null_block():
+    """SmolLM2-135M in float32 (30 layers, 3 KV heads of 64): 46 080 bytes a token, 128-token blocks; a step of
+    P·G = 32 completions up to 79 tokens needs 33 blocks, 186 MiB (vLLM's own count for 1 GiB was 182 blocks)."""
+    from grpo_lab.lm.memory import vllm_cpu_kv_cache_bytes
+
+    shape = ModelShape(weights=0, trainable=0, element_size=4, layers=30, hidden=576, intermediate=1536,
+                       vocab=49152, heads=9, kv_heads=3, head_dim=64)
+    assert vllm_cpu_kv_cache_bytes(shape, 32, 79) == 33 * 128 * 46_080
+    assert vllm_cpu_kv_cache_bytes(shape, 32, 129) == (2 * 32 + 1) * 128 * 46_080   # two blocks a sequence
+    assert 2**30 // (128 * 46_080) == 182
+    with pytest.raises(ValueError, match="sequences"):
+        vllm_cpu_kv_cache_bytes(shape, 0, 79)
+
+
+def test_stored_import_errors_release_the_frames_they_held(monkeypatch):
+    """A module that keeps an optional import's error keeps its traceback, and through it the frames that were on
+    the stack at import time with their locals (vLLM's ``_torchcodec_import_exc``): dropping the traceback frees
+    them; the exception itself stays."""
+    import gc
+    import types
+    import weakref
+
+    from grpo_lab.lm.memory import drop_stored_import_tracebacks
+
+    class Big:
+        pass
+
+    def import_under(holder):  # a frame whose local (``holder``) the traceback keeps alive
+        module = types.ModuleType("vllm.fake_optional")
+        try:
+            raise ImportError("no optional package")
+        except ImportError as error:
+            module.stored_error = error
+        return module
+
+    big = Big()
+    freed = weakref.ref(big)
+    module = import_under(big)
+    monkeypatch.setitem(sys.modules, "vllm.fake_optional", module)
+    del big
+    gc.collect()
+    assert freed() is not None                      # held by the stored traceback's frame
+    assert drop_stored_import_tracebacks() >= 1
+    gc.collect()
+    assert freed() is None and module.stored_error.__traceback__ is None
+    assert str(module.stored_error) == "no optional package"

@@ -458,3 +458,28 @@ def test_bad_group_size(fake_vllm, tmp_path, tokenizer):
     sampler = make_sampler(tmp_path, LMPolicy(tiny_model()), tokenizer)
     with pytest.raises(ValueError, match="group_size"):
         sampler.sample(PROMPTS, 0, torch.Generator())
+
+
+def test_build_sizes_the_cpu_kv_cache_and_drops_stored_import_tracebacks(fake_vllm, tmp_path, tokenizer,
+                                                                          monkeypatch):
+    """``build.vllm_sampler`` on a CPU: a KV cache for one step's P·G completions of max_model_len tokens (not the
+    GiB that ``VLLM_CPU_KVCACHE_SPACE`` or a share of memory would give), and no traceback left in vLLM's modules."""
+    from grpo_lab.lm.build import vllm_sampler
+    from grpo_lab.lm.memory import ModelShape, vllm_cpu_kv_cache_bytes
+    from grpo_lab.lm.train_config import TrainConfig
+
+    stored = types.ModuleType("vllm.fake_media")
+    try:
+        raise ImportError("No module named 'torchcodec'")
+    except ImportError as error:
+        stored.error = error
+    monkeypatch.setitem(sys.modules, "vllm.fake_media", stored)
+    path = tmp_path / "model"
+    policy = LMPolicy(tiny_model(), 0.7)
+    policy.model.save_pretrained(path)
+    config = TrainConfig(model=str(path), G=4, prompts_per_step=3, max_completion_length=6, temperature=0.7)
+    sampler = vllm_sampler(config, policy, tokenizer, prompt_tokens=5)
+    kwargs = sampler.llm.kwargs
+    assert kwargs["max_model_len"] == 11 and kwargs["enforce_eager"]
+    assert kwargs["kv_cache_memory_bytes"] == vllm_cpu_kv_cache_bytes(ModelShape.of(policy.model), 12, 11)
+    assert stored.error.__traceback__ is None

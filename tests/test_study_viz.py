@@ -286,12 +286,13 @@ def test_release_frees_the_run_and_the_loaded_model_and_the_next_run_resumes(pan
     panel = LivePanel(base, problems, steps=3, eval_questions=1, out_dir=tmp_path / "live", mode="none")
     first = panel.run(steps=2)
     history, j_at_0 = rows_of(first.history), panel.j[0]
-    freed = [weakref.ref(first), weakref.ref(first.policy.model), weakref.ref(first.sampler), weakref.ref(panel.model)]
+    assert panel.model is None                         # the model the panel loaded is the run's π_θ, not kept beside it
+    freed = [weakref.ref(first), weakref.ref(first.policy.model), weakref.ref(first.sampler)]
     del first
     panel.release()
     gc.collect()
     assert panel.loop is None and panel.model is None and len(loads) == 1   # the panel loaded it: it frees it
-    assert [ref() for ref in freed] == [None] * 4                         # nothing else holds π_θ, α or the model
+    assert [ref() for ref in freed] == [None] * 3                         # nothing else holds π_θ (the model) or α
     resumed = panel.run()                                                    # loads it again, resumes at step 2
     assert len(loads) == 2 and resumed.k == 3
     assert rows_of(resumed.history[:2]) == history
@@ -496,8 +497,8 @@ def test_notebook_02s_cell_at_smoke_size_and_the_untrained_j_of_the_frontier(tmp
                                                      "Calculate 7 * 5."]
     smoke_seconds = time.perf_counter() - start
 
-    full = LivePanel(base, train_problems(base), steps=128, eval_questions=4, model=panel.model,
-                     tokenizer=panel.tokenizer, out_dir=tmp_path / "full", mode="none")
+    full = LivePanel(base, train_problems(base), steps=128, eval_questions=4,   # loads the untrained model
+                     out_dir=tmp_path / "full", mode="none")
     assert re.search(r"expected ~\d+ min of training \(\d+\.\d s a step, the pilot's v = 1 runs", status(full))
     assert full.run(steps=0).k == 0 and "no step asked for" in status(full)
     untrained = json.loads((RESULTS / "frontier" / "units" / "untrained.json").read_text())

@@ -69,12 +69,23 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
 def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens: int) -> Any:
     """α in a ``vllm.LLM`` built from the checkpoint ``config.model`` names (the bundled model's converted
     directory for ``smollm2-135m``), sized to the run: ``max_model_len`` = longest prompt + T_max. On a CPU
-    the engine runs eagerly (no inductor warm-up, minutes on two cores)."""
+    the engine runs eagerly (no inductor warm-up, minutes on two cores) with a KV cache for one step's
+    P·G completions (:func:`~grpo_lab.lm.memory.vllm_cpu_kv_cache_bytes`; ``VLLM_CPU_KVCACHE_SPACE``, when
+    set, overrides it), and the tracebacks vLLM keeps from its optional imports are dropped once it is built
+    (:func:`~grpo_lab.lm.memory.drop_stored_import_tracebacks`: they held this call's frames, and the run's
+    π_θ and optimiser with them)."""
+    from .memory import ModelShape, drop_stored_import_tracebacks, vllm_cpu_kv_cache_bytes
     from .models import BUNDLED, bundled_model_dir
     from .sampling_vllm import VLLMSampler
 
     path = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
-    engine_kwargs = {"max_model_len": prompt_tokens + config.max_completion_length,
+    max_model_len = prompt_tokens + config.max_completion_length
+    engine_kwargs = {"max_model_len": max_model_len,
                      "enforce_eager": policy.device.type == "cpu", "trust_remote_code": config.trust_remote_code}
-    return VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
-                       top_p=config.top_p, top_k=config.top_k, seed=config.seed, engine_kwargs=engine_kwargs)
+    if policy.device.type == "cpu":
+        engine_kwargs["kv_cache_memory_bytes"] = vllm_cpu_kv_cache_bytes(
+            ModelShape.of(policy.model), config.prompts_per_step * config.G, max_model_len)
+    sampler = VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
+                          top_p=config.top_p, top_k=config.top_k, seed=config.seed, engine_kwargs=engine_kwargs)
+    drop_stored_import_tracebacks()
+    return sampler

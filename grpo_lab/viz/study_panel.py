@@ -443,10 +443,14 @@ class LivePanel:
         the run's loop); the J points kept are those of that run up to its step."""
         knobs = self._knob_values(config)
         if self.loop is None or self._knob_values(self.loop.config) != knobs:
-            self.status.value = "setting up a new run: copying the untrained model"
-            if self.model is None:                                    # released: load it again
+            self.status.value = "setting up a new run: " + ("loading" if self.model is None else "copying") + \
+                " the untrained model"
+            if self.model is None:                                    # handed to a run, or released: load it again
                 self.model, self.tokenizer = self._load_untrained(self.base)
-            loop = build_loop(config, copy.deepcopy(self.model), self.tokenizer, self.problems)
+            model = self.model if self._loads_model else copy.deepcopy(self.model)
+            if self._loads_model:      # the panel's own copy becomes the run's π_θ: one model less while it trains
+                self.model = None
+            loop = build_loop(config, model, self.tokenizer, self.problems)
             step = self._checkpoint_step(knobs)
             if step is not None:
                 load_checkpoint(loop, self.checkpoint)
