@@ -23,8 +23,10 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
                             ``checkpoint``, ``memory``, ``recipes``, ``group_view``, ``cli``
 ``scale/``                  GPUs and wall clock: ``trl`` (the TRL adapter), ``launch``, ``costmodel``
                             (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
-``study/``                  the CPU study of notebook 02: ``cpu_study`` (runs), ``design`` (arms,
-                            comparisons, unit files, the reader), ``results`` (statistics)
+``study/``                  the studies, on exact J: ``frontier`` (notebook 02's lag frontier), time
+                            to accuracy against TRL (notebook 03: ``time_to_accuracy``, ``tta_units``,
+                            ``tta_trl``, ``passage``, ``tta_summary``, ``tta_legacy``), ``results``
+                            (statistics: t intervals, paired tests)
 ``viz/``                    drawing only: display switch, figures, widgets, exercises, ``demo``
 =========================== ==========================================================
 

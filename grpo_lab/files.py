@@ -144,7 +144,7 @@ def _os_error(exc: BaseException | None) -> OSError | None:
 
 
 def results_path(*parts: str, root: str | Path | None = None) -> Path:
-    """``<root>/results/<parts…>``: the committed measurements (the CPU study, the task scan, the off-policy
+    """``<root>/results/<parts…>``: the committed measurements (the lag frontier, the task scan, the off-policy
     split, time to accuracy). They come with a checkout of the repository, not with the installed package, so
     ``root`` defaults to the folder above the package, a checkout in an editable install (``git clone``, then
     ``pip install -e .``). A root without ``results/`` is a FileNotFoundError that names the folder."""

@@ -185,11 +185,11 @@ def test_the_checker_finds_a_circle_and_a_back_arrow(tmp_path):
 
 def test_results_outside_a_checkout_name_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "results")) + " does not exist.*checkout"):
-        results_path("cpu_study", root=tmp_path)
+        results_path("frontier", root=tmp_path)
     (tmp_path / "results").mkdir()
-    found = results_path("cpu_study", "summary.json", root=tmp_path)
-    assert found == tmp_path / "results" / "cpu_study" / "summary.json"
-    assert results_path("cpu_study") == ROOT / "results" / "cpu_study"       # default: this checkout
+    found = results_path("frontier", "summary.json", root=tmp_path)
+    assert found == tmp_path / "results" / "frontier" / "summary.json"
+    assert results_path("frontier") == ROOT / "results" / "frontier"         # default: this checkout
 
 
 def test_the_recipes_ship_with_the_package():

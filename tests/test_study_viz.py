@@ -1,9 +1,8 @@
-"""Notebook 02's figures on fake study folders (any seeds per arm, arms missing): bands stay inside their
-quantity's range; its live panel on the tiny model: the backdrop is the frontier pilot's units, the live exact J
-is that of the loop's π_θ at its steps, the panel trains through ``training.train`` (a Stop pressed during
-set-up counts, Kernel > Interrupt reaches a background run, in a real ipykernel too, one checkpoint per panel,
-release frees the run, a step that fails at pass 2 saves nothing and the run resumes exactly), and the group
-view says why r′ is what it is."""
+"""Notebook 02's group figure (the per-token r′) and its live panel on the tiny model: the backdrop is the
+frontier pilot's units, the live exact J is that of the loop's π_θ at its steps, the panel trains through
+``training.train`` (a Stop pressed during set-up counts, Kernel > Interrupt reaches a background run, in a real
+ipykernel too, one checkpoint per panel, release frees the run, a step that fails at pass 2 saves nothing and the
+run resumes exactly), and the group view says why r′ is what it is."""
 
 import gc
 import html
@@ -22,7 +21,6 @@ import pytest
 import torch
 from fault_scenarios import poison_gradients
 from reliability_runs import even_length, problems, rows_of, tiny_model, tokenizer
-from test_study import write_fake_units
 from test_viz import title_clears_toolbar
 
 from grpo_lab.exact.strict_j import Sampling, exact_evaluate
@@ -33,63 +31,11 @@ from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics
 from grpo_lab.viz import study_panel
 from grpo_lab.viz.study_panel import LivePanel, eval_subset
-from grpo_lab.viz.study_plots import paired_figure, pass_figure, secondary_figure, token_ratio_figure
+from grpo_lab.viz.study_plots import token_ratio_figure
 
 RESULTS = results_path()
 RUN_FOLDER = ["checkpoint.pt", "config.json", "metrics.jsonl", "run.lock"]
 """What the panel's run folder holds: ``training.train``'s files, one checkpoint."""
-
-
-def band_values(fig, axis="x"):
-    """Every y of the filled (band) traces on the subplot of x axis ``axis``."""
-    bands = [np.asarray(t.y, dtype=float) for t in fig.data if t.fill == "toself" and (t.xaxis or "x") == axis]
-    return np.concatenate(bands or [np.zeros(0)])
-
-
-def test_pass_figure_with_any_seeds_and_missing_arms(tmp_path):
-    # near 1 and near 0 with 3 seeds: the t interval alone would run past both bounds
-    study = write_fake_units(tmp_path, {"v1": {0: 0.95, 1: 1.0, 2: 0.85}, "v32_none": {0: 0.0, 1: 0.1, 2: 0.02},
-                                        "v8_ratio": {0: 0.5}})
-    fig = pass_figure(study)
-    names = [t.name for t in fig.data if t.showlegend is not False]
-    assert names == ["v = 1 (n = 3)", "v = 8, ratio (n = 1)", "v = 32, none (n = 3)"]   # v32_ratio, v8_none: none yet
-    bands = band_values(fig)
-    assert len(bands) and bands.min() >= 0.0 and bands.max() <= 1.0
-    assert bands.max() == 1.0 and bands.min() == 0.0                     # clipped, not dropped
-    one_seed = [t for t in fig.data if t.legendgroup == "v = 8, ratio (n = 1)"]
-    assert all(t.fill != "toself" for t in one_seed)                      # one seed: a line, no band
-    drift = [t for t in fig.data if t.xaxis == "x2" and t.fill != "toself"]
-    assert [list(t.x) for t in drift] == [[0, 2, 3]] * 2 and band_values(fig, "x2").min() >= 0.0
-
-    empty = pass_figure(write_fake_units(tmp_path / "empty", {}))
-    notes = [(a.text, a.x) for a in empty.layout.annotations if a.text.startswith("no finished")]
-    assert not empty.data and [text for text, _ in notes] == ["no finished unit of these arms yet",
-                                                               "no finished unit with v > 1 yet"]
-    assert notes[0][1] < 0.5 < notes[1][1]                               # each in its own subplot
-
-
-def test_paired_and_secondary_figures(tmp_path):
-    study = write_fake_units(tmp_path, {"v1": {0: 0.4, 1: 0.5, 2: 0.6}, "v8_ratio": {0: 0.41, 1: 0.5, 2: 0.6},
-                                        "v8_none": {0: 0.3}, "v1_i4": {0: 0.5, 1: 0.55}, "v1_steps4": {0: 0.7, 1: 0.8}})
-    tests = study.tests()
-    fig = paired_figure(tests)
-    labels = list(fig.data[-2].y)
-    assert labels == ["v = 8, ratio − v = 1 (n = 3): equivalent", "v = 8, none − v = 1 (n = 1): not resolved",
-                      "v = 1, i = 4 − v = 1 (n = 2): not resolved",
-                      "v = 1, i = 4 − v = 1, 4× steps (n = 2): not resolved"]
-    ci95, ci90 = fig.data[0], fig.data[1]                                  # the seed with one unit has no bar
-    assert len(ci95.y) == len(ci90.y) == 3 and "v = 8, none" not in " ".join(ci90.y)
-    t = tests[0]
-    assert ci90.error_x.array[0] == pytest.approx(t.ci(0.90)[1] - t.estimate)
-    assert [(s.x0, s.x1) for s in fig.layout.shapes if s.type == "rect"] == [(-0.03, 0.03)]
-    assert "no comparison" in paired_figure([]).layout.annotations[0].text
-
-    fig = secondary_figure(study)
-    lines = {t.name: t for t in fig.data if t.fill != "toself"}
-    # optimiser passes at the last scoring step: i × trained steps (step 1 of each fake run is skipped)
-    assert lines["v = 1 (n = 3)"].x[-1] == 3 and lines["v = 1, i = 4 (n = 2)"].x[-1] == 12
-    assert lines["v = 1, 4× steps (n = 2)"].x[-1] == 15
-    assert band_values(fig).max() <= 1.0 and "no finished unit" in fig.layout.annotations[-1].text   # (b): no arm
 
 
 def test_token_ratio_figure_blanks_padding_and_labels_the_colour_bar_in_r():

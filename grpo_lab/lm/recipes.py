@@ -162,7 +162,7 @@ def gsm8k_lab_configs(mode: str) -> dict[str, TrainConfig]:
     """Notebook 02's GSM8K section. ``full``: the paper's four configurations on
     Qwen2.5-0.5B-Instruct. ``smoke``: the same code path on SmolLM2-135M, one-digit
     additions, v = 1 vs v = 4, shrunk to a few tiny steps (CI checks the plumbing). On a
-    CPU without smoke mode the notebook shows the CPU study instead (no runs here)."""
+    CPU without smoke mode the notebook shows the lag frontier instead (no runs here)."""
     require_choice("mode", mode, ("smoke", "full"))
     if mode == "full":
         return {name: recipe(f"gsm8k_qwen05b_{name}")

@@ -1,3 +1,6 @@
-"""The CPU study behind notebook 02: running its units (:mod:`~grpo_lab.study.cpu_study`), its design and
-the reader of its folder (:mod:`~grpo_lab.study.design`), and the statistics, which know no study: confidence
-intervals and paired tests (:mod:`~grpo_lab.study.results`)."""
+"""The studies, on exact J: notebook 02's lag frontier (:mod:`~grpo_lab.study.frontier`: its design, analysis and
+units); notebook 03's time to accuracy against TRL (:mod:`~grpo_lab.study.time_to_accuracy`: the design and unit
+order; :mod:`~grpo_lab.study.tta_units`: the units on a training clock; :mod:`~grpo_lab.study.tta_trl`: TRL's
+side; :mod:`~grpo_lab.study.passage`: first passage and time ratios; :mod:`~grpo_lab.study.tta_summary`: the
+summary; :mod:`~grpo_lab.study.tta_legacy`: issue 25's old summary); and the statistics, which know no study:
+Student's t, confidence intervals and paired tests (:mod:`~grpo_lab.study.results`)."""

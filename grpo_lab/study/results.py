@@ -1,5 +1,5 @@
-"""Reading the CPU study: means with 95 % confidence intervals over seeds, paired differences,
-the verdict rule of issue 24 (equivalent / worse / not resolved) and the power to reach it.
+"""The studies' statistics: Student's t in closed form, means with 95 % confidence intervals over seeds, paired
+differences, the verdict rule of issue 24 (equivalent / worse / better / not resolved) and the power to reach it.
 
 A confidence interval over seeds is Student's t: mean ± t_{q, n−1} · s / √n over the n seeds
 (s the sample standard deviation). A paired difference takes, seed by seed, arm a's value
@@ -17,11 +17,10 @@ TOST                      two one-sided t-tests at 5 % each ⇔ the 90 % CI of m
 "worse"                   the 95 % CI of mean d lies below 0
 ========================= ============================================================
 
-These statistics know no study: the study's arms, comparisons and unit files are
-:mod:`grpo_lab.study.design`'s, whose reader (:func:`~grpo_lab.study.design.load_study`) applies them to
-a study folder as it stands (one seed gives a point and no interval, and its comparisons stay "not
-resolved"). A ``summary.json`` gets its ``tests`` from :func:`study_tests`, the reader from
-:meth:`~grpo_lab.study.design.Study.tests`: the same :func:`paired_test`.
+These statistics know no study. One seed gives a point and no interval, and a comparison over fewer than two
+paired seeds stays "not resolved". The lag frontier (:mod:`grpo_lab.study.frontier`) uses them: its comparisons
+extend :class:`PairedTest` (the pairing by seed) with their own p-values (from :func:`t_cdf`), Holm-adjusted over
+its family, and its intervals over seeds are :func:`mean_ci`'s.
 """
 
 from __future__ import annotations
@@ -236,8 +235,8 @@ class PairedTest:
         return f"{self.comparison}: n = {self.n}, mean {self.estimate:+.3f}, {intervals} -> {self.verdict}"
 
     def entries(self) -> list[dict[str, Any]]:
-        """The two rows of ``summary.json``'s ``tests``: the equivalence test (90 % CI, ±margin) and the
-        difference test (95 % CI against 0), each with its own verdict and the comparison's ``finding``."""
+        """The two rows of a summary's ``tests`` (:func:`study_tests`): the equivalence test (90 % CI, ±margin) and
+        the difference test (95 % CI against 0), each with its own verdict and the comparison's ``finding``."""
         ci90, ci95 = self.ci(0.90), self.ci(0.95)
         equivalent = ci90 is not None and -self.margin < ci90[0] and ci90[1] < self.margin
         difference = "not resolved" if ci95 is None else "worse" if ci95[1] < 0 else \
@@ -262,8 +261,8 @@ def paired_test(after_a: Mapping[int, float], after_b: Mapping[int, float], a: s
 
 def study_tests(runs: Sequence[Mapping[str, Any]], comparisons: Sequence[tuple[str, str]],
                 margin: float = MARGIN) -> list[dict[str, Any]]:
-    """``summary.json``'s ``tests``: for each (a, b) of ``comparisons`` whose arms both have a run,
-    the two rows of :meth:`PairedTest.entries` on ``pass_at_1_after``."""
+    """The ``tests`` rows of a summary of ``runs`` (each with ``name``, ``seed`` and ``pass_at_1_after``): for each
+    (a, b) of ``comparisons`` whose arms both have a run, the two rows of :meth:`PairedTest.entries`."""
     by_arm: dict[str, dict[int, float]] = {}
     for run in runs:
         by_arm.setdefault(run["name"], {})[run["seed"]] = run["pass_at_1_after"]
