@@ -68,10 +68,11 @@ MAX_PRUNED = 1e-3
 """Default bound per question: a question pruned more than this is walked again at τ/10."""
 THRESHOLD_FLOOR = 1e-9
 """The lowest τ refinement goes to (a question still above ``max_pruned`` there keeps its bound, reported)."""
-QUESTIONS_PER_BATCH = 32
+QUESTIONS_PER_BATCH = 64
 """Questions walked together (one KV cache). Its memory is the walked nodes of a depth times the prompt's tokens
-times the keys and values of a token (SmolLM2-135M: 30 layers × 2 × 3 heads × 64 floats = 45 KiB); at 32 the
-walk is ~30 % faster than at 8 and its peak RSS no higher (docs/benchmarks.md)."""
+times the keys and values of a token (SmolLM2-135M: 30 layers × 2 × 3 heads × 64 floats = 45 KiB); larger
+batches make each depth's forward wider, so the walk is faster and holds more (docs/benchmarks.md: 8, 32 and 64
+compared)."""
 
 
 @dataclass(frozen=True)
