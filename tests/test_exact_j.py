@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from tiny_lm import BYTE_STOPS as STOPS
-from tiny_lm import byte_tokenizer, flat_model
+from tiny_lm import SPACE_BYTE_WORDS, byte_tokenizer, flat_model
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
@@ -18,7 +18,8 @@ from grpo_lab.exact.strict_j import (
     Sampling,
     answer_tokens,
     exact_evaluate,
-    may_begin_a_space,
+    extend_bytes,
+    may_be_part_of_a_space,
     strict_j,
     token_bytes,
 )
@@ -26,9 +27,10 @@ from grpo_lab.lm.rewards import strict_reward
 
 
 @torch.no_grad()
-def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling) -> float:
+def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling, only=None) -> float:
     """Σ over every token sequence of at most T_max tokens ending in a stop of its probability × strict_reward of
-    its decoded text: whole forwards (no cache), Hugging Face's top-k/top-p warpers, the tokenizer's decode."""
+    its decoded text: whole forwards (no cache), Hugging Face's top-k/top-p warpers, the tokenizer's decode.
+    ``only``: count only the decoded texts it holds true for."""
     warpers = LogitsProcessorList(([TopKLogitsWarper(sampling.top_k)] if sampling.top_k else [])
                                   + ([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1 else []))
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -44,7 +46,8 @@ def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling) 
                 q = p * float(row[token])
                 if token in STOPS:
                     text = tokenizer.decode(list(prefix), skip_special_tokens=True)
-                    total += q * strict_reward(text, True, gold, "number")
+                    if only is None or only(text):
+                        total += q * strict_reward(text, True, gold, "number")
                 elif depth + 1 < sampling.max_tokens and q > 0:
                     grown.append(((*prefix, token), q))
         prefixes = grown
@@ -70,8 +73,7 @@ def test_equals_brute_force_enumeration_on_a_tiny_model(tiny, sampling):
         truth = [brute_force_j(model, tokenizer, p, gold, sampling) for p in PROMPTS]
         assert max(truth) > 1e-4, truth  # accepted completions carry mass: the comparison means something
         np.testing.assert_allclose(j_low, truth, rtol=1e-5, atol=1e-12)  # float32 logits, cached vs whole forwards
-        # a lone byte (a token the walk cannot decode alone) is bounded, never counted as accepted
-        assert np.all(np.array(truth) <= j_low + pruned + 1e-12)
+        assert np.all(pruned == 0)  # τ = 0 and every token's bytes are read: nothing is bounded
 
 
 def test_pruning_returns_a_bound_that_contains_the_truth(tiny):
@@ -89,9 +91,7 @@ def test_pruning_returns_a_bound_that_contains_the_truth(tiny):
 def test_refinement_walks_a_question_again_until_its_bound_is_met(tiny):
     model, tokenizer = tiny
     sampling = Sampling(1.0, 1.0, 0, 4)
-    # the tiny model's lone bytes leave mass no τ removes (they are bounded, never walked): the target sits above it
-    lone_bytes = strict_j(model, tokenizer, PROMPTS, ["1", "8"], sampling, threshold=0.0, eos_token_ids=STOPS)[1]
-    target = lone_bytes.max() + 1e-3
+    target = 1e-3
     coarse = strict_j(model, tokenizer, PROMPTS, ["1", "8"], sampling, threshold=5e-3, eos_token_ids=STOPS,
                       max_pruned=1.0)
     assert coarse[1].max() > target  # the first τ leaves more than the target: refinement has work to do
@@ -108,11 +108,13 @@ def test_refinement_walks_a_question_again_until_its_bound_is_met(tiny):
 def test_batches_of_questions_agree_with_one_question_at_a_time(tiny):
     model, tokenizer = tiny
     prompts, golds, sampling = ["a 1", "a a", "1", "a a a 1"], ["1", "8", "1", "0"], Sampling(1.0, 1.0, 0, 3)
-    together = strict_j(model, tokenizer, prompts, golds, sampling, 1e-5, STOPS, questions_per_batch=3)
-    alone = [strict_j(model, tokenizer, [p], [g], sampling, 1e-5, STOPS) for p, g in zip(prompts, golds, strict=True)]
-    assert together[1].max() > 0  # something was pruned: the batches share a τ and its bookkeeping
+    kwargs = {"threshold": 1e-2, "eos_token_ids": STOPS, "max_pruned": 0.09}  # two questions refined, two not
+    together = strict_j(model, tokenizer, prompts, golds, sampling, questions_per_batch=3, **kwargs)
+    alone = [strict_j(model, tokenizer, [p], [g], sampling, **kwargs) for p, g in zip(prompts, golds, strict=True)]
+    assert together[1].min() > 0 and len(set(together[2])) == 2  # the batches share a τ and its bookkeeping
     np.testing.assert_allclose(together[0], [j[0][0] for j in alone], rtol=1e-5)
     np.testing.assert_allclose(together[1], [j[1][0] for j in alone], rtol=1e-5, atol=1e-12)
+    np.testing.assert_array_equal(together[2], [j[2][0] for j in alone])
 
 
 ACCEPTED_8 = ["8", " 8", "8 ", "\n8\n", "8.", " 8.\n", "08", "008.", "8.0", "8.00.", "0,008", "\u2009 8\u3000"]
@@ -158,13 +160,65 @@ def test_dead_branches_are_recognised():
         assert answers.viable(text), text
 
 
-def test_only_a_token_that_may_begin_a_space_is_bounded_the_other_partial_ones_are_rejected():
+# the tiny vocabulary with the bytes of multi-byte spaces (tiny_lm.SPACE_BYTE_WORDS)
+SPACE_PROMPTS = ["a 1", "1 a"]
+
+
+@pytest.fixture(scope="module")
+def tiny_spaces():
+    tokenizer = byte_tokenizer(SPACE_BYTE_WORDS)
+    return flat_model(len(tokenizer), seed=1), tokenizer
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0, 1.0, 0, 3), Sampling(0.8, 0.95, 0, 3)], ids=["T1", "T0.8-top_p"])
+def test_multi_byte_spaces_split_over_tokens_are_walked_exactly(tiny_spaces, sampling):
+    """U+00A0 (C2 A0), U+0085 (C2 85) and U+3000 (E3 80 80) split over tokens are walked, not bounded: J_low is the
+    brute-force J (which decodes every token sequence with the tokenizer), nothing is pruned at τ = 0, and the
+    accepted completions through a multi-byte space carry real mass."""
+    model, tokenizer = tiny_spaces
+    assert len(answer_tokens(tokenizer, len(tokenizer) + 2, STOPS).unknown) == 0
+    for gold in ("1", "0"):
+        j_low, pruned, _ = strict_j(model, tokenizer, SPACE_PROMPTS, [gold, gold], sampling, threshold=0.0,
+                                    eos_token_ids=STOPS)
+        truth = [brute_force_j(model, tokenizer, p, gold, sampling) for p in SPACE_PROMPTS]
+        spaces = [brute_force_j(model, tokenizer, p, gold, sampling, only=lambda t: any(c > "\x7f" for c in t))
+                  for p in SPACE_PROMPTS]
+        np.testing.assert_allclose(j_low, truth, rtol=1e-5, atol=1e-12)
+        assert np.all(pruned == 0)
+        if gold == "1":  # "1\xa0", "\xa01", "\u30001", "1\x85", ... within two tokens and a stop: without them
+            # J_low would miss the comparison's tolerance (rtol 1e-5) a hundred times over
+            assert all(m > 100 * 1e-5 * t for m, t in zip(spaces, truth, strict=True)), (spaces, truth)
+
+
+def test_a_lone_continuation_byte_and_a_broken_character_are_rejected():
+    assert extend_bytes(b"", b"\x80") is None                 # a lone continuation byte decodes to U+FFFD
+    assert extend_bytes(b"", b"\xa0 1") is None
+    assert extend_bytes(b"\xc2", b"\xa1") == ("\xa1", b"")     # C2 A1 is "¡": whole, but no space (the walk drops it)
+    assert extend_bytes(b"\xc2", b"1") is None                # a pending character broken by an ASCII byte
+    assert extend_bytes(b"\xe3", b"\x80\xe3") is None         # or by a new first byte
+    assert extend_bytes(b"\xc2", b"\x80\x80") is None         # a continuation byte too many
+    assert extend_bytes(b"\xe2", b"\x88") is None             # E2 88 begins no space ("∀"…)
+    assert extend_bytes(b"", b"1\xc2") == ("1", b"\xc2")
+    assert extend_bytes(b"\xc2", b"\xa01") == ("\xa01", b"")
+    assert extend_bytes(b"\xe3", b"\x80") == ("", b"\xe3\x80")
+    assert extend_bytes(b"\xe3\x80", b"\x80 \xe2") == ("\u3000 ", b"\xe2")
+    assert extend_bytes(b"\xe3", b"") == ("", b"\xe3")          # a special token between bytes: decoding drops it
+    # the tokenizer decodes them so too (to U+FFFD, to "¡"): strict_reward gives 0, and the tiny vocabulary's test
+    # above holds J_low to brute force's J, which decodes every sequence with these tokens
+    tokenizer = byte_tokenizer(SPACE_BYTE_WORDS)
+    vocab = tokenizer.get_vocab()
+    assert tokenizer.decode([vocab["Ģ"], vocab["1"]]) == "\ufffd1" and tokenizer.decode([vocab["Â"], vocab["¡"]]) == "¡"
+
+
+def test_only_a_token_that_may_be_part_of_a_space_is_a_candidate():
     for raw, may in [(b"\xe3", True), (b"\xe3\x80", True), (b"\xc2", True), (b"1\xe2\x80", True), (b" \xe1\x9a", True),
-                     (b"\xa1", False), (b"\xe2\x88", False), (b"a\xe2", False), (b"\xe3\x80\x80", False),
-                     (b"\xa1 1", False), (b"\xf0\x9f", False)]:
-        assert may_begin_a_space(raw) == may, raw
-    # every prefix of every multi-byte space may begin one; its last byte completes it (then it decodes whole)
-    assert all(may_begin_a_space(w[:n]) for w in MULTI_BYTE_SPACES for n in range(1, len(w)))
+                     (b"\xa0", True), (b"\x80\x80", True), (b"\xa0 1", True), (b"\x80 \xe3", True),
+                     (b"\xa1", False), (b"\xe2\x88", False), (b"a\xe2", False), (b"\xa1 1", False),
+                     (b"\xf0\x9f", False), (b"\xa0a", False), (b"\x80\x80\x80", False)]:
+        assert may_be_part_of_a_space(raw) == may, raw
+    # every piece of every multi-byte space may be part of one
+    assert all(may_be_part_of_a_space(w[i:j]) for w in MULTI_BYTE_SPACES for i in range(len(w))
+               for j in range(i + 1, len(w) + 1))
 
 
 def test_the_bundled_tokenizers_partial_tokens_are_read_as_bytes():
@@ -172,11 +226,12 @@ def test_the_bundled_tokenizers_partial_tokens_are_read_as_bytes():
 
     _, tokenizer = load_policy("smollm2-135m")
     tokens = answer_tokens(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-    assert token_bytes(tokenizer, 111, tokenizer.decode([111])) == b"\xa1"   # a lone continuation byte: rejected
-    assert 111 not in tokens.unknown.tolist() and len(tokens.unknown) > 0
-    for i in tokens.unknown.tolist():                                  # what stays bounded may begin a space
-        raw = token_bytes(tokenizer, i, tokenizer.decode([i]))
-        assert raw is None or may_begin_a_space(raw)
+    assert token_bytes(tokenizer, 111, tokenizer.decode([111])) == b"\xa1"   # a lone continuation byte of no space
+    assert 111 not in tokens.ids.tolist() and len(tokens.unknown) == 0      # every partial token's bytes are read
+    pieces = dict(zip(tokens.ids.tolist(), tokens.pieces, strict=True))
+    partial = [i for i in pieces if "\ufffd" in tokenizer.decode([i])]
+    assert len(partial) > 10 and all(may_be_part_of_a_space(pieces[i]) for i in partial)
+    assert {b"\xc2", b"\xa0", b"\xe3\x80"} <= {pieces[i] for i in partial}  # NBSP's two bytes; U+3000's first two
 
 
 def test_bad_input_is_refused(tiny):

@@ -109,12 +109,17 @@ BYTE_SPECIAL = ["<pad>", "<eos>", "<stop2>", "<sp>"]
 BYTE_WORDS = [*"0123456789", "Ġ", "Ċ", ".", ",", "-", "/", "Ġ1", "1.", "ĠĠ", "Ġ.", "a", "Ġa", "Ù¨", "Â"]
 BYTE_STOPS = [1, 2]
 """Two stop ids; ``<sp>`` is a special token that decoding drops."""
+# Bytes of multi-byte spaces (GPT-2's alphabet: "Â" C2, "ł" A0, "ħ" 85, "ã" E3, "Ģ" 80, "¡" A1): U+00A0 = C2 A0
+# and U+0085 = C2 85 split over two tokens, U+3000 = E3 80 80 split 1 + 2 and 2 + 1, merged with answer characters
+# ("1Â" is "1" then C2, "ł1" A0 then "1"); C2 A1 is "¡", no space, and "Ģ" alone a lone continuation byte.
+SPACE_BYTE_WORDS = ["ł", "ħ", "¡", "1Â", "ł1", "ã", "ãĢ", "Ģ", "ĢĢ", "ĢĢ1"]
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer over :data:`BYTE_WORDS`: digits, whitespace, punctuation, merged tokens
-    (``" 1"``, ``"1."``), a two-byte digit, a lone byte, and special tokens (exact strict J's fixtures)."""
-    vocab = {t: i for i, t in enumerate(BYTE_SPECIAL + BYTE_WORDS)}
+def byte_tokenizer(extra_words: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer over :data:`BYTE_WORDS` (then ``extra_words``, e.g. :data:`SPACE_BYTE_WORDS`):
+    digits, whitespace, punctuation, merged tokens (``" 1"``, ``"1."``), a two-byte digit, a lone byte, and
+    special tokens (exact strict J's fixtures)."""
+    vocab = {t: i for i, t in enumerate(BYTE_SPECIAL + BYTE_WORDS + (extra_words or []))}
     tok = Tokenizer(models.BPE(vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()

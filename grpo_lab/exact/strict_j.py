@@ -11,20 +11,26 @@ renormalised (:func:`grpo_lab.lm.sampling.truncate_logprobs`, the sampler's own 
 
 **The walk.** The token tree of completions is walked from the prompt, depth by depth, every question of a
 batch at once, each node a row of one KV cache (a node's children reuse its keys and values). A node is a
-token prefix y_<t with probability p and decoded text s. At each node:
+token prefix y_<t with probability p and decoded text s (and pending bytes, below). At each node:
 
-* stop: p · Σ_{e ∈ stop ids} α′(e | x, y_<t) is added to J_low if s is accepted (every stop id counts);
+* stop: p · Σ_{e ∈ stop ids} α′(e | x, y_<t) is added to J_low if s is accepted and no byte is pending
+  (every stop id counts);
 * children: only tokens whose text can appear in an accepted completion (:class:`AnswerTokens`): digits,
-  whitespace, ``.,-``, merged ones such as ``" 1"`` or ``"1."``, and special tokens, which decoding drops.
+  whitespace, ``.,-``, merged ones such as ``" 1"`` or ``"1."``, special tokens, which decoding drops, and
+  bytes of a multi-byte space.
   A child s + text that no continuation can make accepted is dropped (its mass is rejected mass);
   a child whose probability p · α′ is below ``threshold`` is **pruned**: its mass is added to ``pruned``;
   the others are expanded at the next depth (until depth T_max − 1: a stop must fit within T_max);
-* a token that is part of a multi-byte character: if its bytes (read through the tokenizer's byte-level
-  alphabet) are answer characters then a proper prefix of a multi-byte Unicode space's UTF-8 (``str.strip``
-  removes those), a continuation might complete that space, so its mass is added to ``pruned``; any other
-  such token (a lone continuation byte, the start of a character no accepted text holds) puts U+FFFD or a
-  non-answer character into the text, so its mass is rejected. A token whose bytes cannot be read is
-  pruned (the bound stays certified).
+* a token that holds part of a multi-byte character is read as bytes (the tokenizer's byte-level alphabet,
+  :func:`token_bytes`; decoding joins the bytes of consecutive tokens). A node carries, besides its text s,
+  its pending bytes: a proper prefix of a multi-byte Unicode space's UTF-8 (``str.strip`` removes those,
+  :data:`MULTI_BYTE_SPACES`). A child's bytes, after the pending ones, must decode to whole characters, then
+  leave at most such a prefix pending (:func:`extend_bytes`); if the text can still become accepted (with a
+  space that completes what is pending), it is a child like any other. Any other token (a lone continuation
+  byte, a byte that breaks the pending character or completes a character that is no space) puts U+FFFD or a
+  non-answer character into the text: its mass is rejected. A stop at a node with pending bytes decodes to
+  U+FFFD, so it is never accepted. A token whose bytes cannot be read is pruned at every node (the bound
+  stays certified).
 
 So J_low ≤ J ≤ J_low + pruned, per question: ``pruned`` is a certified bound, not an estimate. Every
 tokenization of an accepted string is counted, because the walk is over tokens, not strings.
@@ -95,16 +101,17 @@ class Sampling:
 class AnswerTokens:
     """A vocabulary split for the walk (module docstring).
 
-    ``ids``/``texts``: tokens whose decoded text (special tokens dropped, as the sampler decodes) consists of
-    :func:`~grpo_lab.exact.strict_answers.answer_char` characters, or is empty; ``unknown``: tokens whose text
-    holds part of a multi-byte character that may begin a Unicode space (:func:`may_begin_a_space`), or whose
-    bytes cannot be read; ``stops``: the stop ids.
+    ``ids``/``pieces``: the candidate children and their bytes: tokens whose decoded text (special tokens
+    dropped, as the sampler decodes) consists of :func:`~grpo_lab.exact.strict_answers.answer_char` characters,
+    or is empty (its UTF-8), and tokens that hold part of a multi-byte space (:func:`may_be_part_of_a_space`,
+    their raw bytes); ``unknown``: tokens that hold part of a multi-byte character but whose bytes cannot be
+    read; ``stops``: the stop ids.
     Every other token puts a character into the text that no accepted completion holds.
     """
 
     stops: list[int]
     ids: torch.Tensor
-    texts: list[str]
+    pieces: list[bytes]
     unknown: torch.Tensor
 
 
@@ -114,15 +121,17 @@ def answer_tokens(tokenizer: Any, vocab_size: int, stops: Sequence[int]) -> Answ
     texts (checked on every pair of candidate tokens of one or two characters; a ValueError names a pair
     that does not)."""
     texts = tokenizer.batch_decode([[i] for i in range(vocab_size)], skip_special_tokens=True)
-    ids, kept, unknown = [], [], []
+    ids, kept, partial, unknown = [], [], [], []
     stop_set = set(stops)
     for i, text in enumerate(texts):
         if i in stop_set or not all(answer_char(c) or c == "\ufffd" for c in text):
             continue
         if "\ufffd" in text:
             raw = token_bytes(tokenizer, i, text)
-            if raw is None or may_begin_a_space(raw):
+            if raw is None:
                 unknown.append(i)
+            elif may_be_part_of_a_space(raw):
+                partial.append((i, raw))
         else:
             ids.append(i)
             kept.append(text)
@@ -133,7 +142,9 @@ def answer_tokens(tokenizer: Any, vocab_size: int, stops: Sequence[int]) -> Answ
         if joined != ta + tb:
             raise ValueError(f"the tokenizer decodes tokens {a} + {b} to {joined!r}, not {ta + tb!r}: exact J "
                              "walks tokens whose decoded texts concatenate")
-    return AnswerTokens(list(stops), torch.tensor(ids, dtype=torch.long), kept, torch.tensor(unknown, dtype=torch.long))
+    pieces = [text.encode() for text in kept] + [raw for _, raw in partial]
+    return AnswerTokens(list(stops), torch.tensor(ids + [i for i, _ in partial], dtype=torch.long), pieces,
+                        torch.tensor(unknown, dtype=torch.long))
 
 
 def token_bytes(tokenizer: Any, token_id: int, text: str) -> bytes | None:
@@ -152,20 +163,41 @@ def token_bytes(tokenizer: Any, token_id: int, text: str) -> bytes | None:
 MULTI_BYTE_SPACES = tuple(chr(c).encode() for c in range(0x80, 0x3001) if chr(c).isspace())
 """The UTF-8 of every Unicode space beyond ASCII (U+0085 … U+3000): the only multi-byte characters an accepted
 completion may hold."""
+SPACE_PREFIXES = frozenset(w[:n] for w in MULTI_BYTE_SPACES for n in range(1, len(w)))
+"""The bytes a node may leave pending: the proper prefixes of a multi-byte space's UTF-8."""
 
 
-def may_begin_a_space(raw: bytes) -> bool:
-    """Whether a token's bytes, appended to a text of whole characters, may still lead to an accepted one: whole
-    answer characters, then a proper prefix of a multi-byte space's UTF-8."""
-    for cut in range(1, min(3, len(raw)) + 1):
-        head, tail = raw[:-cut], raw[-cut:]
+def extend_bytes(pending: bytes, raw: bytes) -> tuple[str, bytes] | None:
+    """A token's bytes ``raw`` after a node's ``pending`` bytes: the whole characters they decode to and the bytes
+    left pending (a prefix in :data:`SPACE_PREFIXES`, or none); None when they hold an invalid sequence (which
+    decodes to U+FFFD) or leave pending bytes that begin no multi-byte space."""
+    joined = pending + raw
+    for cut in range(min(3, len(joined)) + 1):
+        head, tail = joined[:len(joined) - cut], joined[len(joined) - cut:]
+        if cut and tail not in SPACE_PREFIXES:
+            continue
         try:
-            whole = head.decode("utf-8")
+            return head.decode("utf-8"), tail
         except UnicodeDecodeError:
             continue
-        if all(answer_char(c) for c in whole) and any(len(w) > cut and w.startswith(tail) for w in MULTI_BYTE_SPACES):
+    return None
+
+
+def may_be_part_of_a_space(raw: bytes) -> bool:
+    """Whether a token's bytes may appear in an accepted completion's UTF-8: after no pending bytes or after a
+    prefix of a multi-byte space, they decode to answer characters and leave at most such a prefix pending."""
+    for pending in (b"", *SPACE_PREFIXES):
+        step = extend_bytes(pending, raw)
+        if step is not None and all(answer_char(c) for c in step[0]):
             return True
     return False
+
+
+def viable_with_pending(answer: StrictAnswers, text: str, pending: bytes) -> bool:
+    """Whether ``text`` followed by ``pending`` bytes (a space's prefix) may lead to an accepted completion."""
+    if not pending:
+        return answer.viable(text)
+    return any(answer.viable(text + w.decode()) for w in MULTI_BYTE_SPACES if w.startswith(pending))
 
 
 @dataclass
@@ -174,6 +206,7 @@ class _Node:
     ids: tuple[int, ...]
     text: str
     p: float
+    pending: bytes = b""
 
 
 @torch.no_grad()
@@ -231,7 +264,7 @@ class _Walk:
         self.device = next(model.parameters()).device
         self.prefix: list[int] = []
         self.prefix_cache: Any = None
-        self.viable: dict[tuple[str, str], np.ndarray] = {}
+        self.viable: dict[tuple[str, str, bytes], tuple[np.ndarray, dict[int, tuple[str, bytes]]]] = {}
 
     def forward(self, ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor,
                 cache: Any) -> tuple[torch.Tensor, Any]:
@@ -295,18 +328,18 @@ class _Walk:
         children, parents = [], []
         for r, node in enumerate(nodes):
             answer = answers[node.question]
-            if answer.accepts(node.text):
+            if not node.pending and answer.accepts(node.text):
                 self.check_decoding(node)
                 j_low[node.question] += node.p * stop[r]
             if last:
                 continue
             mass = node.p * candidates[r]
-            viable = self.viable_children(answer, node.text)
+            viable, grown = self.viable_children(answer, node.text, node.pending)
             walked = viable & (mass >= threshold) & (mass > 0)
             pruned[node.question] += node.p * unknown[r] + mass[viable & ~walked].sum()
             for c in np.flatnonzero(walked):
-                children.append(_Node(node.question, (*node.ids, int(tokens.ids[c])), node.text + tokens.texts[c],
-                                      float(mass[c])))
+                text, pending = grown[c]
+                children.append(_Node(node.question, (*node.ids, int(tokens.ids[c])), text, float(mass[c]), pending))
                 parents.append(r)
         return children, parents
 
@@ -317,13 +350,21 @@ class _Walk:
             raise ValueError(f"tokens {list(node.ids)} decode to {decoded!r}, not to the concatenation of their texts "
                              f"{node.text!r}: exact J walks tokens whose decoded texts concatenate")
 
-    def viable_children(self, answer: StrictAnswers, text: str) -> np.ndarray:
-        """Which candidate tokens ``[C]`` may follow ``text`` on the way to an accepted completion (memoised: many
-        nodes of many questions share a gold and a text)."""
-        key = (answer.gold, text)
+    def viable_children(self, answer: StrictAnswers, text: str,
+                        pending: bytes) -> tuple[np.ndarray, dict[int, tuple[str, bytes]]]:
+        """Which candidate tokens ``[C]`` may follow ``text`` and ``pending`` bytes on the way to an accepted
+        completion, and the text and pending bytes each of those leads to (memoised: many nodes of many questions
+        share a gold, a text and pending bytes)."""
+        key = (answer.gold, text, pending)
         if key not in self.viable:
-            texts = self.tokens.texts
-            self.viable[key] = np.fromiter((answer.viable(text + t) for t in texts), bool, len(texts))
+            pieces, grown = self.tokens.pieces, {}
+            for c, raw in enumerate(pieces):
+                step = extend_bytes(pending, raw)
+                if step is not None and viable_with_pending(answer, text + step[0], step[1]):
+                    grown[c] = (text + step[0], step[1])
+            viable = np.zeros(len(pieces), bool)
+            viable[list(grown)] = True
+            self.viable[key] = viable, grown
         return self.viable[key]
 
 
