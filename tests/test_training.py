@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from reliability_runs import REPO, make_loop, train_config
 
-from grpo_lab.lm.training import LOCK_FILE, RunDirInUse, check_run_dir_free, load_metrics, train
+from grpo_lab.lm.training import LOCK_FILE, RunDirInUse, load_metrics, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,21 +57,6 @@ def test_a_second_run_into_a_held_directory_is_refused_at_once(tmp_path):
     assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and lines[0].startswith("grpo-lab train: error:"), lines
     assert not (out / "metrics.jsonl").exists()    # refused before the model loaded or anything was written
     assert seconds < 120                           # the time to import torch, not to load SmolLM2 and train
-
-
-def test_check_run_dir_free_sees_a_live_holder_only(tmp_path):
-    out = tmp_path / "run"
-    check_run_dir_free(out)                        # no folder yet: free
-    holder = start_holder(out)
-    try:
-        with pytest.raises(RunDirInUse, match=rf"in use by another training run \(pid {holder.pid}\)"):
-            check_run_dir_free(out)
-    finally:
-        holder.kill()
-        holder.wait()
-    check_run_dir_free(out)                        # a dead holder's stale lock: free
-    config = train_config("bandit", out)
-    train(config, make_loop("bandit", config), progress=False)   # and the look left no lock behind
 
 
 def test_a_killed_runs_stale_lock_is_taken_over(tmp_path, capsys):

@@ -430,8 +430,9 @@ OPTIMIZER_SETTINGS: dict[str, dict[str, object]] = {
     "AdamW, clipped": dict(optimizer="adamw", lr=0.05, max_grad_norm=0.01),
 }
 """The bandit's optimiser and the language-model runs' (AdamW, ``max_grad_norm``), as changes to
-:func:`lab_config`. The clip is set below every informative step's gradient norm in the bandit, as 1 is below
-the CPU study's (notebook 02), so that every such step is cut to the same norm."""
+:func:`lab_config`. The clip is set below every informative step's gradient norm in the bandit, so that every
+such step is cut to the same norm, as the language-model configs' ``max_grad_norm = 1`` cuts every step whose
+norm exceeds 1 (docs/theory.md §2)."""
 MASK_ARMS: dict[str, dict[str, object]] = {
     "mask, batch": {},
     "mask, unmasked": dict(mask_normalize="unmasked"),
@@ -439,7 +440,7 @@ MASK_ARMS: dict[str, dict[str, object]] = {
     "no mask, empty steps taken": dict(mask_zero_variance=False, empty_step="optimizer_step"),
 }
 """The mask's arms: ``empty_step="optimizer_step"`` takes an optimiser step on a batch whose advantages are
-all 0, as TRL does and as the CPU study's no-mask runs did."""
+all 0, as stock TRL does (docs/theory.md §2)."""
 
 
 def run_alone(problem: BanditProblem, config: GRPOConfig, runs: int) -> list[BanditRun]:

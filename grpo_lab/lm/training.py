@@ -139,22 +139,6 @@ def hold_run_dir(out: Path) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def check_run_dir_free(out: Path) -> None:
-    """Raise :class:`RunDirInUse` if a live process holds ``out``'s run lock: a quick look before the
-    minutes a run takes to build (:func:`hold_run_dir` itself takes the lock when training starts)."""
-    path = out / LOCK_FILE
-    if not path.is_file():
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _in_use(out, fd) from None
-    finally:
-        os.close(fd)  # releases the shared lock at once
-
-
 def _in_use(out: Path, fd: int) -> RunDirInUse:
     return RunDirInUse(f"output_dir {str(out)!r} is in use by another training run (pid {_lock_pid(fd) or 'unknown'}); "
                        "wait for it to finish, stop it, or choose another output_dir")
