@@ -136,7 +136,10 @@ def test_sampling_term_bounds_the_samplers_measured_peak():
     vocabulary-wide tensors dominate), each in a fresh process. With glibc's mmap threshold fixed (freed
     tensors go back to the OS) the peak is the tensors the sampler holds, as counted; with the default
     malloc it is more, by the heap's retention, which the estimate's sampling term covers."""
-    held = sampler_peak(4, 16, 64, MALLOC_MMAP_THRESHOLD_=str(2**20))
+    # the largest of three processes: VmHWM counts file-backed pages too (torch's libraries), which a machine
+    # short of memory may evict mid-measure, lowering a process's figure (the fresh-clone CI once read 76 %)
+    held = max((sampler_peak(4, 16, 64, MALLOC_MMAP_THRESHOLD_=str(2**20)) for _ in range(3)),
+               key=lambda row: row["measured"])
     assert 0.95 * held["tensors"] <= held["measured"] <= 1.05 * held["tensors"], held
     default = sampler_peak(4, 16, 64)
     assert default["measured"] <= default["estimate"], default
