@@ -21,7 +21,9 @@ independent draws all miss them; q is at least the share of its elements that di
 collision). One optimiser step changes (nearly) every element in float32, so a stale tensor is caught with
 certainty; a fault that persists (rows a sync never writes, an untied embedding's unseen tokens) is drawn
 afresh at every sync, so it passes n syncs with probability ≤ (1 − q)^{mn}. A proof reads m blocks of a
-tensor, not its bytes: its cost is one gather and one CRC per tensor on each side.
+tensor, not its bytes. Where both sides live in this process (:func:`prove_local`: the in-process samplers)
+the samples themselves are compared, byte for byte, so the CRC's 2⁻³² drops out; only an engine in another
+process sends CRCs.
 
 What it cannot see: a fused tensor whose parts were loaded in the wrong order *and* equal (never in
 practice), or weights that are right but served through a wrong layout (a kernel reading a packed matrix
@@ -30,12 +32,14 @@ the wrong way); the behavioural probe (:mod:`grpo_lab.sync_audit`) stays as a se
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .sync_audit import CHECKS, SyncError
@@ -59,17 +63,36 @@ Served = dict[str, tuple[str, torch.dtype, int]]
 """Served name → (kind, the dtype it is served in, fingerprint), in the sampler's order."""
 
 
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function on uint64 ``x`` (Steele et al. 2014): a fixed bijection whose outputs pass
+    BigCrush for consecutive inputs, so the draws of one key are independent for every purpose here."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def block_starts(lengths: np.ndarray, step: int, block: int) -> np.ndarray:
+    """The first positions of the m blocks drawn along axes of ``lengths`` (each > m · ``block``) at the sync of
+    ``step`` ``[len(lengths), m]``: the axis cut into ⌈length / block⌉ blocks, each drawn uniformly and
+    independently, keyed by (step, length) so both sides draw the same without talking; the last block is
+    shifted back to end at the axis's end. One vectorised draw for every tensor of a model."""
+    keys = np.uint64(step) * np.uint64(1_000_003) + lengths.astype(np.uint64)
+    words = _splitmix64(keys[:, None] * np.uint64(SAMPLES) + np.arange(SAMPLES, dtype=np.uint64))
+    blocks = (words % ((lengths + block - 1) // block).astype(np.uint64)[:, None]).astype(np.int64)
+    return np.minimum(blocks * block, (lengths - block)[:, None])
+
+
 @functools.lru_cache(maxsize=64)
 def sample_positions(length: int, step: int, device: str = "cpu", block: int = 1) -> torch.Tensor:
     """The positions a fingerprint reads along an axis of ``length`` at the sync of ``step``: all of them if
-    they fit in m blocks, else m blocks of ``block`` consecutive positions (the axis cut into blocks, the last
-    one shorter: its positions repeat the axis's last) drawn uniformly and independently, seeded by (step,
-    length); on ``device``."""
+    they fit in m blocks, else the m blocks of ``block`` consecutive positions :func:`block_starts` draws; on
+    ``device``."""
     if length <= SAMPLES * block:
         return torch.arange(length, device=device)
-    generator = torch.Generator().manual_seed(step * 1_000_003 + length)
-    starts = torch.randint(-(-length // block), (SAMPLES, 1), generator=generator) * block
-    return (starts + torch.arange(block)).clamp_(max=length - 1).reshape(-1).to(device)
+    starts = torch.from_numpy(block_starts(np.array([length]), step, block)[0])
+    return (starts[:, None] + torch.arange(block)).reshape(-1).to(device)
 
 
 def pick(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> torch.Tensor:
@@ -155,15 +178,78 @@ def prove(served: Served, sources: Mapping[str, torch.Tensor], step: int) -> Non
         key = (*map(id, held), kind, dtype)
         if key not in prints:
             prints[key] = fingerprint(held, kind, dtype, step)
-        print_ = prints[key]
+        if prints[key] != served_print:
+            _raise_differs(name, parts[name], kind, dtype, served_print, prints[key], step)
+    _require_all_served(sources, {p for names in parts.values() for p in names}, step)
+
+
+def prove_local(served: Sequence[tuple[str, torch.Tensor]], sources: Mapping[str, torch.Tensor],
+                step: int) -> None:
+    """:func:`prove` for a sampler in this process (``served``: the tensors its forward reads, by name): the
+    same samples, compared byte for byte instead of by CRC (no collision to allow for; the CRC-32s are only
+    shown). A tensor served under π_θ's name in π_θ's dtype, contiguous on the CPU — every tensor of an
+    in-process copy — is sampled by one gather over raw addresses for all of them on each side
+    (:func:`_gather_blocks`): touching each tensor's few sampled cache lines is the proof's whole cost; any
+    other goes through :func:`prove`'s per-tensor path."""
+    raw, other = [], []
+    for name, tensor in served:
+        held = sources.get(name)
+        (raw if held is not None and _raw_readable(tensor, held) else other).append((name, tensor, held))
+    differing: dict[str, tuple] = {}
+    for size in {t.element_size() for _, t, _ in raw}:
+        group = [(name, t, h) for name, t, h in raw if t.element_size() == size]
+        lengths = np.array([t.numel() for _, t, _ in group])
+        starts = block_starts(lengths, step, BLOCK) * size
+        served_bytes = _gather_blocks([t for _, t, _ in group], starts, BLOCK * size)
+        held_bytes = _gather_blocks([h for _, _, h in group], starts, BLOCK * size)
+        for i in np.flatnonzero((served_bytes != held_bytes).any(axis=(1, 2))):
+            name, tensor, _ = group[i]
+            differing[name] = ([name], "elements", tensor.dtype, zlib.crc32(served_bytes[i]),
+                               zlib.crc32(held_bytes[i]))
+    served_other = served_elements([(name, tensor) for name, tensor, _ in other], step)
+    parts = {name: parts_of(name, sources) for name in served_other}
+    for name, (kind, dtype, served_print) in served_other.items():
+        print_ = fingerprint([sources[p] for p in parts[name]], kind, dtype, step)
         if print_ != served_print:
-            fused = f"fused from {parts[name]}, " if len(parts[name]) > 1 else ""
-            raise SyncError(
-                f"the sync at step {step} did not take: {name!r} differs — the sampler serves fingerprint "
-                f"{served_print:08x}, π_θ's ({fused}cast to {dtype}) is {print_:08x} (CRC-32 of {SAMPLES} "
-                f"{kind} drawn for this sync; grpo_lab.fingerprint). Check " + "; ".join(CHECKS)
-                + ". (sync_audit=False turns this off.)")
-    missing = sorted(set(sources) - {p for names in parts.values() for p in names})
+            differing[name] = (parts[name], kind, dtype, served_print, print_)
+    for name, _ in served:                                              # the first that differs, in served order
+        if name in differing:
+            _raise_differs(name, *differing[name], step)
+    _require_all_served(sources, {name for name, _, _ in raw} | {p for ps in parts.values() for p in ps}, step)
+
+
+def _raw_readable(tensor: torch.Tensor, held: torch.Tensor) -> bool:
+    """Whether a served tensor and π_θ's can be sampled from their raw bytes alike: same dtype and size,
+    contiguous, on the CPU, larger than m blocks."""
+    return (tensor.dtype == held.dtype and tensor.numel() == held.numel() > SAMPLES * BLOCK
+            and tensor.device.type == held.device.type == "cpu" and tensor.is_contiguous() and held.is_contiguous())
+
+
+def _gather_blocks(tensors: Sequence[torch.Tensor], starts: np.ndarray, width: int) -> np.ndarray:
+    """The ``width`` bytes at byte offsets ``starts`` ``[n, m]`` of each of ``tensors`` ``[n, m, width]``, read
+    in one numpy gather over a byte view spanning their addresses. Only bytes inside the tensors are read (every
+    start + width ≤ the tensor's bytes), and the tensors are held by the caller while it runs."""
+    addresses = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
+    ends = addresses + np.array([t.numel() * t.element_size() for t in tensors], dtype=np.int64)
+    base, span = int(addresses.min()), int(ends.max() - addresses.min())
+    memory = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(base))
+    rows = np.lib.stride_tricks.as_strided(memory, shape=(span - width + 1, width), strides=(1, 1),
+                                           writeable=False)
+    return rows[(addresses - base)[:, None] + starts]
+
+
+def _raise_differs(name: str, parts: Sequence[str], kind: str, dtype: torch.dtype, served_print: int,
+                   print_: int, step: int) -> None:
+    fused = f"fused from {list(parts)}, " if len(parts) > 1 else ""
+    raise SyncError(
+        f"the sync at step {step} did not take: {name!r} differs — the sampler serves fingerprint "
+        f"{served_print:08x}, π_θ's ({fused}cast to {dtype}) is {print_:08x} (CRC-32 of {SAMPLES} "
+        f"{kind} drawn for this sync; grpo_lab.fingerprint). Check " + "; ".join(CHECKS)
+        + ". (sync_audit=False turns this off.)")
+
+
+def _require_all_served(sources: Mapping[str, torch.Tensor], served_parts: set[str], step: int) -> None:
+    missing = sorted(set(sources) - served_parts)
     if missing:
         raise SyncError(f"the sync at step {step} cannot be proved: π_θ's {missing[:4]} are served by no tensor "
                         "of the sampler (a weight it does not load, or a layout grpo_lab.fingerprint does not "

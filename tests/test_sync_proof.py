@@ -8,7 +8,7 @@ from sync_faults import FAULTS, nudge, pushed
 from tiny_lm import EvenTokenTask, tiny_model, word_tokenizer
 
 from grpo_lab import GRPOConfig, GRPOLoop
-from grpo_lab.fingerprint import SAMPLES, crc, fingerprint, pick, prove, sample_positions, served_elements
+from grpo_lab.fingerprint import SAMPLES, crc, fingerprint, pick, prove, prove_local, sample_positions, served_elements
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.sync_audit import SyncError
@@ -50,6 +50,36 @@ def test_the_numpy_fast_path_reads_the_bytes_torch_reads():
     for step in range(3):
         for p in pieces:
             assert fingerprint([p], "elements", p.dtype, step) == crc(pick([p], "elements", p.dtype, step)), p.dtype
+
+
+def test_the_raw_gather_reads_the_samples_pick_reads():
+    """prove_local's one gather over raw addresses reads, for every tensor, the bytes of pick's samples."""
+    from grpo_lab.fingerprint import BLOCK, _gather_blocks, block_starts
+
+    tensors = [torch.randn(1000), torch.randn(64, 33), torch.randn(4099).half(), torch.randn(300, 7).to(torch.bfloat16)]
+    for step in range(4):
+        for size in (2, 4):
+            group = [t for t in tensors if t.element_size() == size]
+            starts = block_starts(torch.tensor([t.numel() for t in group]).numpy(), step, BLOCK) * size
+            gathered = _gather_blocks(group, starts, BLOCK * size)
+            for t, got in zip(group, gathered, strict=True):
+                assert got.tobytes() == pick([t], "elements", t.dtype, step).view(torch.uint8).numpy().tobytes()
+
+
+def test_prove_local_compares_the_samples_byte_for_byte():
+    """A served tensor differing from π_θ's in one sampled element (the lowest bit) is caught and named; the
+    first that differs in served order is the one named; a tensor of π_θ served nowhere is named."""
+    g = torch.Generator().manual_seed(1)
+    theta = {"a": torch.randn(40, 16, generator=g), "b": torch.randn(500, generator=g), "c": torch.randn(3)}
+    served = {name: t.clone() for name, t in theta.items()}
+    prove_local(list(served.items()), theta, step=2)
+    for name in ("b", "a"):
+        position = sample_positions(served[name].numel(), 2, block=16)[7]
+        served[name].view(-1).view(torch.int32)[position] ^= 1                 # one bit of one sampled element
+    with pytest.raises(SyncError, match=r"step 2 did not take: 'a' differs — the sampler serves fingerprint"):
+        prove_local(list(served.items()), theta, step=2)
+    with pytest.raises(SyncError, match=r"cannot be proved: π_θ's \['d'\]"):
+        prove_local([(n, t) for n, t in theta.items()], {**theta, "d": theta["c"]}, step=2)
 
 
 def test_named_tensors_walks_as_named_parameters_then_named_buffers(tied_model_dir):

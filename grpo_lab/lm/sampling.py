@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..checks import require_int_at_least, require_number_in, require_truncation
-from ..fingerprint import prove, served_elements
+from ..fingerprint import prove_local
 from ..rollout import Rollout
 from .decoding import Decoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
@@ -328,11 +328,11 @@ class HFSampler:
 
     @torch.no_grad()
     def prove_sync(self, policy: LMPolicy, step: int) -> None:
-        """Prove that α serves π_θ's weights (:func:`grpo_lab.fingerprint.prove`; raises ``SyncError``): every
+        """Prove that α serves π_θ's weights (:func:`grpo_lab.fingerprint.prove_local`; raises ``SyncError``): every
         tensor α's model reads — its parameters under every name (a tied LM head under its own) and its buffers —
         against π_θ's."""
         sources = dict(_named_tensors(policy.model, remove_duplicate=False))
-        prove(served_elements(_named_tensors(self.model, remove_duplicate=False), step), sources, step)
+        prove_local(_named_tensors(self.model, remove_duplicate=False), sources, step)
 
     @torch.no_grad()
     def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:

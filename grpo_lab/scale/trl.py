@@ -83,7 +83,7 @@ from transformers import TrainerCallback
 from trl.trainer.utils import add_fused_lm_head
 
 from ..checks import require_truncation
-from ..fingerprint import prove, served_elements
+from ..fingerprint import prove, prove_local
 from ..lm.sampling import cuts, truncate_logprobs
 from ..objective import RATIO_DIAGNOSTICS, grpo_objective, ratio_diagnostics, tv_terms
 from ..plan import ObjectiveArgs, StepPlan, plan_step
@@ -414,14 +414,14 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             return 0.0
         failure = None
         try:
+            sources = dict(self.accelerator.unwrap_model(self.model).named_parameters(remove_duplicate=False))
             if self.alpha_model is not None:
-                served = served_elements(self.alpha_model.named_parameters(remove_duplicate=False), k)
+                prove_local(list(self.alpha_model.named_parameters(remove_duplicate=False)), sources, k)
             else:
                 from ..lm.sampling_vllm import served_fingerprints
 
                 served = self.vllm_generation.llm.apply_model(functools.partial(served_fingerprints, step=k))[0]
-            prove(served, dict(self.accelerator.unwrap_model(self.model).named_parameters(remove_duplicate=False)),
-                  k)
+                prove(served, sources, k)
         except SyncError as error:
             failure = error
         self._raise_on_every_process(failure, k)
