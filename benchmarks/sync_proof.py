@@ -3,7 +3,9 @@
 Times, interleaved over the repeats so both see the same machine load, a sampler's ``sync(policy)`` and its
 ``prove_sync(policy, k)`` (:mod:`grpo_lab.fingerprint`: both sides' fingerprints and their comparison) on the
 bundled SmolLM2-135M, float32 trainer, π_θ nudged before each sync so every sync moves real bytes. Prints the
-medians and proof / sync. ``--sampler vllm`` needs vLLM (``.venv-vllm``, ``make setup-vllm``)::
+medians and proof / sync. ``--sampler vllm`` needs vLLM (``.venv-vllm``, ``make setup-vllm``). On the HF sampler
+every other sync also times the per-tensor path the one-gather comparison replaced (``prove`` of each side's
+CRC-32s, :func:`grpo_lab.fingerprint.served_elements`), so the two are measured in one run::
 
     python benchmarks/sync_proof.py [--sampler hf|vllm] [--engine-dtype float32|bfloat16] [--repeats 7]
 """
@@ -43,8 +45,8 @@ def main() -> None:
         sampler = VLLMSampler(policy, tokenizer, str(bundled_model_dir()), 8, dtype=args.engine_dtype,
                               engine_kwargs={"max_model_len": 128, "enforce_eager": True})
         label = f"VLLMSampler ({args.engine_dtype} engine)"
-    syncs, proofs = [], []
-    for k in range(args.repeats):
+    syncs, proofs, per_tensor = [], [], []
+    for k in range(2 * args.repeats if args.sampler == "hf" else args.repeats):
         with torch.no_grad():
             for p in policy.parameters():
                 p.add_(1e-4 * p.abs().mean())
@@ -52,12 +54,28 @@ def main() -> None:
         sampler.sync(policy)
         syncs.append(time.perf_counter() - start)
         start = time.perf_counter()
-        sampler.prove_sync(policy, k)
-        proofs.append(time.perf_counter() - start)
+        if k % 2 and args.sampler == "hf":
+            prove_per_tensor(sampler, policy, k)
+            per_tensor.append(time.perf_counter() - start)
+        else:
+            sampler.prove_sync(policy, k)
+            proofs.append(time.perf_counter() - start)
     sync, proof = statistics.median(syncs), statistics.median(proofs)
     print(f"{label}, SmolLM2-135M fp32 trainer, {torch.get_num_threads()} torch threads, load "
           f"{os.getloadavg()[0]:.1f}: sync {sync * 1e3:.1f} ms, proof {proof * 1e3:.1f} ms (medians of "
-          f"{args.repeats}); proof / sync = {proof / sync:.2f} (target ≤ {TARGET})")
+          f"{len(proofs)}); proof / sync = {proof / sync:.2f} (target ≤ {TARGET})")
+    if per_tensor:
+        print(f"per-tensor path (CRC-32 a tensor a side): {statistics.median(per_tensor) * 1e3:.1f} ms = "
+              f"{statistics.median(per_tensor) / sync:.2f} of the sync")
+
+
+def prove_per_tensor(sampler: object, policy: LMPolicy, step: int) -> None:
+    """The HF sampler's proof by :func:`prove` over both sides' per-tensor CRC-32s (the path before one gather)."""
+    from grpo_lab.fingerprint import prove, served_elements
+    from grpo_lab.lm.sampling import _named_tensors
+
+    sources = dict(_named_tensors(policy.model, remove_duplicate=False))
+    prove(served_elements(_named_tensors(sampler.model, remove_duplicate=False), step), sources, step)
 
 
 if __name__ == "__main__":
