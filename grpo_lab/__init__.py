@@ -25,7 +25,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
                             (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
 ``study/``                  the studies, on exact J: ``frontier`` (notebook 02's lag frontier), time
                             to accuracy against TRL (notebook 03: ``time_to_accuracy``, ``tta_units``,
-                            ``tta_trl``, ``passage``, ``tta_summary``, ``tta_legacy``), ``results``
+                            ``tta_trl``, ``passage``, ``tta_summary``), ``results``
                             (statistics: t intervals, paired tests)
 ``viz/``                    drawing only: display switch, figures, widgets, exercises, ``demo``
 =========================== ==========================================================

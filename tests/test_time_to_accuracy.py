@@ -1,10 +1,10 @@
 """Time to accuracy (issue 38): the statistic on made-up times whose answers are worked out by hand, the design,
 the clock that takes evaluation off, the summary from made-up units, and a whole sitting on a tiny model (every
-kind of arm, TRL's GRPOTrainer included); the readers of issue 25 §5's superseded summary."""
+kind of arm, TRL's GRPOTrainer included); the committed targets and design."""
 
 import itertools
 import json
-import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,10 +14,8 @@ from reliability_runs import problems, tiny_model, tokenizer
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.study import passage, tta_units
 from grpo_lab.study import time_to_accuracy as tta
-from grpo_lab.study.tta_legacy import is_legacy, summary_table, target_findings
 from grpo_lab.study.tta_summary import ratio_table, rebuild_summary, summarize, targets_from_frontier
 from grpo_lab.study.tta_trl import skip_empty_batch, trl_config
-from grpo_lab.viz.throughput import time_to_accuracy_figure
 from grpo_lab.viz.tta_plots import tta_curves_figure, tta_ratio_figure
 
 # ----------------------------------------------------------------------------- the statistic, by hand
@@ -395,48 +393,21 @@ def test_skip_empty_batch_leaves_a_zero_gradient_step_undone_and_a_real_one_alon
     assert skipper.skipped == 1 and torch.equal(weights.grad, torch.tensor([0.0, 1.0, 0.0]))
 
 
-# ----------------------------------------------------------------------------- issue 25 §5's superseded summary
+# ----------------------------------------------------------------------------- the committed files
 
 
-def legacy_summary(seeds, ratios, by_seed, trl_final=0.2):
-    runs = [{"arm": arm, "seed": s, "steps": 10, "curve": [[0.0, 0.035], [600.0, 0.1]]}
-            for arm, n in seeds.items() for s in range(n)]
-    curve = {"seconds": [0.0, 600.0], "pass_at_1": [0.035, 0.1], "ci_low": [None, None], "ci_high": [None, None]}
-    return {"runs": runs, "ratio_to_trl": ratios, "seconds_to_trl_final_by_seed": by_seed, "task": "sum3",
-            "budget_seconds": 600.0, "trl_final_pass_at_1": trl_final, "untrained_pass_at_1": 0.035,
-            "mean_curves": {arm: curve for arm in seeds}, "seconds_to_trl_final": {}}
-
-
-def test_the_legacy_readers_follow_their_rule_and_refuse_the_new_schema():
-    three = {"grpo_lab_v1": 3, "grpo_lab_v8": 3, "trl": 3}
-    by_seed = {"grpo_lab_v1": {"0": 100.0, "1": 200.0, "2": 150.0}, "grpo_lab_v8": {"0": None, "1": 500.0, "2": 550.0}}
-    findings = target_findings(legacy_summary(three, {"grpo_lab_v1": 0.25, "grpo_lab_v8": 0.9, "trl": 1.0}, by_seed))
-    assert findings["grpo_lab_v1"].endswith("met") and "0.25× TRL's time" in findings["grpo_lab_v1"]
-    assert findings["grpo_lab_v8"].endswith("missed") and "never, 500 s, 550 s" in findings["grpo_lab_v8"]
-    findings = target_findings(legacy_summary({**three, "trl": 1}, {"grpo_lab_v1": 0.25, "grpo_lab_v8": None},
-                                              by_seed))
-    assert all("not resolved (3 seeds" in f for f in findings.values())
-    collapsed = target_findings(legacy_summary(three, {"grpo_lab_v1": None, "grpo_lab_v8": None}, by_seed, 0.0))
-    assert all(f.startswith("not resolved: TRL ended at 0.000") for f in collapsed.values())
-    rows = summary_table(legacy_summary(three, {"grpo_lab_v1": 0.25}, by_seed))
-    assert [r["arm"] for r in rows] == list(three) and rows[0]["× TRL's"] == "0.25" and rows[1]["× TRL's"] == "-"
-    assert tta.summary_table is summary_table and tta.target_findings is target_findings   # notebook 03's import
-    figure = time_to_accuracy_figure(legacy_summary(three, {}, by_seed))
-    assert [t.name for t in figure.data if t.showlegend is not False] == list(three)
-    new = {"time_ratios": {}, "runs": []}
-    assert not is_legacy(new) and is_legacy(legacy_summary(three, {}, by_seed))
-    with pytest.raises(ValueError, match="issue 38's"):
-        summary_table(new)
-
-
-def test_the_committed_summary_is_read_by_the_readers_of_its_schema():
-    """Notebook 03 §3c reads results/time_to_accuracy/summary.json: issue 25 §5's until issue 38's units are in."""
-    summary = tta.load_summary()
-    if is_legacy(summary):
-        assert summary_table(summary) and set(target_findings(summary)) == {"grpo_lab_v1", "grpo_lab_v8"}
-    else:
+def test_the_committed_targets_and_design_agree():
+    """Notebook 03 §3c reads results/time_to_accuracy/: the targets follow their rule, and the design holds them."""
+    out = tta.committed_dir(Path(__file__).resolve().parents[1])
+    targets = tta.load_targets(out / "targets.json")
+    gain = targets["v1_j_at_budget"] - targets["untrained_j"]
+    assert all(abs(targets["targets"][f"{share}%"] - (targets["untrained_j"] + share / 100 * gain)) < 1e-12
+               for share in (50, 80))
+    design = json.loads((out / "design.json").read_text())
+    assert design["targets"]["targets"] == targets["targets"] and len(design["order"]) == 30
+    if (out / "summary.json").exists():
+        summary = tta.load_summary(out)
         assert summary["evaluation"] == "exact" and ratio_table(summary)
-        assert all(not math.isnan(r["restricted_mean"]) for arm in summary["arms"].values() for r in arm.values())
 
 
 # ----------------------------------------------------------------------------- the command
@@ -460,7 +431,8 @@ def test_the_command_fixes_targets_then_the_design_and_refuses_to_change_them(tm
     design = json.loads((out / "design.json").read_text())
     assert len(design["order"]) == 30 and design["budget_seconds"] == 600.0 and design["eval_every_seconds"] == 30.0
     assert "grpo_lab_v16_ratio" in {a["name"] for a in design["arms"]} and design["stop_when_reached"]
-    assert design["targets"]["question_count"] == 363 and (design["threads"], design["eval_threads"]) == (1, 2)
+    assert design["targets"]["question_count"] == len(range(0, 363, 3))                 # every 3rd question
+    assert (design["threads"], design["eval_threads"]) == (1, 2)
     with pytest.raises(ValueError, match="another design"):
         command.main(["--out", str(out), "--design", "--threads", "1", "--eval-threads", "2", "--budget", "300"])
     with pytest.raises(SystemExit, match="design.json exists"):

@@ -46,7 +46,6 @@ import numpy as np
 
 from ..files import results_path
 from . import passage
-from .tta_legacy import summary_table, target_findings  # noqa: F401  (notebook 03 reads the old summary)
 
 BUDGET_SECONDS = 600.0
 EVAL_EVERY_SECONDS = 30.0
@@ -236,7 +235,7 @@ def run_units(out_dir: str | Path, root: Path, *, units: int | None = None, mode
 
 
 def load_summary(out_dir: str | Path | None = None) -> dict[str, Any]:
-    """The ``summary.json`` in ``out_dir`` (default :func:`committed_dir`), whichever schema it holds."""
+    """The ``summary.json`` in ``out_dir`` (default :func:`committed_dir`)."""
     path = Path(committed_dir() if out_dir is None else out_dir) / "summary.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run experiments/time_to_accuracy.py first")

@@ -103,30 +103,3 @@ def fit_figure(stats: Mapping[int, tuple[float, float]], model: StepCostModel, s
                     name=f"fit: {model.gen + model.train:.3g} s + {model.sync:.3g} s / v")
     return fig
 
-
-def time_to_accuracy_figure(summary: Mapping[str, Any]) -> go.Figure:
-    """Held-out Pass@1 against training seconds per arm (:func:`~grpo_lab.study.time_to_accuracy.rebuild_summary`):
-    the mean over seeds with its 95 % band where there are two or more, each seed's curve faint, TRL's final
-    score as a dashed line and where each arm's mean curve reaches it."""
-    fig = new_figure(height=420, xaxis_title="training seconds (evaluation off the clock)",
-                     yaxis_title="held-out Pass@1 (strict)", yaxis_range=[0, None],
-                     title=f"{MEASURED} by experiments/time_to_accuracy.py: {summary['task']}, "
-                           f"{summary['budget_seconds']:.0f} s a run")
-    for (arm, curve), color in zip(summary["mean_curves"].items(), itertools.cycle(qualitative.Plotly)):
-        for run in (r for r in summary["runs"] if r["arm"] == arm):
-            seconds, passes = zip(*run["curve"], strict=True)
-            fig.add_scatter(x=seconds, y=passes, mode="lines", line=dict(color=color, width=1), opacity=0.3,
-                            showlegend=False, hoverinfo="skip")
-        if all(x is not None for x in curve["ci_low"][1:]):
-            fig.add_scatter(x=curve["seconds"] + curve["seconds"][::-1], y=curve["ci_high"] + curve["ci_low"][::-1],
-                            fill="toself", line=dict(width=0), fillcolor=color, opacity=0.2, showlegend=False,
-                            hoverinfo="skip")
-        fig.add_scatter(x=curve["seconds"], y=curve["pass_at_1"], mode="lines+markers", line=dict(color=color),
-                        name=arm)
-        reach = summary.get("seconds_to_trl_final", {}).get(arm)
-        if reach is not None:
-            fig.add_vline(x=reach, line=dict(color=color, dash="dot", width=1))
-    if "trl_final_pass_at_1" in summary:
-        fig.add_hline(y=summary["trl_final_pass_at_1"], line=dict(dash="dash", color="grey"),
-                      annotation_text="TRL's final Pass@1")
-    return fig
