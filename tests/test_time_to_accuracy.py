@@ -405,6 +405,7 @@ def test_the_committed_targets_and_design_agree():
                for share in (50, 80))
     design = json.loads((out / "design.json").read_text())
     assert design["targets"]["targets"] == targets["targets"] and len(design["order"]) == 30
+    assert len(tta.design_questions(design)) == design["targets"]["question_count"] == 121   # what run_units walks
     if (out / "summary.json").exists():
         summary = tta.load_summary(out)
         assert summary["evaluation"] == "exact" and ratio_table(summary)

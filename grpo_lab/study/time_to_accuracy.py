@@ -140,6 +140,11 @@ def eval_questions(targets: dict[str, Any]) -> list[Any]:
     return all_questions(targets["task"])[::every]
 
 
+def design_questions(design: dict[str, Any]) -> list[Any]:
+    """The question set a design's units are evaluated on: its targets' (the design keeps the task beside them)."""
+    return eval_questions({**design["targets"], "task": design["task"]})
+
+
 def make_design(targets: dict[str, Any], *, budget: float = BUDGET_SECONDS, every: float = EVAL_EVERY_SECONDS,
                 seeds: int = SEEDS, lag_v: int = LAG_V, lag_correction: str = LAG_CORRECTION,
                 arm_names: Sequence[str] | None = None, stop_when_reached: bool = True, threads: int,
@@ -202,7 +207,7 @@ def run_units(out_dir: str | Path, root: Path, *, units: int | None = None, mode
         from ..lm.train_config import DTYPES
 
         model, tokenizer = load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
-    questions = eval_questions(design["targets"]) if questions is None else questions
+    questions = design_questions(design) if questions is None else questions
     targets = design["targets"]
     if len(questions) != targets["question_count"]:
         raise ValueError(f"{len(questions)} questions, the design's targets are on {targets['question_count']}")
