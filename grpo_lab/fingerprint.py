@@ -171,16 +171,9 @@ def prove(served: Served, sources: Mapping[str, torch.Tensor], step: int) -> Non
     sampler should hold it at the sync of ``step`` (``sources``: π_θ's tensors that the sampler should serve,
     by name, a tied one under each of its names; cast to the dtype each is served in), naming the first that
     differs, the step and both fingerprints; and unless every tensor of π_θ is served somewhere."""
-    parts = {name: parts_of(name, sources) for name in served}
-    prints: dict[tuple, int] = {}                  # a tied tensor served under two names is fingerprinted once
-    for name, (kind, dtype, served_print) in served.items():
-        held = [sources[p] for p in parts[name]]
-        key = (*map(id, held), kind, dtype)
-        if key not in prints:
-            prints[key] = fingerprint(held, kind, dtype, step)
-        if prints[key] != served_print:
-            _raise_differs(name, parts[name], kind, dtype, served_print, prints[key], step)
-    _require_all_served(sources, {p for names in parts.values() for p in names}, step)
+    differing, held = _differences(served, sources, step)
+    _raise_first(list(served), differing, step)
+    _require_all_served(sources, held, step)
 
 
 def prove_local(served: Sequence[tuple[str, torch.Tensor]], sources: Mapping[str, torch.Tensor],
@@ -195,7 +188,7 @@ def prove_local(served: Sequence[tuple[str, torch.Tensor]], sources: Mapping[str
     for name, tensor in served:
         held = sources.get(name)
         (raw if held is not None and _raw_readable(tensor, held) else other).append((name, tensor, held))
-    differing: dict[str, tuple] = {}
+    differing, held_names = _differences(served_elements([(name, t) for name, t, _ in other], step), sources, step)
     for size in {t.element_size() for _, t, _ in raw}:
         group = [(name, t, h) for name, t, h in raw if t.element_size() == size]
         lengths = np.array([t.numel() for _, t, _ in group])
@@ -206,16 +199,32 @@ def prove_local(served: Sequence[tuple[str, torch.Tensor]], sources: Mapping[str
             name, tensor, _ = group[i]
             differing[name] = ([name], "elements", tensor.dtype, zlib.crc32(served_bytes[i]),
                                zlib.crc32(held_bytes[i]))
-    served_other = served_elements([(name, tensor) for name, tensor, _ in other], step)
-    parts = {name: parts_of(name, sources) for name in served_other}
-    for name, (kind, dtype, served_print) in served_other.items():
-        print_ = fingerprint([sources[p] for p in parts[name]], kind, dtype, step)
-        if print_ != served_print:
-            differing[name] = (parts[name], kind, dtype, served_print, print_)
-    for name, _ in served:                                              # the first that differs, in served order
+    _raise_first([name for name, _ in served], differing, step)
+    _require_all_served(sources, held_names | {name for name, _, _ in raw}, step)
+
+
+def _differences(served: Served, sources: Mapping[str, torch.Tensor],
+                 step: int) -> tuple[dict[str, tuple], set[str]]:
+    """Each served tensor whose fingerprint differs from π_θ's, by name: (π_θ's parts, kind, dtype, served
+    fingerprint, π_θ's); and the names of π_θ's tensors the sampler serves."""
+    parts = {name: parts_of(name, sources) for name in served}
+    prints: dict[tuple, int] = {}                  # a tied tensor served under two names is fingerprinted once
+    differing = {}
+    for name, (kind, dtype, served_print) in served.items():
+        held = [sources[p] for p in parts[name]]
+        key = (*map(id, held), kind, dtype)
+        if key not in prints:
+            prints[key] = fingerprint(held, kind, dtype, step)
+        if prints[key] != served_print:
+            differing[name] = (parts[name], kind, dtype, served_print, prints[key])
+    return differing, {p for names in parts.values() for p in names}
+
+
+def _raise_first(order: Sequence[str], differing: Mapping[str, tuple], step: int) -> None:
+    """Raise for the first tensor of ``order`` (the served order) that differs."""
+    for name in order:
         if name in differing:
             _raise_differs(name, *differing[name], step)
-    _require_all_served(sources, {name for name, _, _ in raw} | {p for ps in parts.values() for p in ps}, step)
 
 
 def _raw_readable(tensor: torch.Tensor, held: torch.Tensor) -> bool:

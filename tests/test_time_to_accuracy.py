@@ -4,6 +4,7 @@ kind of arm, TRL's GRPOTrainer included); the committed targets and design."""
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -409,6 +410,7 @@ def test_the_committed_targets_and_design_agree():
     if (out / "summary.json").exists():
         summary = tta.load_summary(out)
         assert summary["evaluation"] == "exact" and ratio_table(summary)
+        assert all(not math.isnan(r["restricted_mean"]) for arm in summary["arms"].values() for r in arm.values())
 
 
 # ----------------------------------------------------------------------------- the command
