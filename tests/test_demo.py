@@ -1,10 +1,8 @@
 """``make demo`` (``HEADLESS=1 make lab``): the bandit figures as HTML, and as PNG when kaleido finds a
-Chrome; without one, a single line says how to get PNGs."""
+Chrome; without one, a single line says how to get PNGs. The PNG path runs under ``make test-browser``
+(``tests/browser/test_png_export.py``), where a Chrome is installed."""
 
 from __future__ import annotations
-
-import plotly.graph_objects as go
-import pytest
 
 from grpo_lab.viz import demo
 
@@ -23,12 +21,3 @@ def test_without_a_browser_one_line_says_how_to_get_pngs(tmp_path, monkeypatch, 
     assert {"findings.html", "theorem1_bound.html", "wall_clock.html"} <= set(written)
     assert not [name for name in written if name.endswith(".png")]
 
-
-@pytest.mark.skipif(demo.find_browser() is None, reason="no Chrome here (scripts/browser_deps.sh installs one)")
-def test_with_chromium_the_figures_are_pngs(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv("BROWSER_PATH", raising=False)
-    assert demo.png_export_ready()
-    fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[0, 1, 4]), layout=dict(height=300))
-    written = demo.write_figure(fig, tmp_path, "curve", png=True)
-    assert [p.name for p in written] == ["curve.html", "curve.png"], capsys.readouterr().out
-    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
