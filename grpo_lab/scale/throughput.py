@@ -66,13 +66,15 @@ MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.
 def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]:
     """Notebook 03's CPU runs of ``grpo_lab/configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
     ``vllm``): fixed v = 1, 2, 4, 8 and the adaptive schedule (``v`` = its longest lag). Steps = warm-up +
-    a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size."""
+    a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size.
+    The reduced size backs up 8 rows at a time (the recipe's 16 less ~0.1 GiB of activations at the peak; the
+    gradient is the same, micro-batches are summed exactly), so the kernel stays under a laptop's 4 GB."""
     require_choice("mode", mode, ("smoke", "reduced", "full"))
     if mode == "smoke":
         size, max_lag = dict(G=3, prompts_per_step=2, max_completion_length=4, micro_batch_size=6,
                              steps=WARMUP_STEPS + 8), 3
     else:
-        size, max_lag = dict(steps=WARMUP_STEPS + 16), 8
+        size, max_lag = dict(steps=WARMUP_STEPS + 16, micro_batch_size=8), 8
     runs = {f"v={v}": recipe("cpu_arith_smollm2", v=v, sampler=sampler, **size) for v in FIXED_VS}
     runs[f"adaptive v≤{max_lag}"] = recipe("cpu_arith_smollm2", sync="adaptive", v=max_lag, sampler=sampler,
                                            sync_threshold=ADAPTIVE_THRESHOLD, **size)
@@ -82,7 +84,12 @@ def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]
 def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> tuple[dict[str, list[StepRecord]], Any]:
     """Each config's records, from a fresh π_θ run for ``config.steps`` steps (nothing written to disk), and
     the sampler. The first run's sampler serves every run (synced to each fresh π_θ): one vLLM engine, built
-    once (vLLM keeps one set of process groups per process; hand the sampler on rather than build another)."""
+    once (vLLM keeps one set of process groups per process; hand the sampler on rather than build another).
+
+    The C heap's freed pages go back to the OS after every step (:func:`~grpo_lab.lm.memory.return_freed_memory`,
+    outside the timed sections): glibc otherwise keeps a step's freed gradients and temporaries where the next
+    step's allocations only partly reuse them, and a run's RSS climbs ~0.15–0.3 GiB above one step's peak.
+    The next step faults those pages in again inside its timed sections, the same for every v."""
     from tqdm.auto import tqdm
 
     from ..lm.memory import return_freed_memory
@@ -91,7 +98,10 @@ def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> tuple[
     for name, config in configs.items():
         loop = build_loop(config, sampler=sampler)
         sampler = loop.sampler
-        runs[name] = list(tqdm(loop.run(), total=config.steps, desc=name, disable=not progress))
+        runs[name] = []
+        for record in tqdm(loop.run(), total=config.steps, desc=name, disable=not progress):
+            runs[name].append(record)
+            return_freed_memory()
         del loop                 # this run's π_θ and optimiser, freed before the next run loads its own
         return_freed_memory()
     return runs, sampler
