@@ -67,8 +67,9 @@ def throughput_configs(mode: str, sampler: str = "hf") -> dict[str, TrainConfig]
     """Notebook 03's CPU runs of ``grpo_lab/configs/cpu_arith_smollm2.yaml`` with α on ``sampler`` (``hf`` or
     ``vllm``): fixed v = 1, 2, 4, 8 and the adaptive schedule (``v`` = its longest lag). Steps = warm-up +
     a multiple of 8, so each fixed run's timed window holds whole sync periods. ``smoke`` shrinks every size.
-    The reduced size backs up 8 rows at a time (the recipe's 16 less ~0.1 GiB of activations at the peak; the
-    gradient is the same, micro-batches are summed exactly), so the kernel stays under a laptop's 4 GB."""
+    The reduced size backs up 8 rows at a time rather than the recipe's 16 (fewer activations at the peak; the
+    gradient is the same, micro-batches are summed exactly), so the kernel stays under a laptop's 4 GB
+    (docs/benchmarks.md, *Notebook memory*)."""
     require_choice("mode", mode, ("smoke", "reduced", "full"))
     if mode == "smoke":
         size, max_lag = dict(G=3, prompts_per_step=2, max_completion_length=4, micro_batch_size=6,
@@ -88,8 +89,8 @@ def measure(configs: Mapping[str, TrainConfig], progress: bool = True) -> tuple[
 
     The C heap's freed pages go back to the OS after every step (:func:`~grpo_lab.lm.memory.return_freed_memory`,
     outside the timed sections): glibc otherwise keeps a step's freed gradients and temporaries where the next
-    step's allocations only partly reuse them, and a run's RSS climbs ~0.15–0.3 GiB above one step's peak.
-    The next step faults those pages in again inside its timed sections, the same for every v."""
+    step's allocations only partly reuse them, and a run's RSS climbs above one step's peak (docs/benchmarks.md,
+    *Notebook memory*). The next step faults those pages in again inside its timed sections, the same for every v."""
     from tqdm.auto import tqdm
 
     from ..lm.memory import return_freed_memory
