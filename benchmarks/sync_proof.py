@@ -72,10 +72,10 @@ def main() -> None:
 def prove_per_tensor(sampler: object, policy: LMPolicy, step: int) -> None:
     """The HF sampler's proof by :func:`prove` over both sides' per-tensor CRC-32s (the path before one gather)."""
     from grpo_lab.fingerprint import prove, served_elements
-    from grpo_lab.lm.sampling import _named_tensors
+    from grpo_lab.lm.sampling import named_tensors
 
-    sources = dict(_named_tensors(policy.model, remove_duplicate=False))
-    prove(served_elements(_named_tensors(sampler.model, remove_duplicate=False), step), sources, step)
+    sources = dict(named_tensors(policy.model, remove_duplicate=False))
+    prove(served_elements(named_tensors(sampler.model, remove_duplicate=False), step), sources, step)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import functools
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -127,21 +126,24 @@ NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.
 
 
 @functools.lru_cache(maxsize=64)
-def _blocks_numpy(length: int, step: int) -> Any:
-    """The blocks :func:`sample_positions` draws, as block indices (``length`` a multiple of :data:`BLOCK`)."""
-    return (sample_positions(length, step, "cpu", BLOCK)[::BLOCK] // BLOCK).numpy()
+def _starts_of(length: int, step: int) -> np.ndarray:
+    """The first elements of the m blocks :func:`block_starts` draws along one axis of ``length`` (cached: the
+    per-tensor path asks for the same few lengths of a model at each sync)."""
+    return block_starts(np.array([length]), step, BLOCK)[0]
 
 
 def fingerprint(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> int:
     """``crc(pick(parts, kind, dtype, step))``: the fingerprint of a served tensor, or of π_θ's parts as it
     should be served. A plain CPU tensor sampled by elements in its own dtype (the in-process samplers' every
-    tensor), of a whole number of blocks, is read through numpy as rows of blocks: the same bytes at a fraction
-    of torch's per-call cost, which is what a proof over a few hundred tensors spends its time on."""
+    tensor), larger than m blocks, is read through numpy, its blocks straight from :func:`block_starts`: the
+    same bytes at a fraction of torch's per-call cost, which is what a proof over a few hundred tensors spends
+    its time on."""
     part = parts[0]
     n = part.numel()
     if (len(parts) == 1 and kind == "elements" and part.dtype == dtype and dtype in NUMPY_DTYPES
-            and part.device.type == "cpu" and n > SAMPLES * BLOCK and n % BLOCK == 0 and part.is_contiguous()):
-        return zlib.crc32(part.detach().numpy().reshape(-1, BLOCK)[_blocks_numpy(n, step)])
+            and part.device.type == "cpu" and n > SAMPLES * BLOCK and part.is_contiguous()):
+        flat = part.detach().numpy().reshape(-1)
+        return zlib.crc32(flat[_starts_of(n, step)[:, None] + np.arange(BLOCK)])
     return crc(pick(parts, kind, dtype, step))
 
 
@@ -203,6 +205,47 @@ def prove_local(served: Sequence[tuple[str, torch.Tensor]], sources: Mapping[str
     _require_all_served(sources, held_names | {name for name, _, _ in raw}, step)
 
 
+def prove_pairs(served: Sequence[torch.Tensor | None], held: Sequence[torch.Tensor | None], step: int) -> bool:
+    """Whether, for every i, the i-th of ``served`` holds the samples of the i-th of ``held`` at the sync of
+    ``step`` (a None pairing with a None): :func:`prove_local`'s comparison, byte for byte, for two listings the
+    caller knows name their i-th tensors alike, made without the names. True proves what ``prove_local`` would
+    prove; False says only that this path did not (a difference; a None, dtype or size that differs; a tensor
+    not contiguous on the CPU), and the caller hands the named listings to ``prove_local``, which proves them or
+    names what differs. A tensor of at most m blocks is compared whole, as its fingerprint reads it whole; the
+    larger ones by one gather of their drawn blocks on each side (:func:`_gather_blocks`)."""
+    layouts = _layouts(served)
+    if layouts != _layouts(held) or not all(layout is None or layout[2] for layout in layouts):
+        return False
+    large: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
+    for tensor, its, layout in zip(served, held, layouts, strict=True):
+        if layout is None:
+            continue
+        size = layout[0].itemsize
+        if layout[1] > SAMPLES * BLOCK * size:
+            large.setdefault(size, []).append((tensor, its, layout[1] // size))
+        elif not torch.equal(_bytes(tensor), _bytes(its)):
+            return False
+    for size, group in large.items():
+        tensors, theirs, lengths = zip(*group, strict=True)
+        starts = block_starts(np.array(lengths), step, BLOCK) * size
+        if not np.array_equal(_gather_blocks(tensors, starts, BLOCK * size),
+                              _gather_blocks(theirs, starts, BLOCK * size)):
+            return False
+    return True
+
+
+def _layouts(tensors: Sequence[torch.Tensor | None]) -> list[tuple[torch.dtype, int, bool] | None]:
+    """Each tensor's dtype, bytes and whether its raw bytes are its flat layout (contiguous, on the CPU), read in
+    one pass; None for a None entry. Two listings whose layouts are equal can be compared pair by pair on raw
+    bytes."""
+    return [None if t is None else (t.dtype, t.nbytes, t.is_cpu and t.is_contiguous()) for t in tensors]
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor's bytes (a view)."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
 def _differences(served: Served, sources: Mapping[str, torch.Tensor],
                  step: int) -> tuple[dict[str, tuple], set[str]]:
     """Each served tensor whose fingerprint differs from π_θ's, by name: (π_θ's parts, kind, dtype, served
@@ -236,15 +279,15 @@ def _raw_readable(tensor: torch.Tensor, held: torch.Tensor) -> bool:
 
 def _gather_blocks(tensors: Sequence[torch.Tensor], starts: np.ndarray, width: int) -> np.ndarray:
     """The ``width`` bytes at byte offsets ``starts`` ``[n, m]`` of each of ``tensors`` ``[n, m, width]``, read
-    in one numpy gather over a byte view spanning their addresses. Only bytes inside the tensors are read (every
-    start + width ≤ the tensor's bytes), and the tensors are held by the caller while it runs."""
+    in one numpy gather over a byte view spanning their addresses, each block one item of ``width`` bytes (so the
+    gather is one tight loop of block copies, many cache misses in flight). Only bytes inside the tensors are
+    read (every start + width ≤ the tensor's bytes), and the tensors are held by the caller while it runs."""
     addresses = np.array([t.data_ptr() for t in tensors], dtype=np.int64)
-    ends = addresses + np.array([t.numel() * t.element_size() for t in tensors], dtype=np.int64)
+    ends = addresses + np.array([t.nbytes for t in tensors], dtype=np.int64)
     base, span = int(addresses.min()), int(ends.max() - addresses.min())
     memory = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(base))
-    rows = np.lib.stride_tricks.as_strided(memory, shape=(span - width + 1, width), strides=(1, 1),
-                                           writeable=False)
-    return rows[(addresses - base)[:, None] + starts]
+    blocks = np.ndarray((span - width + 1,), dtype=np.dtype((np.void, width)), buffer=memory, strides=(1,))
+    return blocks[(addresses - base)[:, None] + starts].view(np.uint8).reshape(len(tensors), -1, width)
 
 
 def _raise_differs(name: str, parts: Sequence[str], kind: str, dtype: torch.dtype, served_print: int,

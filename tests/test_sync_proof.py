@@ -82,18 +82,18 @@ def test_prove_local_compares_the_samples_byte_for_byte():
         prove_local([(n, t) for n, t in theta.items()], {**theta, "d": theta["c"]}, step=2)
 
 
-def test_named_tensors_walks_as_named_parameters_then_named_buffers(tied_model_dir):
+def testnamed_tensors_walks_as_named_parameters_then_named_buffers(tied_model_dir):
     from transformers import LlamaForCausalLM
 
-    from grpo_lab.lm.sampling import _named_tensors
+    from grpo_lab.lm.sampling import named_tensors
 
     model = LlamaForCausalLM.from_pretrained(tied_model_dir)
     for remove in (True, False):
         expected = [*model.named_parameters(remove_duplicate=remove), *model.named_buffers(remove_duplicate=remove)]
-        got = _named_tensors(model, remove_duplicate=remove)
+        got = named_tensors(model, remove_duplicate=remove)
         assert [n for n, _ in got] == [n for n, _ in expected]
         assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))
-    assert len(_named_tensors(model, False)) == len(_named_tensors(model, True)) + 1   # the tied head
+    assert len(named_tensors(model, False)) == len(named_tensors(model, True)) + 1   # the tied head
 
 
 def test_a_cast_a_tied_head_and_a_missing_tensor():

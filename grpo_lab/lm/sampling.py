@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..checks import require_int_at_least, require_number_in, require_truncation
-from ..fingerprint import prove_local
+from ..fingerprint import prove_local, prove_pairs
 from ..rollout import Rollout
 from .decoding import Decoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
@@ -254,7 +254,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α, scored as π_θ is (audit, π_sync)
         self.model = self._scorer.model
-        self._names, self._targets = zip(*_named_tensors(self.model), strict=True)
+        self._names, self._targets = zip(*named_tensors(self.model), strict=True)
         self.decoder: Decoder = ModelDecoder(self.model)
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
@@ -319,7 +319,7 @@ class HFSampler:
         (``benchmarks/sync_copy.py``). π_θ's tensors are listed at every call, a
         small cost beside the copy, so a replaced weight is never missed.
         """
-        names, sources = zip(*_named_tensors(policy.model), strict=True)
+        names, sources = zip(*named_tensors(policy.model), strict=True)
         if names != self._names or tuple(t.shape for t in sources) != self._shapes:
             mismatch = sorted(set(names) ^ set(self._names))[:4] or "same names; order or shapes differ"
             raise ValueError(f"policy.model's parameters and buffers do not match the sampler's: {mismatch}")
@@ -330,9 +330,15 @@ class HFSampler:
     def prove_sync(self, policy: LMPolicy, step: int) -> None:
         """Prove that α serves π_θ's weights (:func:`grpo_lab.fingerprint.prove_local`; raises ``SyncError``): every
         tensor α's model reads — its parameters under every name (a tied LM head under its own) and its buffers —
-        against π_θ's."""
-        sources = dict(_named_tensors(policy.model, remove_duplicate=False))
-        prove_local(_named_tensors(self.model, remove_duplicate=False), sources, step)
+        against π_θ's. Both models are walked afresh at every proof, so a weight replaced on either side is seen.
+        Where their structures name the i-th tensors alike, the tensors are compared in pairs without their names
+        (:func:`grpo_lab.fingerprint.prove_pairs`); anything that path cannot prove — a difference, a structure
+        or a layout it does not read — goes to ``prove_local``, which proves it or names what differs."""
+        served, served_keys = tensors_and_keys(self.model)
+        held, held_keys = tensors_and_keys(policy.model)
+        if served_keys != held_keys or not prove_pairs(served, held, step):
+            sources = dict(named_tensors(policy.model, remove_duplicate=False))
+            prove_local(named_tensors(self.model, remove_duplicate=False), sources, step)
 
     @torch.no_grad()
     def synced_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
@@ -353,7 +359,7 @@ class HFSampler:
         return self.model.load_state_dict(state)
 
 
-def _named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
+def named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
     """Parameters then buffers (``named_parameters`` then ``named_buffers``, in their order), each shared tensor
     once (tied weights), or under each of its names; one walk over the modules instead of two, since every
     sync and proof lists both models."""
@@ -366,3 +372,26 @@ def _named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> lis
                 seen.add(id(tensor))
                 found.append((f"{prefix}.{name}" if prefix else name, tensor))
     return [*parameters, *buffers]
+
+
+def tensors_and_keys(model: torch.nn.Module) -> tuple[list[torch.Tensor | None], list[tuple[str, ...] | None]]:
+    """The tensors of ``named_tensors(model, remove_duplicate=False)`` in its order, without their names (a
+    parameter or buffer set to None kept as None), and the keys that name them: each visited module's
+    submodule, parameter and buffer keys, in walk order (None for a submodule set to None). Two models whose
+    keys are equal and whose None entries sit at the same places name their i-th tensors alike, so a proof
+    can pair them by position and build names only to report; the walk formats no names and hashes none."""
+    parameters: list[torch.Tensor | None] = []
+    buffers: list[torch.Tensor | None] = []
+    keys: list[tuple[str, ...] | None] = []
+    stack: list[torch.nn.Module | None] = [model]
+    while stack:                                   # depth first, children in order: named_modules' walk
+        module = stack.pop()
+        if module is None:
+            keys.append(None)
+            continue
+        children, own, held = module._modules, module._parameters, module._buffers
+        keys += (tuple(children), tuple(own), tuple(held))
+        parameters += own.values()
+        buffers += held.values()
+        stack += reversed(children.values())
+    return [*parameters, *buffers], keys
