@@ -126,10 +126,10 @@ NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.
 
 
 @functools.lru_cache(maxsize=64)
-def _starts_of(length: int, step: int) -> np.ndarray:
-    """The first elements of the m blocks :func:`block_starts` draws along one axis of ``length`` (cached: the
-    per-tensor path asks for the same few lengths of a model at each sync)."""
-    return block_starts(np.array([length]), step, BLOCK)[0]
+def _elements_of(length: int, step: int) -> np.ndarray:
+    """The elements of the m blocks :func:`block_starts` draws along one axis of ``length`` ``[m · BLOCK]``
+    (cached: the per-tensor path asks for the same few lengths of a model at each sync)."""
+    return (block_starts(np.array([length]), step, BLOCK)[0][:, None] + np.arange(BLOCK)).reshape(-1)
 
 
 def fingerprint(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> int:
@@ -142,8 +142,7 @@ def fingerprint(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, st
     n = part.numel()
     if (len(parts) == 1 and kind == "elements" and part.dtype == dtype and dtype in NUMPY_DTYPES
             and part.device.type == "cpu" and n > SAMPLES * BLOCK and part.is_contiguous()):
-        flat = part.detach().numpy().reshape(-1)
-        return zlib.crc32(flat[_starts_of(n, step)[:, None] + np.arange(BLOCK)])
+        return zlib.crc32(part.detach().numpy().reshape(-1)[_elements_of(n, step)])
     return crc(pick(parts, kind, dtype, step))
 
 

@@ -2,6 +2,8 @@
 tests/sync_faults.py on HFSampler and on the TRL route's in-process α, each caught with the
 tensor named, and good syncs proved in a run."""
 
+import re
+
 import pytest
 import torch
 from sync_faults import FAULTS, nudge, pushed
@@ -152,6 +154,89 @@ def test_hf_sampler_faults_are_caught_with_the_tensor_named(tokenizer, fault):
     hf_faulty_sync(sampler, policy, fault)
     with pytest.raises(SyncError, match=rf"step 5 did not take: {FAULTS[fault]}"):
         sampler.prove_sync(policy, step=5)
+
+
+def test_tensors_and_keys_lists_named_tensors_without_names():
+    """The walk without names lists named_tensors(remove_duplicate=False)'s tensors, in order (a tied head under
+    each name, a bias set to None kept as None); a module set to None leaves its mark in the keys."""
+    from grpo_lab.lm.sampling import named_tensors, tensors_and_keys
+
+    model = tiny_model()
+    model.model.layers[0].self_attn.q_proj.register_parameter("bias", None)
+    tensors, keys = tensors_and_keys(model)
+    named = named_tensors(model, remove_duplicate=False)
+    assert all(a is b for a, (_, b) in zip([t for t in tensors if t is not None], named, strict=True))
+    assert any(t is None for t in tensors)
+    model.model.layers[1].mlp = None
+    assert tensors_and_keys(model)[1] != keys and None in tensors_and_keys(model)[1]
+
+
+def test_prove_pairs_proves_only_what_prove_local_proves():
+    """The paired path says True only where prove_local passes, and False at any difference it reads (a bit
+    of a sampled block, a byte of a small tensor) or any layout it does not read raw."""
+    from grpo_lab.fingerprint import prove_pairs
+
+    g = torch.Generator().manual_seed(3)
+    theta = [torch.randn(40, 16, generator=g), None, torch.randn(7, generator=g), torch.randn(300, generator=g).half()]
+    names = ["a", "bias", "c", "d"]
+
+    def agree(served, held, step):
+        try:
+            prove_local([(n, t) for n, t in zip(names, served, strict=True) if t is not None],
+                        {n: t for n, t in zip(names, held, strict=True) if t is not None}, step)
+            passed = True
+        except SyncError:
+            passed = False
+        return prove_pairs(served, held, step), passed
+
+    served = [None if t is None else t.clone() for t in theta]
+    assert agree(served, theta, 2) == (True, True)
+    served[0].view(-1).view(torch.int32)[sample_positions(640, 2, block=16)[7]] ^= 1
+    assert agree(served, theta, 2) == (False, False)
+    served[0] = theta[0].clone()
+    served[2].view(torch.int32)[6] ^= 1                                 # a small tensor is compared whole
+    assert agree(served, theta, 2) == (False, False)
+    served[2] = theta[2].clone()
+    for layout in ([served[0], torch.zeros(1), *served[2:]],                          # a None against a tensor
+                   [served[0].t().contiguous().t(), *served[1:]],                     # not contiguous
+                   [served[0].double(), *served[1:]]):                                # another dtype
+        assert not prove_pairs(layout, theta, 2)
+
+
+def test_hf_sampler_proves_a_good_sync_in_pairs_and_sees_a_replaced_weight(tokenizer, monkeypatch):
+    """A good sync is proved by the paired path alone (the named path never runs); a weight replaced on either
+    side after the sync (``module.weight = nn.Parameter(...)``; on α's side the next sync copies into its old
+    tensor) is caught and named; structures that differ go to the named path, which pairs by name."""
+    import grpo_lab.lm.sampling as sampling
+
+    policy = LMPolicy(tiny_model(), 1.0)
+    sampler = HFSampler(policy, tokenizer, 8)
+    named_path = sampling.prove_local
+    monkeypatch.setattr(sampling, "prove_local", lambda *a: pytest.fail("the named path ran on a good sync"))
+    nudge(policy.model)
+    sampler.sync(policy)
+    sampler.prove_sync(policy, step=1)
+    monkeypatch.setattr(sampling, "prove_local", named_path)
+    layer = "model.layers.1.self_attn.k_proj.weight"
+    for side in (sampler.model, policy.model):
+        k_proj = side.model.layers[1].self_attn.k_proj
+        weight = k_proj.weight
+        sampler.sync(policy)
+        k_proj.weight = torch.nn.Parameter(weight.detach() + 1.0, requires_grad=False)
+        with pytest.raises(SyncError, match=rf"step 2 did not take: {re.escape(repr(layer))} differs"):
+            sampler.prove_sync(policy, step=2)
+        k_proj.weight = weight
+        sampler.sync(policy)
+        sampler.prove_sync(policy, step=2)
+    calls = []
+    monkeypatch.setattr(sampling, "prove_local", lambda *a: calls.append(a) or named_path(*a))
+    layers = sampler.model.model.layers
+    layers._modules = dict(reversed(layers._modules.items()))            # α walks its layers in another order
+    sampler.prove_sync(policy, step=3)                                   # by name, as the named path pairs them
+    assert len(calls) == 1
+    sampler.model.model.norm.register_buffer("extra", torch.zeros(3))
+    with pytest.raises(SyncError, match=r"serves 'model.norm.extra', which π_θ has no tensor for"):
+        sampler.prove_sync(policy, step=3)
 
 
 def test_a_run_proves_every_sync_and_logs_the_verdicts(tokenizer):

@@ -362,7 +362,7 @@ class HFSampler:
 def named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
     """Parameters then buffers (``named_parameters`` then ``named_buffers``, in their order), each shared tensor
     once (tied weights), or under each of its names; one walk over the modules instead of two, since every
-    sync and proof lists both models."""
+    sync lists π_θ's (and a proof names both models' tensors when it must report one)."""
     parameters, buffers, seen = [], [], set()
     for prefix, module in model.named_modules(remove_duplicate=remove_duplicate):
         for found, members in ((parameters, module._parameters), (buffers, module._buffers)):
