@@ -98,9 +98,14 @@ def test_nothing_is_read_before_every_unit_of_a_family_is_in() -> None:
     assert complete["design"]["primary"]["complete"] and len(complete["comparisons"]) == 15
     assert complete["design"]["mask"]["in"] == 0 and complete["mask_comparisons"] == []
     masked = made + units({arm.name: 0.3 for arm in frontier.MASK_ARMS}, noise=0.001)
+    one_mask_unit = frontier.summarize(made + masked[-1:], untrained_j=0.2, constant_answer_j=0.09, settings={})
+    assert one_mask_unit["design"]["mask"]["in"] == 1 and len(one_mask_unit["runs"]) == 51
+    assert set(one_mask_unit["arms"]) == {arm.name for arm in frontier.ARMS}        # no mask arm's mean yet
+    assert one_mask_unit["mask_comparisons"] == []
     with_mask = frontier.summarize(masked, untrained_j=0.2, constant_answer_j=0.09, settings={})
     assert [row["comparison"] for row in with_mask["mask_comparisons"]] == [
         "mask - nomask_skip", "mask - nomask", "nomask_skip - nomask"]
+    assert {arm.name for arm in frontier.MASK_ARMS} <= set(with_mask["arms"])
 
 
 def test_a_unit_runs_and_the_summary_is_rebuilt_from_its_file(tmp_path) -> None:

@@ -93,6 +93,9 @@ def test_the_question_view_orders_by_untrained_j_and_marks_the_constant_answer()
     assert list(heat.y[:2]) == ["untrained", "always '0'"] and list(heat.z[1]) == [0, 1, 1, 0]
     v1 = np.mean([u["j_per_question"]["32"] for u in units if u["arm"] == "v1"], axis=0)
     np.testing.assert_allclose(heat.z[2], v1[[3, 1, 2, 0]])
+    one_mask_unit = units + made_units(frontier.MASK_ARMS[:1], seeds=1)   # its family not complete: not drawn
+    rows = frontier_plots.question_figure(one_mask_unit, UNTRAINED, summary_of(one_mask_unit), GOLDS).data[0].y
+    assert "mask" not in rows and len(rows) == 2 + len(frontier.ARMS)
 
 
 def test_the_mask_figure_waits_for_its_own_family_then_draws_its_three_arms() -> None:

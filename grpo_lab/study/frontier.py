@@ -225,8 +225,8 @@ def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_a
               settings: Mapping[str, Any], seeds: int = SEEDS) -> dict[str, Any]:
     """``summary.json``: the settings, one row per unit, and — once every unit of the primary family is in
     (:func:`design_status`; before that, nothing is read) — each arm's endpoints (mean, 95 % t CI), the
-    comparisons on the primary endpoint, the frontier and the collapses; the mask family's comparisons once
-    its units are in too."""
+    comparisons on the primary endpoint, the frontier and the collapses; the mask arms' endpoints and the mask
+    family's comparisons only once its own units are all in too."""
     from .results import mean_ci
 
     status = {"primary": design_status(units, ARMS, seeds), "mask": design_status(units, MASK_ARMS, seeds)}
@@ -237,8 +237,9 @@ def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_a
         "frontier": {c: "not resolved" for c in CORRECTIONS}}
     if not status["primary"]["complete"]:
         return summary
+    read = [*ARMS, *(MASK_ARMS if status["mask"]["complete"] else ())]
     by_arm: dict[str, dict[str, dict[int, float]]] = {e: {} for e in ENDPOINTS}
-    for unit in units:
+    for unit in (unit for unit in units if unit["arm"] in {arm.name for arm in read}):
         for endpoint in ENDPOINTS:
             by_arm[endpoint].setdefault(unit["arm"], {})[unit["seed"]] = unit[endpoint]
     arms = {}

@@ -127,9 +127,10 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
 def question_figure(units: Sequence[Mapping[str, Any]], untrained: Mapping[str, Any], summary: Mapping[str, Any],
                     golds: Sequence[str] | None = None) -> go.Figure:
     """Which questions each arm learned: exact J per question at the budget, mean over seeds, one row per arm
-    under the untrained model's row and the best constant answer's (1 where its answer is the gold); questions
-    ordered by their untrained J. ``golds``: the questions' gold answers, in the untrained unit's order (the
-    constant answer's row needs them)."""
+    under the untrained model's row and the best constant answer's (1 where its answer is the gold), for the
+    arms the summary reads (a family's once it is complete); questions ordered by their untrained J.
+    ``golds``: the questions' gold answers, in the untrained unit's order (the constant answer's row needs
+    them)."""
     title = "Exact J per question at the budget"
     reason = not_read(summary)
     if reason:
@@ -140,6 +141,8 @@ def question_figure(units: Sequence[Mapping[str, Any]], untrained: Mapping[str, 
     if golds is not None:
         rows[f"always '{constant}'"] = np.array([float(g == constant) for g in golds])
     for arm, runs in _by_arm(units).items():
+        if arm not in summary["arms"]:          # a family not complete yet is not read (no interim looks)
+            continue
         final = [np.asarray(u["j_per_question"][str(max(map(int, u["j_per_question"])))]) for u in runs]
         rows[arm] = np.mean(final, axis=0)
     z = np.array([row[order] for row in rows.values()])
