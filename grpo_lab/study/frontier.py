@@ -237,9 +237,9 @@ def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_a
         "frontier": {c: "not resolved" for c in CORRECTIONS}}
     if not status["primary"]["complete"]:
         return summary
-    read = [*ARMS, *(MASK_ARMS if status["mask"]["complete"] else ())]
+    read = {arm.name for arm in (*ARMS, *(MASK_ARMS if status["mask"]["complete"] else ()))}
     by_arm: dict[str, dict[str, dict[int, float]]] = {e: {} for e in ENDPOINTS}
-    for unit in (unit for unit in units if unit["arm"] in {arm.name for arm in read}):
+    for unit in (unit for unit in units if unit["arm"] in read):
         for endpoint in ENDPOINTS:
             by_arm[endpoint].setdefault(unit["arm"], {})[unit["seed"]] = unit[endpoint]
     arms = {}
