@@ -10,20 +10,20 @@ The fingerprint of a served tensor W at the sync of step k (its served name, a *
 
     samples  = m samples of W drawn afresh at each sync (seeded by k and W's size, so both sides draw
                the same without talking): blocks of 16 consecutive elements of W's flat layout; or, where
-               the engine serves W only through its product y = x·Wᵀ, columns, read as y of m one-hot x
-               (exact: each output is one weight)
-    print    = CRC-32 of the samples' bytes in the sampler's dtype      (a tensor of ≤ m samples: all of it)
+               the engine serves W only through its product y = x·Wᵀ, a block of 4 consecutive columns,
+               read as y of 4 one-hot x (exact: each output is one weight)
+    print    = CRC-32 of the samples' bytes in the sampler's dtype      (a tensor no larger: all of it)
 
 π_θ's side picks the same samples from its own tensors (the fused parts' where the sampler fuses), casts
 them to the sampler's dtype, and takes the same CRC. False pass at one sync: a served tensor whose differing
-bytes lie in a fraction q of its blocks (of its columns) matches with probability ≤ (1 − q)^m (the m
-independent draws all miss them; q is at least the share of its elements that differ), plus 2⁻³² (a CRC
-collision). One optimiser step changes (nearly) every element in float32, so a stale tensor is caught with
-certainty; a fault that persists (rows a sync never writes, an untied embedding's unseen tokens) is drawn
-afresh at every sync, so it passes n syncs with probability ≤ (1 − q)^{mn}. A proof reads m blocks of a
-tensor, not its bytes. Where both sides live in this process (:func:`prove_local`: the in-process samplers)
-the samples themselves are compared, byte for byte, so the CRC's 2⁻³² drops out; only an engine in another
-process sends CRCs.
+bytes lie in a fraction q of its blocks matches with probability ≤ (1 − q)^d, d the independent draws (m
+blocks of elements, one block of columns: they all miss them; q is at least the share of its elements that
+differ), plus 2⁻³² (a CRC collision). One optimiser step changes (nearly) every element in float32, so a
+stale tensor is caught with certainty; a fault that persists (rows a sync never writes, an untied
+embedding's unseen tokens, one shard's columns) is drawn afresh at every sync, so it passes n syncs with
+probability ≤ (1 − q)^{dn}. A proof reads a few blocks of a tensor, not its bytes. Where both sides live
+in this process (:func:`prove_local`: the in-process samplers) the samples themselves are compared, byte for
+byte, so the CRC's 2⁻³² drops out; only an engine in another process sends CRCs.
 
 What it cannot see: a fused tensor whose parts were loaded in the wrong order *and* equal (never in
 practice), or weights that are right but served through a wrong layout (a kernel reading a packed matrix
@@ -44,12 +44,20 @@ import torch
 from .sync_audit import CHECKS, SyncError
 
 SAMPLES = 16
-"""m: the samples of each tensor a fingerprint reads at one sync: blocks of :data:`BLOCK` elements, or columns."""
+"""m: the blocks of :data:`BLOCK` elements a fingerprint reads of a tensor at one sync."""
 
 BLOCK = 16
 """Elements are read in blocks of this many consecutive ones (a 64-byte cache line of float32): after a sync has
 streamed the weights through the caches, m random single elements would cost m cache misses per tensor; m
 blocks cost the same misses and read 16× the bytes."""
+
+COLUMNS = 4
+"""The columns a fingerprint reads of a matrix the engine serves only through its product: one block of this many
+consecutive columns, aligned (16 bytes of each float32 row of π_θ's matrix, inside one cache line), drawn afresh
+at each sync. π_θ's side reads a column as one element of every row, so m single columns cost m cache misses a
+row (a gather as slow as the engine's whole product) where one block costs one, and the engine's product costs
+less with fewer one-hot inputs. The price: one draw a sync (d = 1) for a fault that spares whole columns
+(docs/benchmarks.md has the costs)."""
 
 KINDS = ("elements", "columns")
 """How a served tensor is sampled: elements of its flat layout (a plain tensor), or columns through the
@@ -72,19 +80,19 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def block_starts(lengths: np.ndarray, step: int, block: int) -> np.ndarray:
-    """The first positions of the m blocks drawn along axes of ``lengths`` (each > m · ``block``) at the sync of
-    ``step`` ``[len(lengths), m]``: the axis cut into ⌈length / block⌉ blocks, each drawn uniformly and
-    independently, keyed by (step, length) so both sides draw the same without talking; the last block is
-    shifted back to end at the axis's end. One vectorised draw for every tensor of a model."""
+def block_starts(lengths: np.ndarray, step: int, block: int, count: int = SAMPLES) -> np.ndarray:
+    """The first positions of the ``count`` blocks drawn along axes of ``lengths`` (each > count · ``block``) at
+    the sync of ``step`` ``[len(lengths), count]``: the axis cut into ⌈length / block⌉ blocks, each drawn
+    uniformly and independently, keyed by (step, length) so both sides draw the same without talking; the last
+    block is shifted back to end at the axis's end. One vectorised draw for every tensor of a model."""
     keys = np.uint64(step) * np.uint64(1_000_003) + lengths.astype(np.uint64)
-    words = _splitmix64(keys[:, None] * np.uint64(SAMPLES) + np.arange(SAMPLES, dtype=np.uint64))
+    words = _splitmix64(keys[:, None] * np.uint64(count) + np.arange(count, dtype=np.uint64))
     blocks = (words % ((lengths + block - 1) // block).astype(np.uint64)[:, None]).astype(np.int64)
     return np.minimum(blocks * block, (lengths - block)[:, None])
 
 
 @functools.lru_cache(maxsize=64)
-def sample_positions(length: int, step: int, device: str = "cpu", block: int = 1) -> torch.Tensor:
+def sample_positions(length: int, step: int, device: str = "cpu", block: int = BLOCK) -> torch.Tensor:
     """The positions a fingerprint reads along an axis of ``length`` at the sync of ``step``: all of them if
     they fit in m blocks, else the m blocks of ``block`` consecutive positions :func:`block_starts` draws; on
     ``device``."""
@@ -94,14 +102,24 @@ def sample_positions(length: int, step: int, device: str = "cpu", block: int = 1
     return (starts[:, None] + torch.arange(block)).reshape(-1).to(device)
 
 
+@functools.lru_cache(maxsize=64)
+def column_block(width: int, step: int) -> slice:
+    """The columns a fingerprint reads of a matrix ``width`` columns wide at the sync of ``step``: all of them if
+    there are at most :data:`COLUMNS`, else the block of :data:`COLUMNS` consecutive ones :func:`block_starts`
+    draws."""
+    if width <= COLUMNS:
+        return slice(0, width)
+    start = int(block_starts(np.array([width]), step, COLUMNS, count=1)[0, 0])
+    return slice(start, start + COLUMNS)
+
+
 def pick(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> torch.Tensor:
     """The samples of ``parts`` concatenated along dim 0 (one part: a plain tensor) at the sync of ``step``, in
-    ``dtype``: m elements of the flat layout ``[m]``, or m columns as the engine's product of m one-hot inputs
-    returns them ``[m, rows]``."""
-    if kind == "columns":
-        columns = sample_positions(parts[0].shape[1], step, str(parts[0].device))
-        # index_select, not p[:, columns]: the same elements, gathered far faster (docs/benchmarks.md)
-        return torch.cat([torch.index_select(p.detach(), 1, columns) for p in parts]).to(dtype).t()
+    ``dtype``: m elements of the flat layout ``[m]``, or the block of columns row by row ``[rows, m]`` (the
+    engine's product of m one-hot inputs, transposed)."""
+    if kind == "columns":                    # a strided slice: one cache line of every row
+        block = column_block(parts[0].shape[1], step)
+        return torch.cat([p.detach()[:, block] for p in parts]).to(dtype)
     if len(parts) == 1:                                       # a plain tensor: one gather (the common case)
         positions = sample_positions(parts[0].numel(), step, str(parts[0].device), BLOCK)
         return torch.take(parts[0].detach(), positions).to(dtype)
@@ -292,10 +310,11 @@ def _gather_blocks(tensors: Sequence[torch.Tensor], starts: np.ndarray, width: i
 def _raise_differs(name: str, parts: Sequence[str], kind: str, dtype: torch.dtype, served_print: int,
                    print_: int, step: int) -> None:
     fused = f"fused from {list(parts)}, " if len(parts) > 1 else ""
+    samples = "blocks of elements" if kind == "elements" else "block of columns"
     raise SyncError(
         f"the sync at step {step} did not take: {name!r} differs — the sampler serves fingerprint "
-        f"{served_print:08x}, π_θ's ({fused}cast to {dtype}) is {print_:08x} (CRC-32 of {SAMPLES} "
-        f"{kind} drawn for this sync; grpo_lab.fingerprint). Check " + "; ".join(CHECKS)
+        f"{served_print:08x}, π_θ's ({fused}cast to {dtype}) is {print_:08x} (CRC-32 of the "
+        f"{samples} drawn for this sync; grpo_lab.fingerprint). Check " + "; ".join(CHECKS)
         + ". (sync_audit=False turns this off.)")
 
 

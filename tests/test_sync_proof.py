@@ -10,7 +10,19 @@ from sync_faults import FAULTS, nudge, pushed
 from tiny_lm import EvenTokenTask, tiny_model, word_tokenizer
 
 from grpo_lab import GRPOConfig, GRPOLoop
-from grpo_lab.fingerprint import SAMPLES, crc, fingerprint, pick, prove, prove_local, sample_positions, served_elements
+from grpo_lab.fingerprint import (
+    BLOCK,
+    COLUMNS,
+    SAMPLES,
+    column_block,
+    crc,
+    fingerprint,
+    pick,
+    prove,
+    prove_local,
+    sample_positions,
+    served_elements,
+)
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.sync_audit import SyncError
@@ -24,12 +36,23 @@ def tokenizer():
 # ----------------------------------------------------------------------------- the fingerprint
 
 def test_samples_are_fixed_per_sync_and_drawn_afresh_at_each():
-    assert torch.equal(sample_positions(1000, 3), sample_positions(1000, 3))
-    assert len(sample_positions(1000, 3)) == SAMPLES
-    assert not torch.equal(sample_positions(1000, 3), sample_positions(1000, 4))
+    assert torch.equal(sample_positions(1000, 3, block=1), sample_positions(1000, 3, block=1))
+    assert len(sample_positions(1000, 3, block=1)) == SAMPLES
+    assert len(sample_positions(5000, 3)) == SAMPLES * BLOCK
+    assert not torch.equal(sample_positions(1000, 3, block=1), sample_positions(1000, 4, block=1))
     assert torch.equal(sample_positions(7, 3), torch.arange(7))
-    drawn = torch.cat([sample_positions(1000, k) for k in range(400)])
+    drawn = torch.cat([sample_positions(1000, k, block=1) for k in range(400)])
     assert drawn.min() == 0 and drawn.max() == 999 and len(set(drawn.tolist())) > 990  # uniform over the axis
+
+
+def test_columns_are_one_aligned_block_drawn_afresh_at_each_sync():
+    """One block of COLUMNS consecutive columns, aligned (inside one cache line of a float32 row), drawn uniformly
+    over the blocks and afresh at each sync; a narrow matrix whole."""
+    block = column_block(576, 3)
+    assert block == column_block(576, 3) and block != column_block(576, 4)
+    assert block.stop - block.start == COLUMNS and block.start % COLUMNS == 0
+    assert column_block(3, 0) == slice(0, 3)
+    assert {column_block(576, k).start for k in range(2000)} == set(range(0, 576, COLUMNS))
 
 
 def test_fused_samples_are_the_parts_and_columns_are_a_products():
@@ -39,11 +62,11 @@ def test_fused_samples_are_the_parts_and_columns_are_a_products():
     for step in range(5):
         assert torch.equal(pick([q, k, v], "elements", torch.float32, step),
                            pick([fused], "elements", torch.float32, step))
-    columns = sample_positions(40, 2)
+    columns = torch.arange(40)[column_block(40, 2)]
     one_hot = torch.zeros(len(columns), 40)
     one_hot[torch.arange(len(columns)), columns] = 1
     product = one_hot @ fused.to(torch.bfloat16).float().t()            # what an engine's kernel returns
-    assert crc(product.to(torch.bfloat16)) == fingerprint([q, k, v], "columns", torch.bfloat16, 2)
+    assert crc(product.to(torch.bfloat16).t()) == fingerprint([q, k, v], "columns", torch.bfloat16, 2)
 
 
 def test_the_numpy_fast_path_reads_the_bytes_torch_reads():
@@ -76,7 +99,7 @@ def test_prove_local_compares_the_samples_byte_for_byte():
     served = {name: t.clone() for name, t in theta.items()}
     prove_local(list(served.items()), theta, step=2)
     for name in ("b", "a"):
-        position = sample_positions(served[name].numel(), 2, block=16)[7]
+        position = sample_positions(served[name].numel(), 2)[7]
         served[name].view(-1).view(torch.int32)[position] ^= 1                 # one bit of one sampled element
     with pytest.raises(SyncError, match=r"step 2 did not take: 'a' differs — the sampler serves fingerprint"):
         prove_local(list(served.items()), theta, step=2)
@@ -130,6 +153,19 @@ def test_a_persistent_partial_fault_is_caught_within_a_few_syncs():
         except SyncError:
             caught.append(step)
     assert len(caught) >= 6 and caught[0] <= 5, caught                # expected: 11.2 of 20 caught
+
+
+def test_a_persistent_column_fault_is_caught_within_a_few_syncs():
+    """Columns a sync never writes (one rank's input shard of a row-parallel layer): the last quarter of the
+    column blocks stay behind. One sync draws one block and misses them with probability 0.75; drawn afresh,
+    they pass 20 syncs with probability 0.75^20 ≈ 0.003."""
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(64, 576, generator=g)
+    served = theta.clone()
+    served[:, 432:] += 1.0
+    caught = [step for step in range(20) if crc(pick([served], "columns", torch.bfloat16, step))
+              != fingerprint([theta], "columns", torch.bfloat16, step)]
+    assert len(caught) >= 2 and caught[0] <= 10, caught               # expected: 5 of 20 caught
 
 
 # ----------------------------------------------------------------------------- HFSampler
@@ -191,7 +227,7 @@ def test_prove_pairs_proves_only_what_prove_local_proves():
 
     served = [None if t is None else t.clone() for t in theta]
     assert agree(served, theta, 2) == (True, True)
-    served[0].view(-1).view(torch.int32)[sample_positions(640, 2, block=16)[7]] ^= 1
+    served[0].view(-1).view(torch.int32)[sample_positions(640, 2)[7]] ^= 1
     assert agree(served, theta, 2) == (False, False)
     served[0] = theta[0].clone()
     served[2].view(torch.int32)[6] ^= 1                                 # a small tensor is compared whole

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 from ..checks import require_int_at_least, require_number_in
-from ..fingerprint import Served, crc, fingerprint, prove, sample_positions
+from ..fingerprint import Served, column_block, crc, fingerprint, prove
 from ..rollout import Rollout
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
@@ -137,11 +137,13 @@ def served_fingerprints(model: torch.nn.Module, step: int) -> Served:
     ``qkv_proj``, ``gate_up_proj``).
 
     A matrix the engine multiplies through its own kernel (a linear layer, the LM head) is read *through that
-    kernel*: its output for m one-hot inputs is m columns of the matrix as served (the CPU build keeps only a
+    kernel*: its output for 4 one-hot inputs is 4 columns of the matrix as served (the CPU build keeps only a
     repacked copy, vLLM's ``dispatch_cpu_unquantized_gemm``), exactly, since each output is one weight times
-    1 plus zeros. Any other parameter (the embedding, the norms) is read as it is, by elements; the
-    embedding's padding rows past the vocabulary (``org_vocab_size``) are left out, as π_θ has none."""
+    1 plus zeros (transposed: the block row by row, as π_θ's side reads it). Any other parameter (the
+    embedding, the norms) is read as it is, by elements; the embedding's padding rows past the vocabulary
+    (``org_vocab_size``) are left out, as π_θ has none."""
     served: Served = {}
+    one_hots: dict[tuple, torch.Tensor] = {}       # a model has few input widths: each one-hot built once a sync
     for module_name, module in model.named_modules():
         for name, tensor in module.named_parameters(recurse=False):
             full = f"{module_name}.{name}" if module_name else name
@@ -151,13 +153,15 @@ def served_fingerprints(model: torch.nn.Module, step: int) -> Served:
                 tensor = tensor[:vocabulary] if vocabulary is not None else tensor
                 served[full] = ("elements", tensor.dtype, fingerprint([tensor], "elements", tensor.dtype, step))
                 continue
-            columns = sample_positions(size, step, str(tensor.device))
             dtype = tensor.dtype if tensor.numel() else module.params_dtype  # the CPU build empties a repacked weight
-            one_hot = torch.zeros(len(columns), size, dtype=dtype, device=tensor.device)
-            one_hot[torch.arange(len(columns)), columns] = 1
-            product = module.quant_method.apply(module, one_hot)
+            key = (size, dtype, tensor.device)
+            if key not in one_hots:
+                columns = torch.arange(size)[column_block(size, step)]
+                one_hots[key] = torch.zeros(len(columns), size, dtype=dtype, device=tensor.device)
+                one_hots[key][torch.arange(len(columns)), columns] = 1
+            product = module.quant_method.apply(module, one_hots[key])
             product = product[:, :vocabulary] if vocabulary is not None else product
-            served[full] = ("columns", product.dtype, crc(product))
+            served[full] = ("columns", product.dtype, crc(product.t()))
     return served
 
 
