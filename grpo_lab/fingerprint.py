@@ -115,8 +115,8 @@ def column_block(width: int, step: int) -> slice:
 
 def pick(parts: Sequence[torch.Tensor], kind: str, dtype: torch.dtype, step: int) -> torch.Tensor:
     """The samples of ``parts`` concatenated along dim 0 (one part: a plain tensor) at the sync of ``step``, in
-    ``dtype``: m elements of the flat layout ``[m]``, or the block of columns row by row ``[rows, m]`` (the
-    engine's product of m one-hot inputs, transposed)."""
+    ``dtype``: m blocks of elements of the flat layout ``[m · BLOCK]``, or the block of columns row by row
+    ``[rows, COLUMNS]`` (the engine's product of :data:`COLUMNS` one-hot inputs, transposed)."""
     if kind == "columns":                    # a strided slice: one cache line of every row
         block = column_block(parts[0].shape[1], step)
         return torch.cat([p.detach()[:, block] for p in parts]).to(dtype)
