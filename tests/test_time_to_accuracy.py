@@ -286,6 +286,9 @@ def test_the_summary_of_made_up_units(tmp_path):
     ratios = tta_ratio_figure(summary)
     assert [t.name for t in ratios.data] == ["target 50%", "target 80%"]
     assert ratios.data[1].x[0] == pytest.approx(ratio["ratio"]) and list(ratios.data[1].y) == ["grpo_lab_v1"]
+    decomposition = tta_ratio_figure(summary, to_v1=True)                 # TRL's time over the loop's
+    assert list(decomposition.data[1].y) == ["trl"] and "grpo_lab_v1" in decomposition.layout.xaxis.title.text
+    assert decomposition.data[1].x[0] == pytest.approx(summary["time_ratios_to_v1"]["trl"]["80%"]["ratio"])
     with pytest.raises(ValueError, match="another design"):
         summarize(design, {"j": 0.1, "design_sha": sha}, [made_unit("trl", 2, slow[2], "other")], sha)
     short = made_unit("trl", 2, slow[2][:2], sha)           # missed the targets yet stopped at 60 s

@@ -1,6 +1,7 @@
 """Time to accuracy's figures (issue 38, notebook 03 §3c) from ``results/time_to_accuracy/summary.json``
 (:mod:`grpo_lab.study.tta_summary`): every seed's exact-J curve against training seconds or optimiser steps with
-the targets, and the time ratios to TRL with their intervals. They only draw what the summary holds.
+the targets, and the time ratios to TRL (or to grpo_lab v1: the decomposition) with their intervals. They only
+draw what the summary holds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from ..scale.throughput import MEASURED
+from ..study.tta_summary import V1
 from .display import new_figure
 
 
@@ -39,16 +41,18 @@ def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Fig
     return fig
 
 
-def tta_ratio_figure(summary: Mapping[str, Any]) -> go.Figure:
-    """Each arm's time ratio to the reference per target (restricted means, :mod:`grpo_lab.study.passage`) with
-    its 95 % bootstrap interval, on a log axis; an arm whose ratio or interval is not resolved is marked and
-    named in the hover text with the reason."""
-    fig = new_figure(height=120 + 60 * max(1, len(summary["time_ratios"])), xaxis_type="log",
-                     xaxis_title=f"training time to the target ÷ {summary['reference']}'s (restricted means)",
-                     title=f"{MEASURED}: time ratios with 95 % bootstrap intervals over seeds")
+def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figure:
+    """Each arm's time ratio per target (restricted means, :mod:`grpo_lab.study.passage`) with its 95 % bootstrap
+    interval, on a log axis: against the reference (TRL), or with ``to_v1`` against ``grpo_lab_v1`` (the
+    decomposition: what switching off one cause costs the loop). An arm whose ratio is not resolved is left out;
+    one whose interval is not resolved has no bars and names the reason in its hover text."""
+    denominator, key = (V1, "time_ratios_to_v1") if to_v1 else (summary["reference"], "time_ratios")
+    fig = new_figure(height=120 + 60 * max(1, len(summary[key])), xaxis_type="log",
+                     xaxis_title=f"training time to the target ÷ {denominator}'s (restricted means)",
+                     title=f"{MEASURED}: time ratios to {denominator} with 95 % bootstrap intervals over seeds")
     for name, color in zip(summary["targets"]["levels"], itertools.cycle(qualitative.Plotly), strict=False):
         arms, ratios, plus, minus, notes = [], [], [], [], []
-        for arm, by_target in summary["time_ratios"].items():
+        for arm, by_target in summary[key].items():
             entry = by_target[name]
             if entry["ratio"] is None:
                 continue
@@ -58,7 +62,7 @@ def tta_ratio_figure(summary: Mapping[str, Any]) -> go.Figure:
             plus.append(entry["ci_high"] - entry["ratio"] if resolved else 0.0)
             minus.append(entry["ratio"] - entry["ci_low"] if resolved else 0.0)
             notes.append(entry["note"] or f"reached {entry['reached_share']:.0%}, "
-                         f"{summary['reference']} {entry['reference_reached_share']:.0%}")
+                         f"{denominator} {entry['reference_reached_share']:.0%}")
         fig.add_scatter(x=ratios, y=arms, mode="markers", name=f"target {name}", marker=dict(color=color, size=9),
                         error_x=dict(type="data", array=plus, arrayminus=minus), hovertext=notes)
     fig.add_vline(x=1.0, line=dict(color="grey", dash="dot"))
