@@ -93,6 +93,32 @@ def test_what_censoring_leaves_not_resolved():
     # the reference never reaches it, the arm does: a ratio within the budget, bounded by the budget
     bounded = passage.time_ratio([60.0, 90.0, 120.0], [None, None, None], 600.0)
     assert bounded["ratio"] == pytest.approx(90 / 600) and bounded["ci_high"] <= 120 / 600
+    assert bounded["bound"] == "upper"
+
+
+@pytest.mark.parametrize(("arm", "reference", "bound"), [
+    ([60.0, 90.0, 120.0], [300.0, 400.0, 500.0], "exact"),
+    ([60.0, 90.0, 120.0], [300.0, None, 500.0], "upper"),
+    ([60.0, None, 120.0], [300.0, 400.0, 500.0], "lower"),
+    ([60.0, None, 120.0], [300.0, None, 500.0], "neither"),
+])
+def test_the_bound_censoring_makes_holds_for_every_completion_of_the_censored_times(arm, reference, bound):
+    """Censored seeds replaced by any times past the budget: the ratio of mean times lies on the side the
+    bound names (both sides for ``neither``, equal for ``exact``)."""
+    result = passage.time_ratio(arm, reference, 600.0)
+    assert result["bound"] == bound and passage.censoring_bound(arm, reference) == bound
+    ratios = []
+    for late in (600.0, 900.0, 6000.0):
+        for early in (600.0, 650.0):
+            a = [late if t is None else t for t in arm]
+            r = [early if t is None else t for t in reference]
+            ratios += [np.mean(a) / np.mean(r), np.mean([early if t is None else t for t in arm]) /
+                       np.mean([late if t is None else t for t in reference])]
+    below = [x <= result["ratio"] + 1e-12 for x in ratios]
+    above = [x >= result["ratio"] - 1e-12 for x in ratios]
+    expected = {"exact": all(below) and all(above), "upper": all(below) and not all(above),
+                "lower": all(above) and not all(below), "neither": not all(below) and not all(above)}
+    assert expected[bound]
 
 
 # ----------------------------------------------------------------------------- the design
@@ -276,6 +302,7 @@ def test_the_summary_of_made_up_units(tmp_path):
     assert ratio["reference_reached_share"] == pytest.approx(1 / 3) and ratio["ci_high"] is not None
     rows = ratio_table(summary)
     assert [(r["arm"], r["target"][:3]) for r in rows][:2] == [("grpo_lab_v1", "50%"), ("grpo_lab_v1", "80%")]
+    assert ratio["bound"] == "upper" and rows[1]["× trl's time"].startswith("≤ ")     # two TRL seeds censored
     assert rows[-1]["× trl's time"] == "reference" and rows[-2]["KM median s"] == "90"
     decomposition = ratio_table(summary, to_v1=True)
     assert decomposition[0]["× grpo_lab_v1's time"] == "reference" and decomposition[2]["seeds"] == 3
@@ -286,6 +313,7 @@ def test_the_summary_of_made_up_units(tmp_path):
     ratios = tta_ratio_figure(summary)
     assert [t.name for t in ratios.data] == ["target 50%", "target 80%"]
     assert ratios.data[1].x[0] == pytest.approx(ratio["ratio"]) and list(ratios.data[1].y) == ["grpo_lab_v1"]
+    assert list(ratios.data[1].marker.symbol) == ["triangle-left"] and "upper bound" in ratios.data[1].hovertext[0]
     decomposition = tta_ratio_figure(summary, to_v1=True)                 # TRL's time over the loop's
     assert list(decomposition.data[1].y) == ["trl"] and "grpo_lab_v1" in decomposition.layout.xaxis.title.text
     assert decomposition.data[1].x[0] == pytest.approx(summary["time_ratios_to_v1"]["trl"]["80%"]["ratio"])

@@ -26,6 +26,12 @@ mean** first-passage times at the budget, mean(min(T, B)) over the arm's seeds /
   the reference misses in some seeds, its restricted mean is smaller than its unrestricted mean would be; the
   ratio is reported with both arms' reached shares beside it so that a reader sees this.
 
+**What the ratio bounds** (``bound``): the restricted mean of an arm with a censored seed is below its mean
+first-passage time (that seed's T is over B), so against the ratio of mean times the restricted ratio is
+``"exact"`` when no seed of either arm is censored, an ``"upper"`` bound when only the reference has censored
+seeds (the arm is at least this much faster), a ``"lower"`` bound when only the arm has, and ``"neither"`` when
+both have. The table prints ``≤`` / ``≥`` before a bound.
+
 It is **not resolved** (None) when neither arm reached the target in any seed (both restricted means are B by
 construction: "1.0" would be invented), or when the reference's restricted mean is 0 (a target at or below the
 untrained J). The Kaplan–Meier median (:func:`km_median`) and the share reached (:func:`reached_share`) are
@@ -110,6 +116,15 @@ def km_median(times: Sequence[float | None], follow_up: Sequence[float]) -> floa
     return None
 
 
+def censoring_bound(arm: Sequence[float | None], reference: Sequence[float | None]) -> str:
+    """What the restricted-mean ratio of ``arm`` to ``reference`` is against the ratio of mean first-passage
+    times: ``exact``, ``upper``, ``lower`` or ``neither``, by which arm has censored seeds (module docstring)."""
+    arm_censored, reference_censored = None in arm, None in reference
+    if arm_censored and reference_censored:
+        return "neither"
+    return "lower" if arm_censored else "upper" if reference_censored else "exact"
+
+
 def _ratio(arm: np.ndarray, reference: np.ndarray, budget: float) -> np.ndarray:
     """Restricted-mean ratios of resampled rows ([R, n] each); NaN where not resolved."""
     a, r = arm.mean(axis=-1), reference.mean(axis=-1)
@@ -127,7 +142,8 @@ def time_ratio(arm: Sequence[float | None], reference: Sequence[float | None], b
     budget (check the follow-up first: :func:`restricted_times`). Returns ``ratio``, ``ci_low``, ``ci_high``
     (None where not resolved), ``note`` (why not, or ""), ``reached_share`` (the arm's),
     ``reference_reached_share``, ``restricted_mean`` and ``reference_restricted_mean`` (seconds), ``seeds`` and
-    ``reference_seeds``, and ``unresolved_resamples`` (the share of resamples with no reached seed in either arm)."""
+    ``reference_seeds``, ``bound`` (``exact`` / ``upper`` / ``lower`` / ``neither``: module docstring) and
+    ``unresolved_resamples`` (the share of resamples with no reached seed in either arm)."""
     if not arm or not reference:
         raise ValueError("time_ratio needs at least one seed in each arm")
     if not 0 < level < 1:
@@ -139,7 +155,8 @@ def time_ratio(arm: Sequence[float | None], reference: Sequence[float | None], b
         "ratio": None if math.isnan(point) else point, "ci_low": None, "ci_high": None, "note": "",
         "reached_share": reached_share(arm), "reference_reached_share": reached_share(reference),
         "restricted_mean": float(a.mean()), "reference_restricted_mean": float(r.mean()),
-        "seeds": len(arm), "reference_seeds": len(reference), "unresolved_resamples": None}
+        "seeds": len(arm), "reference_seeds": len(reference), "bound": censoring_bound(arm, reference),
+        "unresolved_resamples": None}
     if out["ratio"] is None:
         out["note"] = ("not resolved: neither arm reached the target in any seed" if r.mean() > 0 else
                        "not resolved: the reference's restricted mean is 0 (target at or below the untrained J)")

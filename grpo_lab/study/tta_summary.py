@@ -100,14 +100,19 @@ def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
     return summary
 
 
+BOUND_MARK = {"upper": "≤ ", "lower": "≥ ", "neither": "~ "}
+"""How the table marks a ratio that bounds the ratio of mean times (:func:`~grpo_lab.study.passage.censoring_bound`;
+``~``: both arms have censored seeds, so it bounds neither way)."""
+
+
 def _seconds(value: float | None, budget: float) -> str:
     return f"> {budget:.0f}" if value is None else f"{value:.0f}"
 
 
 def ratio_table(summary: Mapping[str, Any], to_v1: bool = False) -> list[dict[str, Any]]:
     """A row per arm and target: seeds, share reached, Kaplan–Meier median and restricted mean (s), and the
-    time ratio to the reference (``to_v1``: to ``grpo_lab_v1``, the decomposition) with its interval, or why it
-    is not resolved."""
+    time ratio to the reference (``to_v1``: to ``grpo_lab_v1``, the decomposition) with its interval, marked
+    by :data:`BOUND_MARK` where censoring makes it a bound, or why it is not resolved."""
     rows, budget = [], summary["budget_seconds"]
     denominator, key = (V1, "time_ratios_to_v1") if to_v1 else (summary["reference"], "time_ratios")
     for arm, targets in summary["arms"].items():
@@ -120,7 +125,7 @@ def ratio_table(summary: Mapping[str, Any], to_v1: bool = False) -> list[dict[st
             else:
                 interval = (f" [{ratio['ci_low']:.2f}, {ratio['ci_high']:.2f}]" if ratio["ci_low"] is not None
                             else f" ({ratio['note']})")
-                said = f"{ratio['ratio']:.2f}{interval}"
+                said = f"{BOUND_MARK.get(ratio['bound'], '')}{ratio['ratio']:.2f}{interval}"
             rows.append({"arm": arm, "target": f"{name} (J {summary['targets']['levels'][name]:.3f})",
                          "seeds": entry["seeds"], "reached": f"{entry['reached_share']:.0%}",
                          "KM median s": _seconds(entry["km_median"], budget),

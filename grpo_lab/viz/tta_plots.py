@@ -41,17 +41,26 @@ def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Fig
     return fig
 
 
+BOUND_TEXT = {"exact": "no seed censored", "upper": "an upper bound: only the denominator has censored seeds",
+              "lower": "a lower bound: only this arm has censored seeds",
+              "neither": "no bound: both arms have censored seeds"}
+BOUND_SYMBOL = {"exact": "circle", "upper": "triangle-left", "lower": "triangle-right", "neither": "diamond"}
+"""A ratio's marker and hover text by its ``bound`` (:func:`~grpo_lab.study.passage.censoring_bound`): a triangle
+points the way the ratio of mean times lies."""
+
+
 def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figure:
     """Each arm's time ratio per target (restricted means, :mod:`grpo_lab.study.passage`) with its 95 % bootstrap
     interval, on a log axis: against the reference (TRL), or with ``to_v1`` against ``grpo_lab_v1`` (the
     decomposition: what switching off one cause costs the loop). An arm whose ratio is not resolved is left out;
-    one whose interval is not resolved has no bars and names the reason in its hover text."""
+    one whose interval is not resolved has no bars and names the reason in its hover text; a bound under censoring
+    is drawn as a triangle pointing the way the ratio of mean times lies (:data:`BOUND_SYMBOL`)."""
     denominator, key = (V1, "time_ratios_to_v1") if to_v1 else (summary["reference"], "time_ratios")
     fig = new_figure(height=120 + 60 * max(1, len(summary[key])), xaxis_type="log",
                      xaxis_title=f"training time to the target ÷ {denominator}'s (restricted means)",
                      title=f"{MEASURED}: time ratios to {denominator} with 95 % bootstrap intervals over seeds")
     for name, color in zip(summary["targets"]["levels"], itertools.cycle(qualitative.Plotly), strict=False):
-        arms, ratios, plus, minus, notes = [], [], [], [], []
+        arms, ratios, plus, minus, notes, symbols = [], [], [], [], [], []
         for arm, by_target in summary[key].items():
             entry = by_target[name]
             if entry["ratio"] is None:
@@ -61,9 +70,11 @@ def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figu
             resolved = entry["ci_low"] is not None
             plus.append(entry["ci_high"] - entry["ratio"] if resolved else 0.0)
             minus.append(entry["ratio"] - entry["ci_low"] if resolved else 0.0)
-            notes.append(entry["note"] or f"reached {entry['reached_share']:.0%}, "
-                         f"{denominator} {entry['reference_reached_share']:.0%}")
-        fig.add_scatter(x=ratios, y=arms, mode="markers", name=f"target {name}", marker=dict(color=color, size=9),
+            reached = f"reached {entry['reached_share']:.0%}, {denominator} {entry['reference_reached_share']:.0%}"
+            notes.append("; ".join(filter(None, (entry["note"], reached, BOUND_TEXT[entry["bound"]]))))
+            symbols.append(BOUND_SYMBOL[entry["bound"]])
+        fig.add_scatter(x=ratios, y=arms, mode="markers", name=f"target {name}",
+                        marker=dict(color=color, size=9, symbol=symbols),
                         error_x=dict(type="data", array=plus, arrayminus=minus), hovertext=notes)
     fig.add_vline(x=1.0, line=dict(color="grey", dash="dot"))
     return fig
