@@ -22,7 +22,8 @@ than compared against levels set for another endpoint.
 ``trl_every_batch``                stock TRL: AdamW steps on every batch
 ================================== =============================================================================
 
-A decoder arm waits for the house issue's decision (the sampler has one decoding path today).
+No decoder arm: the house issue kept one decoding path for α (the other was removed), so there is no second
+decoder to switch to.
 
 **Order.** Seeds in blocks: every arm at seed n before any at n + 1, the arms within a block in a random order
 drawn from :data:`ORDER_SEED` (:func:`unit_order`), written into the design. Each unit runs alone on the machine
@@ -52,7 +53,8 @@ EVAL_EVERY_SECONDS = 30.0
 SEEDS = 5
 ORDER_SEED = 38
 LAG_V = 4
-"""The lagged arm's v until the frontier names the largest v equivalent to v1."""
+"""The lagged arm's v: the frontier (issue 34) found no v > 1 equivalent to v1 at 5 seeds; v = 4 with ``ratio``
+is the nearest to it (docs/theory.md §3)."""
 LAG_CORRECTION = "ratio"
 REFERENCE = "trl"
 UNTRAINED_TOLERANCE = 1e-4
