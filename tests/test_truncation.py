@@ -71,6 +71,18 @@ def test_the_cut_is_hugging_faces_on_untied_logits(top_p, top_k, vocab):
         assert float((ours - theirs)[~theirs.isinf()].abs().max()) < 1e-5
 
 
+def test_the_cut_is_decided_on_the_renormalised_row():
+    """float32 log-probs sum to 1 only within log_softmax's error; the cut reads the row renormalised. Here the
+    exact mass above the last token is 0.9989997 < top_p = 0.999 (kept), while the row as given, summing to
+    1 + 3.5e-7, puts it at 0.99900005 (cut): a margin a float32 log_softmax of 5,000 logits can produce."""
+    probs = torch.tensor([0.6, 0.3989997, 0.0010003], dtype=torch.float64)
+    logp = (probs.log() + math.log1p(3.5e-7)).float()
+    assert float(logp.double().exp()[:2].sum()) >= 0.999                  # unnormalised: at the threshold
+    kept = truncate_logprobs(logp, top_p=0.999)
+    assert not kept.isinf().any()
+    assert torch.allclose(kept.double().exp(), probs, atol=1e-6)
+
+
 @pytest.mark.parametrize("bad", [{"top_p": 0.0}, {"top_p": 1.5}, {"top_p": math.nan}, {"top_p": "0.9"},
                                  {"top_k": -1}, {"top_k": 2.0}, {"top_k": True}])
 def test_bad_truncation_is_named(bad):

@@ -167,12 +167,17 @@ def _kept_window(logp: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Te
     vocabulary = logp.shape[-1]
     by_k = 0 < top_k < vocabulary
     width = min(max(NUCLEUS_WIDTH, top_k + 1), vocabulary)
+    # q is taken in float64 and renormalised over the whole row (or S_k): near top_p → 1 the cut's margin can be
+    # ~1e-7, below float32 log_softmax's own error (a row of float32 log-probs summed to 1 + 3.5e-7 and put a
+    # token whose exact mass above is 0.9989997 above 0.999).
+    log_total = logp.double().logsumexp(-1, keepdim=True) if top_p < 1.0 and not by_k else None
     while True:
         values, ids = logp.topk(width, dim=-1)
         keep_k = values >= values[..., top_k - 1:top_k] if by_k else torch.ones_like(values, dtype=torch.bool)
         keep = keep_k
         if top_p < 1.0:
-            log_q = values - (values.masked_fill(~keep_k, -math.inf).logsumexp(-1, keepdim=True) if by_k else 0.0)
+            exact = values.double()
+            log_q = exact - (exact.masked_fill(~keep_k, -math.inf).logsumexp(-1, keepdim=True) if by_k else log_total)
             q = log_q.exp().masked_fill(~keep_k, 0.0)
             last = values.masked_fill(~(keep_k & (q.cumsum(-1) - q < top_p)), math.inf).amin(-1, keepdim=True)
             keep = keep_k & (values >= last)
