@@ -175,3 +175,42 @@ def test_a_stop_event_ends_the_run_after_the_step_and_on_step_sees_each_step(tmp
     assert again.k == 3 and len(seen) == 3 and checkpoint.stat().st_mtime_ns == written   # resumed, no step, no save
     stop.clear()
     assert train(config, again, progress=False).k == config.steps
+
+
+def test_moved_share_is_what_adamw_moves_in_bfloat16():
+    """An update of size lr changes a bfloat16 weight only where lr is at least half its spacing: the share
+    ``moved_share`` predicts is the set one AdamW step (first step: each weight moves by lr) really changes."""
+    import torch
+
+    from grpo_lab.lm.build import moved_share
+
+    weights = torch.nn.Parameter(torch.tensor([1.0, 1e-4, 0.0, -2.0, 3e-3, 0.5], dtype=torch.bfloat16))
+    predicted = (weights.detach().float() + 1e-3).to(torch.bfloat16) != weights.detach()
+    assert predicted.tolist() == [False, True, True, False, True, False]
+    model = torch.nn.Module()
+    model.w = weights
+    assert moved_share(model, 1e-3) == pytest.approx(0.5)
+    before = weights.detach().clone()
+    weights.grad = -torch.ones_like(weights)
+    torch.optim.AdamW([weights], lr=1e-3, weight_decay=0.0).step()
+    assert (weights.detach() != before).tolist() == predicted.tolist()
+    assert moved_share(model.float(), 1e-3) == 1.0
+
+
+def test_build_loop_warns_when_half_precision_rounds_the_updates_away():
+    import warnings
+
+    import torch
+    from reliability_runs import problems, tokenizer
+    from tiny_lm import tiny_model
+
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.train_config import TrainConfig
+
+    config = TrainConfig(prompts_per_step=2, G=2, lr=1e-6, dtype="bfloat16", device="cpu")
+    said = r"π_θ is in torch.bfloat16 .* lr = 1e-06 a step: an update of that size changes [0-9.]+% of its weights"
+    with pytest.warns(UserWarning, match=said + r".*Use dtype = float32"):
+        build_loop(config, tiny_model().to(torch.bfloat16), tokenizer(), list(problems()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_loop(config.replace(dtype="float32"), tiny_model(), tokenizer(), list(problems()))

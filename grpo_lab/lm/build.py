@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..loop import GRPOLoop
 from .tasks import Problem
@@ -43,6 +46,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     if config.prompts_per_step > len(problems):
         raise ValueError(f"prompts_per_step = {config.prompts_per_step} exceeds the {len(problems)} problems")
     model.requires_grad_(True)
+    warn_if_updates_round_away(model, config.lr)
     task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
     config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
@@ -64,6 +68,40 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     loop = GRPOLoop(policy, sampler, task, config)
     loop.tokenizer = tokenizer
     return loop
+
+
+HALF_PRECISION_MOVED_SHARE = 0.5
+"""Below this share of π_θ's weights moved by an update of size lr, :func:`build_loop` warns."""
+
+
+def moved_share(model: torch.nn.Module, lr: float) -> float:
+    """The share of ``model``'s trainable weights that an update of size ``lr`` changes in their own dtype.
+
+    AdamW moves each weight by about lr a step; a weight stored in bfloat16 (8 significant bits) changes only if
+    lr is at least half its spacing, ~|w|·2⁻⁹, so at lr = 1e-6 a weight above ~5e-4 in size rounds back to
+    itself every step. The loop steps AdamW on π_θ's own weights (no float32 master copy), so this share is the
+    part of the model that can train at all."""
+    moved = total = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                moved += int(((p.float() + lr).to(p.dtype) != p).sum())
+                total += p.numel()
+    return moved / total if total else 1.0
+
+
+def warn_if_updates_round_away(model: torch.nn.Module, lr: float) -> None:
+    """Warn when π_θ is in half precision and an update of size ``lr`` moves under
+    :data:`HALF_PRECISION_MOVED_SHARE` of its weights (:func:`moved_share`): the run would barely train."""
+    dtype = next(model.parameters()).dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        return
+    share = moved_share(model, lr)
+    if share < HALF_PRECISION_MOVED_SHARE:
+        warnings.warn(f"π_θ is in {dtype} and AdamW moves each weight by about lr = {lr:g} a step: an update of "
+                      f"that size changes {share:.1%} of its weights, the rest round back, so the run will barely "
+                      "train (the loop keeps no float32 master copy). Use dtype = float32, or a larger lr.",
+                      stacklevel=3)
 
 
 def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens: int) -> Any:

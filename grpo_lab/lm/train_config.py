@@ -59,7 +59,9 @@ class TrainConfig(GRPOConfig):
     system_prompt: str | None = None
     """System message of the chat prompt (None = the chat template's own default)."""
     dtype: str = "float32"
-    """Weights dtype: ``float32`` (CPU), ``bfloat16`` (GPU)."""
+    """π_θ's weights dtype, which AdamW steps in (the loop keeps no float32 master copy): ``float32``; in
+    ``bfloat16`` an update of lr = 1e-6 rounds back on almost every weight (``build_loop`` warns). On the TRL
+    route (``grpo_lab.scale.launch``) ``bfloat16`` / ``float16`` set TRL's mixed precision instead."""
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
     output_dir: str = "runs/default"
