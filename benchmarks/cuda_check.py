@@ -24,6 +24,7 @@ Prints one JSON object (and writes it to ``--out`` if given)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from pathlib import Path
@@ -91,8 +92,7 @@ def parity(tokenizer: Any, device: str, tokens: int) -> dict[str, Any]:
     report: dict[str, Any] = {"tokens_scored": int(rollout.mask.sum()), "cpu_fp32_whole": compare(score(cpu, False),
                                                                                                    reference)}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))[:2 if device == "cuda" else 1]:
-        moved = build_model("smollm2-135m", tokenizer, torch.float32, "cpu").to(dtype=dtype, device=device)
-        moved.load_state_dict({k: v.to(dtype) for k, v in cpu.state_dict().items()})
+        moved = copy.deepcopy(cpu).to(dtype=dtype, device=device)
         report[f"{device}_{name}_packed"] = compare(score(moved, True), reference)
         report[f"{device}_{name}_whole"] = compare(score(moved, False), reference)
     return report

@@ -10,11 +10,16 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
-from reliability_runs import REPO, make_loop, train_config
+import torch
+from reliability_runs import REPO, make_loop, problems, tokenizer, train_config
+from tiny_lm import tiny_model
 
+from grpo_lab.lm.build import build_loop, moved_share
+from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import LOCK_FILE, RunDirInUse, load_metrics, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -180,10 +185,6 @@ def test_a_stop_event_ends_the_run_after_the_step_and_on_step_sees_each_step(tmp
 def test_moved_share_is_what_adamw_moves_in_bfloat16():
     """An update of size lr changes a bfloat16 weight only where lr is at least half its spacing: the share
     ``moved_share`` predicts is the set one AdamW step (first step: each weight moves by lr) really changes."""
-    import torch
-
-    from grpo_lab.lm.build import moved_share
-
     weights = torch.nn.Parameter(torch.tensor([1.0, 1e-4, 0.0, -2.0, 3e-3, 0.5], dtype=torch.bfloat16))
     predicted = (weights.detach().float() + 1e-3).to(torch.bfloat16) != weights.detach()
     assert predicted.tolist() == [False, True, True, False, True, False]
@@ -198,15 +199,6 @@ def test_moved_share_is_what_adamw_moves_in_bfloat16():
 
 
 def test_build_loop_warns_when_half_precision_rounds_the_updates_away():
-    import warnings
-
-    import torch
-    from reliability_runs import problems, tokenizer
-    from tiny_lm import tiny_model
-
-    from grpo_lab.lm.build import build_loop
-    from grpo_lab.lm.train_config import TrainConfig
-
     config = TrainConfig(prompts_per_step=2, G=2, lr=1e-6, dtype="bfloat16", device="cpu")
     said = r"π_θ is in torch.bfloat16 .* lr = 1e-06 a step: an update of that size changes [0-9.]+% of its weights"
     with pytest.warns(UserWarning, match=said + r".*Use dtype = float32"):

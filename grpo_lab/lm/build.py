@@ -85,7 +85,7 @@ def moved_share(model: torch.nn.Module, lr: float) -> float:
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
-                moved += int(((p.float() + lr).to(p.dtype) != p).sum())
+                moved += int(((p + lr) != p).sum())   # in p's dtype: the sum rounded once, as AdamW stores it
                 total += p.numel()
     return moved / total if total else 1.0
 
