@@ -3,7 +3,8 @@ hands the sampler instead of π_θ's. ``tests/test_sync_proof.py`` runs them on 
 ``tests/test_vllm_engine.py`` on the real vLLM engine, ``tests/reliability_report.py`` counts them.
 
 A tied LM head left behind is not a push list: the sampler's head stops sharing the embedding (vLLM's reload
-alone does this, :func:`grpo_lab.lm.sampling_vllm.load_weights_into_vllm`), so each sampler sets it up its way.
+alone does this where the head's GEMM packs its own copy, :func:`grpo_lab.lm.sampling_vllm.load_weights_into_vllm`),
+so each sampler sets it up its way.
 """
 
 from __future__ import annotations

