@@ -61,7 +61,9 @@ class TrainConfig(GRPOConfig):
     dtype: str = "float32"
     """π_θ's weights dtype, which AdamW steps in (the loop keeps no float32 master copy): ``float32``; in
     ``bfloat16`` an update of lr = 1e-6 rounds back on almost every weight (``build_loop`` warns). On the TRL
-    route (``grpo_lab.scale.launch``) ``bfloat16`` / ``float16`` set TRL's mixed precision instead."""
+    route (``grpo_lab.scale.launch``) ``bfloat16`` / ``float16`` set TRL's mixed precision instead: TRL 1.16
+    loads a model it is given by name in float32 (``create_model_from_path``) and autocasts the forward, so its
+    AdamW steps float32 weights."""
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
     output_dir: str = "runs/default"
