@@ -14,8 +14,11 @@ import pytest
 import torch
 from datasets import Dataset
 from schedule_calls import assert_one_call_order, record_plans_and_schedule
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.lm.recipes import CONFIG_DIR
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.scale.launch import trl_args
 from grpo_lab.scale.trl import OffPolicyGRPOTrainer
 from grpo_lab.sync_audit import SyncError
 
@@ -329,6 +332,21 @@ def test_in_process_alpha_samples_and_scores_the_truncated_distribution(model_di
 def test_bad_config_names_the_field(tmp_path, change, name):
     with pytest.raises(ValueError, match=name):
         two.make_config(str(tmp_path), 1, 8, **change)
+
+
+def test_a_bfloat16_recipe_on_the_trl_route_trains_float32_weights(model_dir, tmp_path):
+    """TrainConfig(dtype="bfloat16") → TRL's bf16 autocast over weights TRL loads in float32 by default, even from
+    a checkpoint saved in bfloat16 (which transformers alone would load as saved): AdamW steps float32 weights,
+    unlike the loop's bfloat16 weights (TrainConfig.dtype)."""
+    saved = tmp_path / "bf16_llama"
+    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(saved)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(saved)
+    assert AutoModelForCausalLM.from_pretrained(saved).dtype == torch.bfloat16
+    args = trl_args(TrainConfig(model=str(saved), dtype="bfloat16", device="cpu", G=two.FIXED_G, prompts_per_step=2,
+                                output_dir=str(tmp_path / "out")), {}, num_processes=1)
+    trainer = OffPolicyGRPOTrainer(model=str(saved), reward_funcs=alternating_reward, args=args,
+                                   train_dataset=Dataset.from_dict({"prompt": list(two.TRAIN_PROMPTS)}))
+    assert args.bf16 and {p.dtype for p in trainer.model.parameters()} == {torch.float32}
 
 
 def _free_port():
