@@ -8,7 +8,8 @@ with ``tokenizer.json``, e.g. the bundled SmolLM2's, :func:`grpo_lab.lm.models.b
    device, with prompt sharing on and off; the report gives max |Δ log π| between them and the relative difference
    of the gradients of Σ A·log π (the policy-gradient term). fp32 on both devices should agree to float rounding;
    bf16 on the device is reported against fp32 for scale.
-2. **The loop.** :func:`grpo_lab.lm.build.build_loop` on the device in bf16, v = 4, with
+2. **The loop.** :func:`grpo_lab.lm.build.build_loop` on the device in bf16 (mixed precision: float32 weights,
+   bfloat16 forwards), v = 4, with
    ``empty_step="skip_after_backward"`` (random weights earn no reward, so every group is zero-variance; this
    setting still runs the forward and backward), the sync proof and the behavioural probe on: the steps' seconds,
    the audit's verdicts, and the peak device memory the run added to π_θ's weights beside what the memory guard
@@ -104,13 +105,13 @@ def loop_run(shape: str, tokenizer: Any, device: str, steps: int, tokens: int) -
     config = TrainConfig(model=f"config:{shape}", device=device, dtype=dtype, G=8, prompts_per_step=4, v=4,
                          lr=1e-6, steps=steps, max_completion_length=tokens, temperature=1.0,
                          empty_step="skip_after_backward", eval_problems=1)
-    model = build_model(shape, tokenizer, getattr(torch, dtype), device)
+    model = build_model(shape, tokenizer, config.weights_dtype(), device)
     weights = torch.cuda.memory_allocated() if device == "cuda" else 0
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems())
     prompt_length = longest_prompt(tokenizer, loop.task.prompt_of.values())
-    estimate = estimate_memory(ModelShape.of(model), loop.config, prompt_length)
+    estimate = estimate_memory(ModelShape.of(model, config.compute_dtype()), loop.config, prompt_length)
     records, seconds = [], []
     for _ in range(steps):
         start = time.perf_counter()

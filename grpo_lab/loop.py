@@ -189,7 +189,9 @@ class GRPOLoop:
                              "synced_logprobs (see grpo_lab.rollout.ScoringSampler)")
         self.audit: SyncAudit | None = None
         if config.sync_audit and callable(getattr(sampler, "score", None)):
-            self.audit = SyncAudit.for_dtype(next(iter(policy.parameters())).dtype)
+            # τ of the dtype π_θ's forward computes in (an LMPolicy's autocast dtype, else its weights')
+            self.audit = SyncAudit.for_dtype(getattr(policy, "compute_dtype", None)
+                                             or next(iter(policy.parameters())).dtype)
         elif config.sync_audit:
             warnings.warn(f"{type(sampler).__name__} has no score(rollout, rows), so the sync audit cannot run: "
                           "this run's syncs are not checked (sync_audit=False silences this)", stacklevel=2)

@@ -21,13 +21,13 @@ The rule (:meth:`SyncAudit.check`), on the probe's n tokens, against the referen
     followed < moved / 2       → SyncError
     otherwise                  → the sync took; this audit becomes the reference
 
-τ is :data:`AUDIT_TOLERANCE` of π_θ's dtype. Why movement and not closeness (|log α − log π_θ| after the sync
-against before it): an engine's numerics differ from the trainer's at equal weights, so right after a good
-sync α is *not* close to π_θ when π_θ moved little, and a closeness rule fires on mismatch alone. Why the
-margin 6·M: after a good sync, α's move differs from π_θ's by at most the mismatch now plus the mismatch at
-the reference (triangle inequality), so once π_θ moved by more than 6·M, α moved by more than half of it
-whenever the mismatch now is at most 2·M; after a sync that did nothing, α did not move at all. The mismatch
-need not be independent of the move: a bfloat16 engine fed a float32 trainer's weights rounds small updates
+τ is :data:`AUDIT_TOLERANCE` of the dtype π_θ's forward computes in. Why movement and not closeness
+(|log α − log π_θ| after the sync against before it): an engine's numerics differ from the trainer's at equal
+weights, so right after a good sync α is *not* close to π_θ when π_θ moved little, and a closeness rule fires on
+mismatch alone. Why the margin 6·M: after a good sync, α's move differs from π_θ's by at most the mismatch now
+plus the mismatch at the reference (triangle inequality), so once π_θ moved by more than 6·M, α moved by more
+than half of it whenever the mismatch now is at most 2·M; after a sync that did nothing, α did not move at all.
+The mismatch need not be independent of the move: a bfloat16 engine fed a float32 trainer's weights rounds small updates
 away, so on a few tokens α's move can be a fraction of π_θ's at one sync and a multiple of it at the next
 (docs/benchmarks.md, sync audit); the margin covers that too, at the price of judging such a run only after
 π_θ moved by several mismatches. With a float32 engine M is tiny and a sync is judged as soon as π_θ moves.
@@ -52,9 +52,9 @@ from .rollout import Rollout
 
 AUDIT_TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2,
                                              torch.bfloat16: 5e-2}
-"""τ per dtype of π_θ's weights: the mean |change| of the probe's log-probs below which π_θ counts as unmoved,
-above a forward's run-to-run noise in that dtype (a GPU's reductions may differ between two forwards of equal
-weights, by up to a rounding of the logits in 16-bit)."""
+"""τ per dtype of π_θ's forward (its weights', or its autocast dtype under mixed precision): the mean |change| of
+the probe's log-probs below which π_θ counts as unmoved, above a forward's run-to-run noise in that dtype (a GPU's
+reductions may differ between two forwards of equal weights, by up to a rounding of the logits in 16-bit)."""
 
 PROBE_TOKENS = 8
 """Completion tokens of the probe: the first this many of the batch, row by row (all of them if fewer). One

@@ -16,7 +16,7 @@ import torch
 from ..loop import GRPOLoop
 from .tasks import Problem
 from .text_task import TextTask, train_problems
-from .train_config import DTYPES, TrainConfig
+from .train_config import TrainConfig
 
 
 def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
@@ -39,7 +39,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
 
         import_vllm()  # not installed: say so before loading anything
     if model is None:
-        model, tokenizer = load_policy(config.model, dtype=DTYPES[config.dtype], device=config.torch_device(),
+        model, tokenizer = load_policy(config.model, dtype=config.weights_dtype(), device=config.torch_device(),
                                        trust_remote_code=config.trust_remote_code)
     if problems is None:
         problems = train_problems(config)
@@ -49,10 +49,12 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     warn_if_updates_round_away(model, config.lr)
     task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
-    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()))
+    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
+                          compute_dtype=config.compute_dtype())
     if checkpoint is not None:
         guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
-    policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt)
+    policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt,
+                      compute_dtype=config.compute_dtype())
     if sampler is not None:
         drawn = (sampler.max_completion_length, sampler.temperature, sampler.top_p, sampler.top_k)
         needed = (config.max_completion_length, config.temperature, config.top_p, config.top_k)
@@ -79,8 +81,9 @@ def moved_share(model: torch.nn.Module, lr: float) -> float:
 
     AdamW moves each weight by about lr a step; a weight stored in bfloat16 (8 significant bits) changes only if
     lr is at least half its spacing, ~|w|·2⁻⁹, so at lr = 1e-6 a weight above ~5e-4 in size rounds back to
-    itself every step. The loop steps AdamW on π_θ's own weights (no float32 master copy), so this share is the
-    part of the model that can train at all."""
+    itself every step. AdamW steps π_θ's own weights, so for weights stored in half precision (a model given to
+    :func:`build_loop` so; it loads its own in float32 under a half-precision ``dtype``) this share is the part of
+    the model that can train at all."""
     moved = total = 0
     with torch.no_grad():
         for p in model.parameters():
@@ -98,10 +101,10 @@ def warn_if_updates_round_away(model: torch.nn.Module, lr: float) -> None:
         return
     share = moved_share(model, lr)
     if share < HALF_PRECISION_MOVED_SHARE:
-        warnings.warn(f"π_θ is in {dtype} and AdamW moves each weight by about lr = {lr:g} a step: an update of "
-                      f"that size changes {share:.1%} of its weights, the rest round back, so the run will barely "
-                      "train (the loop keeps no float32 master copy). Use dtype = float32, or a larger lr.",
-                      stacklevel=3)
+        warnings.warn(f"π_θ's weights are in {dtype} and AdamW moves each weight by about lr = {lr:g} a step: an "
+                      f"update of that size changes {share:.1%} of them, the rest round back, so the run will barely "
+                      "train. Give build_loop the model in float32 (TrainConfig.dtype = 'bfloat16' then computes in "
+                      "bfloat16 over float32 weights: mixed precision), or a larger lr.", stacklevel=3)
 
 
 def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens: int) -> Any:
@@ -122,7 +125,7 @@ def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens
                      "enforce_eager": policy.device.type == "cpu", "trust_remote_code": config.trust_remote_code}
     if policy.device.type == "cpu":
         engine_kwargs["kv_cache_memory_bytes"] = vllm_cpu_kv_cache_bytes(
-            ModelShape.of(policy.model), config.prompts_per_step * config.G, max_model_len)
+            ModelShape.of(policy.model, policy.compute_dtype), config.prompts_per_step * config.G, max_model_len)
     sampler = VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
                           top_p=config.top_p, top_k=config.top_k, seed=config.seed, engine_kwargs=engine_kwargs)
     drop_stored_import_tracebacks()

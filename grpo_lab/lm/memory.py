@@ -10,7 +10,7 @@ why) or raises a ValueError stating estimate vs available.
 
 What a run adds to π_θ's weights W (already resident when the guard runs)::
 
-    new = α + π_ref + gradients + optimiser + overhead + sampling + training
+    new = α + π_ref + gradients + optimiser + autocast + overhead + sampling + training
 
 Sampling and training happen one after the other, but the measured CPU peaks
 exceed what a max() of the two allows (the allocator keeps freed memory), so
@@ -24,6 +24,9 @@ part            bytes                                          held
 gradients       W_train                                        from the first backward
 optimiser       2·W_train: AdamW's m and v, kept by torch in   AdamW (SGD keeps none)
                 the parameters' dtype
+autocast        W_train·b_c/b: the b_c-byte copies of π_θ's    mixed precision (b_c < b),
+                weights ``torch.autocast`` keeps through a     one forward and backward
+                forward and its backward
 overhead        c_W·W (calibrated: allocator slack, weights    always
                 paged in, gradient temporaries)
 sampling        2·L·B·S·n_kv·d_head·b (KV cache)               while sampling
@@ -38,7 +41,8 @@ training        m·S·L·((10H + 4I)·b + 2·n_head·S·b)            one micro-
 =============== ============================================== ==========================
 
 B = P·G sequences (P prompts), Lp the longest prompt (tokens), T = ``max_completion_length``,
-S = Lp + T, m the micro-batch, b bytes per weight element; L, H, I, V, n_head,
+S = Lp + T, m the micro-batch, b bytes per weight element (activations and the KV cache are counted at b
+also under mixed precision, where they take b_c: an over-estimate); L, H, I, V, n_head,
 n_kv, d_head from the model's config. The activation count 10H + 4I per token
 and layer is a Llama-style decoder layer's saved tensors (two RMSNorms, q/k/v/o
 inputs, rotary copies, SwiGLU's four I-wide tensors).
@@ -127,10 +131,17 @@ class ModelShape:
     heads: int            # n_head
     kv_heads: int         # n_kv
     head_dim: int         # d_head
+    compute_element_size: int | None = None  # b_c: bytes per element the forward computes in (None: b)
+
+    @property
+    def compute_bytes(self) -> int:
+        """b_c: bytes per element the forward computes in."""
+        return self.compute_element_size or self.element_size
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> ModelShape:
-        """Read the shape of a ``transformers`` causal LM (its text config for multimodal ones)."""
+    def of(cls, model: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> ModelShape:
+        """Read the shape of a ``transformers`` causal LM (its text config for multimodal ones), whose forward
+        computes in ``compute_dtype`` (None: its weights')."""
         config = model.config.get_text_config()
         params = list(model.parameters())
         tensors = {id(t): t for t in [*params, *model.buffers()]}
@@ -144,7 +155,8 @@ class ModelShape:
                    hidden=config.hidden_size, intermediate=getattr(config, "intermediate_size", 4 * config.hidden_size),
                    vocab=config.vocab_size, heads=heads,
                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads)
+                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   compute_element_size=None if compute_dtype is None else compute_dtype.itemsize)
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class MemoryEstimate:
     reference: int
     gradients: int
     optimizer: int
+    autocast: int
     overhead: int
     sampling: int
     training: int
@@ -162,13 +175,14 @@ class MemoryEstimate:
     @property
     def new(self) -> int:
         """Peak bytes added on top of π_θ's weights."""
-        return (self.sampler + self.reference + self.gradients + self.optimizer + self.overhead
+        return (self.sampler + self.reference + self.gradients + self.optimizer + self.autocast + self.overhead
                 + self.sampling + self.training)
 
     def summary(self) -> str:
         """``new`` and each part, in GiB."""
         parts = ", ".join(f"{name} {gib(getattr(self, name))}" for name in
-                          ("sampler", "reference", "gradients", "optimizer", "overhead", "sampling", "training"))
+                          ("sampler", "reference", "gradients", "optimizer", "autocast", "overhead", "sampling",
+                           "training"))
         return f"{gib(self.new)} ({parts})"
 
 
@@ -187,9 +201,11 @@ def estimate_memory(shape: ModelShape, config: GRPOConfig, prompt_length: int,
     S, L, H, I, V = prompt_length + T, shape.layers, shape.hidden, shape.intermediate, shape.vocab
     sampling = sampler_tensor_bytes(shape, B, P, prompt_length, T) + HEAP_RETENTION * B * T * V
     training = m * S * L * ((10 * H + 4 * I) * b + 2 * shape.heads * S * b) + 3 * 4 * m * T * V
+    b_c = shape.compute_bytes
     return MemoryEstimate(
         sampler=shape.weights, reference=shape.weights if config.beta > 0 else 0, gradients=shape.trainable,
         optimizer=2 * shape.trainable if config.optimizer == "adamw" else 0,
+        autocast=shape.trainable // b * b_c if b_c < b else 0,
         overhead=math.ceil(C_OVERHEAD_W * shape.weights), sampling=sampling, training=training)
 
 
@@ -203,10 +219,11 @@ def sampler_tensor_bytes(shape: ModelShape, B: int, P: int, prompt_length: int, 
 
 
 def guard_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,
-                 available: int | None = None) -> GRPOConfig:
+                 available: int | None = None, compute_dtype: torch.dtype | None = None) -> GRPOConfig:
     """``config`` if the run fits in ``available`` bytes (default: :func:`available_memory` of the
-    model's device), else a copy with the largest micro-batch that fits (printed), else ValueError."""
-    shape, device = ModelShape.of(model), next(model.parameters()).device
+    model's device), else a copy with the largest micro-batch that fits (printed), else ValueError;
+    ``compute_dtype``: the dtype π_θ's forward computes in (None: its weights')."""
+    shape, device = ModelShape.of(model, compute_dtype), next(model.parameters()).device
     available = available_memory(device) if available is None else require_int_at_least("available", available, 0)
     budget = int(BUDGET_FRACTION * available)
     B = config.prompts_per_step * config.G
@@ -365,14 +382,15 @@ VLLM_CPU_BLOCK_TOKENS = 128
 def vllm_cpu_kv_cache_bytes(shape: ModelShape, sequences: int, max_model_len: int) -> int:
     """The KV cache (``kv_cache_memory_bytes``) that vLLM's CPU engine needs to run ``sequences`` requests of up
     to ``max_model_len`` tokens at once, and no more: each request holds ⌈max_model_len / 128⌉ blocks of 128
-    tokens, a token 2·L·n_kv·d_head·b bytes (keys and values of every layer), plus one block (vLLM keeps a
-    null block). Without it the engine takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 at least: the variable is whole
-    GiB) or a share of the machine's memory; SmolLM2-135M in float32 needs 5.6 MiB a block, so a step of
-    P·G = 32 completions needs 186 MiB where 1 GiB was allocated (and written: it is resident)."""
+    tokens, a token 2·L·n_kv·d_head·b_c bytes (keys and values of every layer, in the dtype the engine serves),
+    plus one block (vLLM keeps a null block). Without it the engine takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 at
+    least: the variable is whole GiB) or a share of the machine's memory; SmolLM2-135M in float32 needs 5.6 MiB a
+    block, so a step of P·G = 32 completions needs 186 MiB where 1 GiB was allocated (and written: it is
+    resident)."""
     require_int_at_least("sequences", sequences, 1)
     require_int_at_least("max_model_len", max_model_len, 1)
     blocks = sequences * math.ceil(max_model_len / VLLM_CPU_BLOCK_TOKENS) + 1
-    token_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.element_size
+    token_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.compute_bytes
     return blocks * VLLM_CPU_BLOCK_TOKENS * token_bytes
 
 

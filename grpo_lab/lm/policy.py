@@ -21,6 +21,7 @@ repeated prompt and no padding between completions.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -140,15 +141,22 @@ class LMPolicy(torch.nn.Module):
                      packed after it (needs an attention that takes a 4D
                      mask: ``sdpa`` or ``eager``); False runs every
                      prompt + completion whole, padded to the longest
+    ``compute_dtype`` the dtype the forward (and so the backward) computes
+                     in; None: the weights'. Below the weights' (bfloat16
+                     over float32): mixed precision, ``torch.autocast``
+                     around every forward, so AdamW steps the float32
+                     weights while the products run in half precision
     ================ ==================================================
 
     The model is put in eval mode: dropout would make log π a random function
     of θ and break π_θ/α = 1 at θ = α (RL fine-tuning runs without dropout).
     Being an ``nn.Module``, the policy supports ``state_dict``,
-    ``load_state_dict`` and ``copy.deepcopy`` (π_ref).
+    ``load_state_dict`` and ``copy.deepcopy`` (π_ref, and α's copy in
+    :class:`~grpo_lab.lm.sampling.HFSampler`, which keep its compute dtype).
     """
 
-    def __init__(self, model: torch.nn.Module, temperature: float = 1.0, share_prompt: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, temperature: float = 1.0, share_prompt: bool = True,
+                 compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if "logits_to_keep" not in inspect.signature(model.forward).parameters:
             raise ValueError(f"model {type(model).__name__} must accept logits_to_keep in forward()")
@@ -156,13 +164,28 @@ class LMPolicy(torch.nn.Module):
         if share_prompt and attention not in PACKING_ATTENTION:
             raise ValueError(f"share_prompt = True packs completions under a 4D attention mask, which attention "
                              f"{attention!r} does not take (use one of {PACKING_ATTENTION}, or share_prompt = False)")
+        if compute_dtype is not None and not getattr(compute_dtype, "is_floating_point", False):
+            raise ValueError(f"compute_dtype must be a floating torch.dtype or None, got {compute_dtype!r}")
         self.model = model.eval()
         self.temperature = require_number_in("temperature", temperature, 0.0, low_open=True)
         self.share_prompt = bool(share_prompt)
+        self._compute_dtype = compute_dtype
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward computes in: the one given, else the weights'."""
+        return self._compute_dtype or next(self.model.parameters()).dtype
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Where the model's forward runs: ``torch.autocast`` to :attr:`compute_dtype` when it is below the
+        weights' dtype (mixed precision), else nothing."""
+        if self.compute_dtype.itemsize >= next(self.model.parameters()).dtype.itemsize:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """log π_θ(y_t | x, y_<t) of ``rollout.completions[rows]`` at temperature T, with gradient.
@@ -196,8 +219,9 @@ class LMPolicy(torch.nn.Module):
             dtype = torch.float64 if self.model.dtype == torch.float64 else torch.float32
             return torch.zeros(b, T, dtype=dtype, device=rollout.completions.device)
         inputs, needed = completions[:, :length - 1], needed[:, :length]
-        logits, (r, c) = (self._packed_logits(prompt_ids, prompt_mask, inputs, needed) if self.share_prompt
-                          else self._whole_logits(prompt_ids, prompt_mask, inputs, needed))
+        with self.autocast():
+            logits, (r, c) = (self._packed_logits(prompt_ids, prompt_mask, inputs, needed) if self.share_prompt
+                              else self._whole_logits(prompt_ids, prompt_mask, inputs, needed))
         logp = self._score(logits, completions[r, c])
         out = torch.zeros(b, T, dtype=logp.dtype, device=device).index_put((r, c), logp)
         return out.to(rollout.completions.device)

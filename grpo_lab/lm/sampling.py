@@ -234,7 +234,8 @@ class HFSampler:
     log r′ = log α(S) ≤ 0, the log of the mass the cut kept (docs/theory.md §3).
 
     Decoding runs the model's own forward (:class:`~grpo_lab.lm.decoding.ModelDecoder`,
-    any model, device and dtype): α's layers are never patched and nothing is
+    any model, device and dtype; under the policy's autocast when it has one, so α
+    computes in π_θ's compute dtype): α's layers are never patched and nothing is
     compiled for it (``benchmarks/decoding.py`` measured the alternatives; figures
     in docs/benchmarks.md).
 
@@ -283,7 +284,8 @@ class HFSampler:
         seed = draw_seed(generator)
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
-            completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+            with self._scorer.autocast():                                 # α computes as π_θ does
+                completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
         return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
                              prompt_mask.repeat_interleave(group_size, dim=0), completions.cpu(), logp_alpha.cpu(),
                              self.tokenizer, self.eos_token_ids, self.pad_token_id)

@@ -24,7 +24,7 @@ What makes log α the log-probability of the distribution actually sampled:
 * ``ignore_eos=True, stop_token_ids=eos_token_ids``: the engine stops exactly
   at the EOS ids :class:`HFSampler` uses, not at its own tokenizer's and
   generation config's union.
-* ``dtype`` defaults to the policy's, so vLLM and the policy round alike.
+* ``dtype`` defaults to the policy's compute dtype, so vLLM and the policy round alike.
 
 Seeds: one seed is drawn from the loop's generator per call
 (:func:`~grpo_lab.lm.sampling.draw_seed`); prompt p gets ``seed + p·G`` and vLLM
@@ -266,7 +266,7 @@ class VLLMSampler:
     ``gpu_memory_utilization`` the engine's share of GPU memory (weights + KV cache); 0.3 is
                                the paper's 70 % training / 30 % inference split
     ``tensor_parallel_size``   1 (see the module docstring)
-    ``dtype``                  the engine's weight dtype (None: the policy's)
+    ``dtype``                  the engine's weight dtype (None: the policy's compute dtype)
     ``seed``                   the engine's own seed (per-request seeds come from the loop)
     ``enable_prefix_caching``  share the prompt's KV among its G completions
     ``engine_kwargs``          more ``vllm.LLM`` arguments (``max_model_len``, ``enforce_eager``…)
@@ -312,7 +312,7 @@ class VLLMSampler:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = build_engine(vllm, model=model, tensor_parallel_size=1,
                                 gpu_memory_utilization=gpu_memory_utilization,
-                                dtype=dtype or str(next(policy.model.parameters()).dtype).removeprefix("torch."),
+                                dtype=dtype or str(policy.compute_dtype).removeprefix("torch."),
                                 seed=seed, enable_prefix_caching=enable_prefix_caching,
                                 logprobs_mode="processed_logprobs", **engine_kwargs)
         _check_in_process(self.llm)

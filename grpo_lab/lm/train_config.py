@@ -59,11 +59,12 @@ class TrainConfig(GRPOConfig):
     system_prompt: str | None = None
     """System message of the chat prompt (None = the chat template's own default)."""
     dtype: str = "float32"
-    """π_θ's weights dtype, which AdamW steps in (the loop keeps no float32 master copy): ``float32``; in
-    ``bfloat16`` an update of lr = 1e-6 rounds back on almost every weight (``build_loop`` warns). On the TRL
-    route (``grpo_lab.scale.launch``) ``bfloat16`` / ``float16`` set TRL's mixed precision instead: TRL 1.16
-    loads a model it is given by name in float32 (``create_model_from_path``) and autocasts the forward, so its
-    AdamW steps float32 weights."""
+    """The dtype π_θ's forward and backward compute in, and α's and π_ref's forwards: ``float32``; ``bfloat16`` /
+    ``float16`` are mixed precision, the same on both routes: π_θ's weights stay float32 (AdamW steps them; in
+    bfloat16 an update of lr = 1e-6 would round back on almost every weight) and every forward runs under
+    ``torch.autocast`` to this dtype (:meth:`LMPolicy.autocast <grpo_lab.lm.policy.LMPolicy.autocast>`); a vLLM
+    engine serves the float32 weights in it. On the TRL route they set TRL's ``bf16`` / ``fp16``: TRL 1.16 loads a
+    model it is given by name in float32 (``create_model_from_path``) and autocasts."""
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
     output_dir: str = "runs/default"
@@ -117,6 +118,14 @@ class TrainConfig(GRPOConfig):
             raise ValueError(f"share_prompt must be true or false, got {self.share_prompt!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model must be a model name, directory or hub id, got {self.model!r}")
+
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype π_θ's weights are loaded in: float32 under a half-precision ``dtype`` (mixed precision)."""
+        return torch.float32 if DTYPES[self.dtype].itemsize < 4 else DTYPES[self.dtype]
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forwards compute in (``dtype``)."""
+        return DTYPES[self.dtype]
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

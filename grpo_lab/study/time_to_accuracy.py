@@ -206,9 +206,8 @@ def run_units(out_dir: str | Path, root: Path, *, units: int | None = None, mode
     base = shared_recipe(design["task"], design["lr"]) if base is None else base
     if model is None:
         from ..lm.models import load_policy
-        from ..lm.train_config import DTYPES
 
-        model, tokenizer = load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
+        model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
     questions = design_questions(design) if questions is None else questions
     targets = design["targets"]
     if len(questions) != targets["question_count"]:

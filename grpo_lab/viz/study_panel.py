@@ -66,7 +66,7 @@ from ..lm.checkpoint import load_checkpoint
 from ..lm.recipes import recipe, run_dir
 from ..lm.sampling import stop_and_pad_ids
 from ..lm.tasks import Problem, all_questions
-from ..lm.train_config import DTYPES, TrainConfig
+from ..lm.train_config import TrainConfig
 from ..lm.training import CHECKPOINT_FILE, RunDirInUse, train
 from ..loop import GRPOLoop
 from ..objective import IS_CORRECTIONS
@@ -479,7 +479,7 @@ class LivePanel:
     def _load_untrained(base: TrainConfig) -> tuple[Any, Any]:
         from ..lm.models import load_policy
 
-        return load_policy(base.model, dtype=DTYPES[base.dtype], device=base.torch_device())
+        return load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
 
     def release(self) -> None:
         """Free the run's loop (π_θ's copy, α and the optimiser state, ~4× the model's size) and the untrained

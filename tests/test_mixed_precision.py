@@ -1,0 +1,95 @@
+"""Mixed precision (``TrainConfig.dtype = "bfloat16"``): π_θ's weights stay float32 and AdamW steps them, while
+every forward — π_θ's scoring, α's decoding, π_ref's — computes in bfloat16 under ``torch.autocast``; the memory
+guard counts autocast's weight copies; a run resumes bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from reliability_runs import make_loop, problems, rows_of, same_tensors, tensors_of, tiny_model, tokenizer, train_config
+
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.memory import ModelShape, estimate_memory
+from grpo_lab.lm.policy import LMPolicy
+from grpo_lab.lm.sampling import HFSampler
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import load_metrics, train
+from grpo_lab.sync_audit import AUDIT_TOLERANCE
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = ["1 + 2 =", "3 + 4 =", "5 + 1 ="]
+
+
+def rollout_of(policy: LMPolicy):
+    return HFSampler(policy, tokenizer(), 6).sample(PROMPTS, 4, torch.Generator().manual_seed(0))
+
+
+def moved_where_trained(model: torch.nn.Module, policy: LMPolicy, rollout) -> float:
+    """The share of the weights with a non-zero gradient that one AdamW step of lr = 1e-6 changes."""
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    (-(policy.logprobs(rollout, slice(None)) * rollout.mask).sum()).backward()
+    graded = [p.grad != 0 for p in model.parameters()]
+    optimizer.step()
+    moved = sum(int(((p.detach() != b) & g).sum()) for p, b, g in zip(model.parameters(), before, graded, strict=True))
+    return moved / sum(int(g.sum()) for g in graded)
+
+
+def test_the_forward_computes_in_bfloat16_and_adamw_steps_the_float32_weights():
+    model = tiny_model()
+    mixed = LMPolicy(model, compute_dtype=torch.bfloat16)
+    full = LMPolicy(copy.deepcopy(model))
+    rollout = rollout_of(full)
+    logp = mixed.logprobs(rollout, slice(None))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        by_hand = full.logprobs(rollout, slice(None))
+    assert torch.equal(logp.detach(), by_hand)                                 # autocast's forward, exactly
+    assert not torch.allclose(logp.detach(), full.logprobs(rollout, slice(None)).detach(), atol=1e-5)
+    assert mixed.compute_dtype == torch.bfloat16 and {p.dtype for p in model.parameters()} == {torch.float32}
+    assert moved_where_trained(model, mixed, rollout) > 0.99                   # float32 weights: lr 1e-6 moves them
+    half = tiny_model().to(torch.bfloat16)
+    assert moved_where_trained(half, LMPolicy(half), rollout) < 0.1            # bfloat16 weights: it rounds away
+
+
+def test_alpha_decodes_in_the_policys_compute_dtype():
+    """α (HFSampler's copy of π_θ) decodes under π_θ's autocast: its KV cache's values come out of v_proj in
+    bfloat16 (its keys leave the rotary embedding in float32 either way)."""
+    sampler = HFSampler(LMPolicy(tiny_model(), compute_dtype=torch.bfloat16), tokenizer(), 6)
+    sampler.sample(PROMPTS, 2, torch.Generator().manual_seed(0))
+    assert sampler.decoder.cache.layers[0].values.dtype == torch.bfloat16      # v_proj ran in bfloat16
+    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer(), 6)
+    sampler.sample(PROMPTS, 2, torch.Generator().manual_seed(0))
+    assert sampler.decoder.cache.layers[0].values.dtype == torch.float32
+
+
+def test_build_loop_under_bfloat16_keeps_float32_weights_and_bfloat16_forwards():
+    config = TrainConfig(prompts_per_step=2, G=2, beta=0.04, dtype="bfloat16", device="cpu")
+    assert (config.weights_dtype(), config.compute_dtype()) == (torch.float32, torch.bfloat16)
+    loop = build_loop(config, tiny_model(), tokenizer(), list(problems()))
+    for policy in (loop.policy, loop.sampler._scorer, loop.reference):
+        assert policy.compute_dtype == torch.bfloat16
+        assert {p.dtype for p in policy.parameters()} == {torch.float32}
+    assert loop.audit.tolerance == AUDIT_TOLERANCE[torch.bfloat16]
+
+
+def test_the_memory_guard_counts_autocasts_weight_copies():
+    model = tiny_model()
+    config = TrainConfig(prompts_per_step=2, G=2)
+    plain, mixed = (estimate_memory(ModelShape.of(model, dtype), config, 20) for dtype in (None, torch.bfloat16))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert (plain.autocast, mixed.autocast) == (0, 2 * trainable)
+    assert mixed.new == plain.new + 2 * trainable
+
+
+def test_a_mixed_precision_run_resumes_bit_for_bit(tmp_path):
+    config = train_config("lm", tmp_path / "full", dtype="bfloat16")
+    full = train(config, make_loop("lm", config), progress=False)
+    part = train_config("lm", tmp_path / "part", dtype="bfloat16")
+    train(part.replace(steps=3), make_loop("lm", part.replace(steps=3)), progress=False)
+    resumed = train(part, make_loop("lm", part), progress=False)
+    assert resumed.k == full.k == config.steps
+    assert rows_of(load_metrics(part.output_dir)) == rows_of(load_metrics(config.output_dir))
+    assert same_tensors(tensors_of(resumed), tensors_of(full))
