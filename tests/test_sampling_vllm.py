@@ -184,6 +184,18 @@ def test_engine_arguments(fake_vllm, tmp_path, tokenizer):
     assert (sp.temperature, sp.max_tokens, sp.stop_token_ids, sp.ignore_eos) == (0.7, 12, [EOS], True)
 
 
+def test_the_engine_serves_in_a_mixed_precision_policys_compute_dtype(fake_vllm, tmp_path, tokenizer):
+    """π_θ in float32 computing in bfloat16: the engine runs in bfloat16, and its CPU KV cache is sized at 2 bytes
+    an element."""
+    from grpo_lab.lm.memory import ModelShape, vllm_cpu_kv_cache_bytes
+
+    policy = LMPolicy(tiny_model(), 0.7, compute_dtype=torch.bfloat16)
+    assert make_sampler(tmp_path, policy, tokenizer).llm.kwargs["dtype"] == "bfloat16"
+    plain, mixed = (vllm_cpu_kv_cache_bytes(ModelShape.of(policy.model, dtype), 12, 11)
+                    for dtype in (None, torch.bfloat16))
+    assert 2 * mixed == plain
+
+
 def test_rollout_layout_is_hfsamplers(fake_vllm, tmp_path, tokenizer):
     policy = LMPolicy(tiny_model(seed=3))
     G, T_max, eos = 4, 16, [EOS, 3, 4, 5, 6, 7]  # several EOS ids (as Qwen's), so that some rows stop early
