@@ -2,7 +2,8 @@
 
 Every test here is marked ``vllm``: ``make test`` deselects them (pyproject's addopts), ``make test-vllm``
 selects them, and there a missing vLLM fails instead of skipping. One engine at a time on the bundled
-SmolLM2-135M (a small KV cache, ≤ 16 new tokens, eager): the fp32 one serves every test but the bf16 one.
+SmolLM2-135M (a small KV cache, ≤ 16 new tokens, eager): the fp32 one serves every test but the bf16 ones, whose
+π_θ is a bfloat16 run's: float32 weights computing in bfloat16 (mixed precision), the engine in bfloat16.
 vLLM keeps one set of process groups per process, and an engine that is garbage-collected tears them down
 under any other live engine, so the next engine is built only after the previous one is released.
 """
@@ -30,8 +31,9 @@ TOLERANCE = {torch.float32: (1e-4, 2e-3), torch.bfloat16: (0.1, 1.5)}
 
 
 def make(dtype: torch.dtype) -> tuple[LMPolicy, VLLMSampler]:
-    model, tokenizer = load_policy("smollm2-135m", dtype=dtype)
-    policy = LMPolicy(model, T)
+    """π_θ computing in ``dtype`` over float32 weights, and its engine (in ``dtype``: the policy's compute dtype)."""
+    model, tokenizer = load_policy("smollm2-135m", dtype=torch.float32)
+    policy = LMPolicy(model, T, compute_dtype=dtype)
     return policy, VLLMSampler(policy, tokenizer, str(bundled_model_dir()), T_MAX, engine_kwargs=ENGINE)
 
 
@@ -213,7 +215,29 @@ def test_truncated_log_alpha_is_the_cut_of_the_engine(fp32):
 
 def test_log_alpha_matches_policy_bf16():
     policy, sampler = engine(torch.bfloat16)
+    assert sampler.llm.llm_engine.model_config.dtype == torch.bfloat16
     d = gap(policy, sample(sampler))
     print(f"bf16 engine: |log α − log π| per token over {d.numel()} tokens: mean {d.mean():.2e}, max {d.max():.2e}")
     mean_tol, max_tol = TOLERANCE[torch.bfloat16]
     assert d.mean() < mean_tol and d.max() < max_tol
+
+
+def test_a_mixed_precision_loop_trains_float32_weights_and_proves_every_sync():
+    """GRPOLoop on the bfloat16 engine with π_θ computing in bfloat16 over float32 weights, v = 1, lr 1e-6 (the
+    GSM8K recipes'): every sync proved, and the update moved π_θ's float32 weights where a bfloat16 weight would
+    have rounded it away."""
+    from tiny_lm import EvenTokenTask
+
+    from grpo_lab import GRPOConfig, GRPOLoop
+
+    policy, sampler = engine(torch.bfloat16)
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    config = GRPOConfig(G=G, prompts_per_step=2, max_completion_length=8, temperature=T, lr=1e-6, v=1, steps=2)
+    try:
+        records = list(GRPOLoop(policy, sampler, EvenTokenTask(), config).run())
+        assert [r.weights_audit for r in records] == ["proved"] * 2
+        changed = {k: v != saved[k] for k, v in policy.model.state_dict().items()}
+        assert sum(int(c.sum()) for c in changed.values()) > 0.5 * sum(c.numel() for c in changed.values())
+    finally:
+        policy.model.load_state_dict(saved)
+        sampler.sync(policy)

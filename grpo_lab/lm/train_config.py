@@ -64,7 +64,9 @@ class TrainConfig(GRPOConfig):
     bfloat16 an update of lr = 1e-6 would round back on almost every weight) and every forward runs under
     ``torch.autocast`` to this dtype (:meth:`LMPolicy.autocast <grpo_lab.lm.policy.LMPolicy.autocast>`); a vLLM
     engine serves the float32 weights in it. On the TRL route they set TRL's ``bf16`` / ``fp16``: TRL 1.16 loads a
-    model it is given by name in float32 (``create_model_from_path``) and autocasts."""
+    model it is given by name in float32 (``create_model_from_path``) and autocasts. Half precision is for GPUs: a
+    CPU without bfloat16 instructions (AVX-512 BF16, AMX) runs it many times slower than float32
+    (docs/benchmarks.md)."""
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
     output_dir: str = "runs/default"
