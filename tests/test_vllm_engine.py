@@ -26,7 +26,7 @@ T, T_MAX, G = 0.7, 16, 4
 PROMPTS = ["<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n",
            "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"]
 ENGINE = {"enforce_eager": True, "max_model_len": 128}
-# Measured per token on 2 CPU cores (tests print them): fp32 mean 1.5e-5 / max 2e-4; bf16 mean ~0.03 / max ~0.5.
+# Measured per token on 2 CPU cores (tests print them): fp32 mean 1.5e-5 / max 2e-4; bf16 mean 0.03–0.06 / max ~0.5.
 TOLERANCE = {torch.float32: (1e-4, 2e-3), torch.bfloat16: (0.1, 1.5)}
 
 
