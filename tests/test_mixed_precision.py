@@ -54,6 +54,18 @@ def test_the_forward_computes_in_bfloat16_and_adamw_steps_the_float32_weights():
     assert moved_where_trained(half, LMPolicy(half), rollout) < 0.1            # bfloat16 weights: it rounds away
 
 
+def test_a_policy_computes_no_wider_than_its_weights():
+    """A bfloat16 model under a float32 (or float16) compute dtype computes in bfloat16, and the sync audit's τ
+    with it; float32 weights under bfloat16 are mixed precision."""
+    half = tiny_model().to(torch.bfloat16)
+    for given in (None, torch.float32, torch.float16):
+        assert LMPolicy(half, compute_dtype=given).compute_dtype == torch.bfloat16
+    assert LMPolicy(tiny_model(), compute_dtype=torch.bfloat16).compute_dtype == torch.bfloat16
+    assert LMPolicy(tiny_model(), compute_dtype=torch.float32).compute_dtype == torch.float32
+    with pytest.raises(ValueError, match="compute_dtype must be a floating torch.dtype or None, got torch.int8"):
+        LMPolicy(tiny_model(), compute_dtype=torch.int8)
+
+
 def test_alpha_decodes_in_the_policys_compute_dtype():
     """α (HFSampler's copy of π_θ) decodes under π_θ's autocast: its KV cache's values come out of v_proj in
     bfloat16 (its keys leave the rotary embedding in float32 either way)."""

@@ -144,6 +144,7 @@ def load_eval_policy(config: Any, checkpoint: dict[str, Any] | None = None) -> t
     with the weights of ``checkpoint`` (a state read by :func:`~grpo_lab.lm.checkpoint.read_checkpoint`) if given."""
     from .models import load_policy
     from .policy import LMPolicy
+
     model, tokenizer = load_policy(config.model, dtype=config.weights_dtype(), device=config.torch_device(),
                                    trust_remote_code=config.trust_remote_code)
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt,

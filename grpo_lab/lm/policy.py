@@ -177,13 +177,16 @@ class LMPolicy(torch.nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The dtype the forward computes in: the one given, else the weights'."""
-        return self._compute_dtype or next(self.model.parameters()).dtype
+        """The dtype the forward computes in: the one given if it is a 16-bit dtype narrower than the weights'
+        (mixed precision), else the weights' (a forward never computes wider than its weights)."""
+        weights = next(self.model.parameters()).dtype
+        given = self._compute_dtype
+        return given if given is not None and given.itemsize == 2 < weights.itemsize else weights
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Where the model's forward runs: ``torch.autocast`` to :attr:`compute_dtype` when it is below the
-        weights' dtype (mixed precision), else nothing."""
-        if self.compute_dtype.itemsize >= next(self.model.parameters()).dtype.itemsize:
+        """Where the model's forward runs: ``torch.autocast`` to :attr:`compute_dtype` under mixed precision,
+        else nothing."""
+        if self.compute_dtype == next(self.model.parameters()).dtype:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
