@@ -111,7 +111,7 @@ def loop_run(shape: str, tokenizer: Any, device: str, steps: int, tokens: int) -
         torch.cuda.reset_peak_memory_stats()
     loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems())
     prompt_length = longest_prompt(tokenizer, loop.task.prompt_of.values())
-    estimate = estimate_memory(ModelShape.of(model, config.compute_dtype()), loop.config, prompt_length)
+    estimate = estimate_memory(ModelShape.of(model, loop.policy.compute_dtype), loop.config, prompt_length)
     records, seconds = [], []
     for _ in range(steps):
         start = time.perf_counter()

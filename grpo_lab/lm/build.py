@@ -49,12 +49,12 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     warn_if_updates_round_away(model, config.lr)
     task = TextTask(problems, tokenizer, config.system_prompt, format_weight=config.format_weight,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
-    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
-                          compute_dtype=config.compute_dtype())
-    if checkpoint is not None:
-        guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt,
                       compute_dtype=config.compute_dtype())
+    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
+                          compute_dtype=policy.compute_dtype)
+    if checkpoint is not None:
+        guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     if sampler is not None:
         drawn = (sampler.max_completion_length, sampler.temperature, sampler.top_p, sampler.top_k)
         needed = (config.max_completion_length, config.temperature, config.top_p, config.top_k)
