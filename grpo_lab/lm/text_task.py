@@ -42,11 +42,15 @@ class TextTask:
         if None in self.eos_token_ids or len(self.eos_token_ids) == 0:
             raise ValueError(f"eos_token_ids must name the ids that end a completion, got {self.eos_token_ids} "
                              "(the tokenizer has no EOS token: pass eos_token_ids)")
+        self.drawn: list[Problem] = []
+        """The problems of the last :meth:`prompts` call (a study logs which questions each step trained on)."""
         self.reward_fn = reward_fn or (lambda text, p, finished: answer_reward(
             text, p.answer, p.answer_format, format_weight, finished=finished, scoring=scoring))
 
     def prompts(self, n: int, generator: torch.Generator) -> list[str]:
-        return [self.prompt_of[id(p)] for p in sample_problems(self.problems, n, generator)]
+        """``n`` distinct problems' prompts, drawn with ``generator``; the problems are kept in :attr:`drawn`."""
+        self.drawn = sample_problems(self.problems, n, generator)
+        return [self.prompt_of[id(p)] for p in self.drawn]
 
     def rewards(self, rollout: Rollout, generator: torch.Generator) -> torch.Tensor:
         from .rewards import compute_rewards, finished_completions

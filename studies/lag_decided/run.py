@@ -1,0 +1,179 @@
+"""Run the units of the lag frontier, decided (the design: ``design.py`` beside this file), and rebuild its summary.
+
+A unit is one arm at one seed: it trains on the two thirds of the questions not held out, logs which questions
+each step drew, and computes exact J on every question at 0, ¼, ½, ¾ and the end of the budget (off the clock).
+It is written to ``units/<arm>_s<seed>.json`` with its provenance as it finishes; a unit whose file exists is
+skipped, and a unit another process is running is skipped too (an advisory lock the OS releases if that process
+dies), so processes side by side, and sittings one after another, share one unit order::
+
+    python studies/lag_decided/run.py --units 4 [--threads 1]       # the next 4 confirmatory units
+    python studies/lag_decided/run.py --regime2-pilot 3e-6          # the second regime's drift pilot
+    python studies/lag_decided/run.py --regime2 3e-6 --units 2       # the second regime's units at that lr
+    python studies/lag_decided/run.py --summary                      # rebuild summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+if str(ROOT) not in sys.path:   # run as a script from any folder
+    sys.path.insert(0, str(ROOT))
+
+from studies.lag_decided import design  # noqa: E402
+from studies.lag_decided.summary import rebuild_summary  # noqa: E402
+
+
+def provenance() -> dict[str, Any]:
+    """Where a unit ran: the commit and whether the tree had changes outside the units, the CPU's model and
+    vector extensions, the libraries' versions, torch's threads and the load average."""
+    import torch
+    import transformers
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")),
+                 platform.processor())
+    flags = next((line.split(":", 1)[1].split() for line in cpu.splitlines() if line.startswith("flags")), [])
+    dirty = [line for line in git("status", "--porcelain").splitlines() if "studies/lag_decided/units" not in line]
+    return {"git_commit": git("rev-parse", "HEAD"), "tree_dirty": bool(dirty), "cpu_model": model,
+            "cpu_vector": sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
+            "load_start": list(os.getloadavg())}
+
+
+class UnitLock:
+    """An advisory lock on ``<unit>.lock``: held while a process runs the unit, released by the OS if it dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_suffix(".lock")
+
+    def __enter__(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = self.path.open("w")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            self.handle = None
+            return False
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            self.path.unlink(missing_ok=True)
+            self.handle.close()
+
+
+def base_config(lr: float, steps: int) -> Any:
+    from grpo_lab.lm.recipes import recipe
+
+    return recipe(design.RECIPE, task=design.TASK, lr=lr, steps=steps, scoring="strict", empty_step="skip",
+                  checkpoint_every=0)
+
+
+def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str, Any] | None:
+    """Train ``arm`` at ``seed`` and write ``out/<arm>_s<seed>.json``; None if it exists or is running elsewhere."""
+    import torch
+
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.tasks import all_questions
+    from grpo_lab.lm.text_task import train_problems
+    from grpo_lab.study.frontier import endpoints, eval_steps, exact_j
+
+    path = out / f"{arm}_s{seed}.json"
+    if path.exists():
+        return None
+    with UnitLock(path) as held:
+        if not held or path.exists():
+            return None
+        unit: dict[str, Any] = {"arm": arm, **design.ARMS[arm], "seed": seed, "lr": lr, "steps": steps,
+                                **provenance()}
+        wall, cpu, eval_seconds = time.perf_counter(), time.process_time(), 0.0
+        config = base_config(lr, steps).replace(seed=seed, **design.ARMS[arm])
+        questions = all_questions(config.task)
+        index = {q.question: i for i, q in enumerate(questions)}
+        held_out = {q.question for q, out_ in zip(questions, design.held_out(questions), strict=True) if out_}
+        loop = build_loop(config, problems=[p for p in train_problems(config) if p.question not in held_out])
+        curve, per_question, records, drawn = {}, {}, [], []
+        for k in range(config.steps + 1):
+            if k in eval_steps(config.steps):
+                start = time.perf_counter()
+                with torch.no_grad():
+                    result = exact_j(loop.policy.model, loop.tokenizer, questions, config)
+                eval_seconds += time.perf_counter() - start
+                curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
+            if k < config.steps:
+                records.append(dataclasses.asdict(loop.step()))
+                drawn.append([index[p.question] for p in loop.task.drawn])
+        j_auc, j_final = endpoints(curve)
+        unit.update(task=config.task, j_curve=curve, j_per_question=per_question, j_auc=j_auc, j_final=j_final,
+                    drawn=drawn, records=records, load_end=list(os.getloadavg()),
+                    wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
+                    eval_seconds=eval_seconds)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(unit) + "\n")
+        tmp.replace(path)
+        return unit
+
+
+def queue(args: argparse.Namespace) -> list[tuple[str, int, float, int]]:
+    """(arm, seed, lr, steps) of the units this call may run, in the design's order."""
+    if args.regime2_pilot is not None:
+        return [("v10_ratio", design.REGIME2_PILOT_SEED, args.regime2_pilot, design.STEPS)]
+    if args.regime2 is not None:
+        return [(arm, seed, args.regime2, args.regime2_steps)
+                for arm, seed in design.unit_order(list(design.ARMS), design.REGIME2_SEEDS)]
+    return [(arm, seed, design.LR, design.STEPS) for arm, seed in design.unit_order(list(design.ARMS), design.SEEDS)]
+
+
+def unit_dir(out: Path, lr: float) -> Path:
+    """The confirmatory units in ``out/units``; the second regime's (and its pilot) in ``out/units_lr<lr>``."""
+    return out / "units" if lr == design.LR else out / f"units_lr{lr:g}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=1, help="how many units to run at most (0: none)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--regime2-pilot", type=float, default=None, metavar="LR")
+    parser.add_argument("--regime2", type=float, default=None, metavar="LR")
+    parser.add_argument("--regime2-steps", type=int, default=design.STEPS)
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--summary", action="store_true")
+    args = parser.parse_args(argv)
+    if args.summary:
+        summary = rebuild_summary(args.out)
+        print(json.dumps({"looks_reached": summary["looks_reached"], "seeds_in": summary["seeds_in"]}))
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
+    done = 0
+    for arm, seed, lr, steps in queue(args):
+        if done >= args.units:
+            break
+        unit = run_unit(arm, seed, lr, steps, unit_dir(args.out, lr))
+        if unit is not None:   # no endpoint printed: nothing is read before its look is due
+            done += 1
+            print(f"{arm} seed {seed} (lr {lr:g}): done in {unit['wall_seconds']:.0f} s "
+                  f"(exact J {unit['eval_seconds']:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""``summary.json`` of the lag frontier, decided, rebuilt from its unit files.
+
+Nothing is read before its look is due: the confirmatory arms are read over the seeds of the last look that every
+arm has reached (seeds in the design's order, a seed counting once all three arms have it), and the second
+regime's arms once all their seeds are in. The drift pilot is read as soon as it exists: it chooses the second
+regime's lr by the rule fixed in ``design.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpo_lab.study.results import mean_ci
+from studies.lag_decided import design
+
+
+def load(folder: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """(arm, seed) → unit, for the unit files in ``folder`` (none if it does not exist)."""
+    return {(u["arm"], u["seed"]): u for u in (json.loads(p.read_text()) for p in sorted(folder.glob("*.json")))}
+
+
+def held_out_auc(unit: Mapping[str, Any]) -> float:
+    """J_auc over the held-out questions: at each evaluation step after 0, the mean J over the held-out third."""
+    steps = sorted(unit["j_per_question"], key=int)[1:]
+    mask = np.array(design.held_out(unit["j_per_question"][steps[0]]))
+    return float(np.mean([np.asarray(unit["j_per_question"][s])[mask].mean() for s in steps]))
+
+
+def drift(unit: Mapping[str, Any], lag: int | None = None) -> float:
+    """Mean |log r′| per token over the unit's steps that trained (at one ``lag`` if given): how far π_k had
+    moved from α while the server waited."""
+    values = [r["log_ratio_k_abs"] for r in unit["records"]
+              if not r["skipped"] and (lag is None or r["lag"] == lag)]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def arm_entry(units: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """An arm's endpoints (mean and 95 % t CI over its seeds), collapses (final J below the untrained model's,
+    its own J at step 0) and window drift."""
+    entry: dict[str, Any] = {"seeds": [u["seed"] for u in units]}
+    for key, values in (("j_auc", [u["j_auc"] for u in units]), ("j_final", [u["j_final"] for u in units]),
+                        ("held_out_j_auc", [held_out_auc(u) for u in units]),
+                        ("drift", [drift(u) for u in units])):
+        mean, half = mean_ci(values)
+        entry[key] = {"mean": float(mean), "ci": None if np.isnan(half) else [float(mean - half), float(mean + half)]}
+    entry["j_curve"] = {s: float(np.mean([u["j_curve"][s] for u in units])) for s in units[0]["j_curve"]}
+    entry["collapsed"] = sum(u["j_final"] < u["j_curve"]["0"] for u in units)
+    return entry
+
+
+def provenance_rows(units: Mapping[tuple[str, int], Mapping[str, Any]]) -> list[dict[str, Any]]:
+    keys = ("arm", "seed", "lr", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers",
+            "torch_threads", "load_start", "load_end", "wall_seconds", "cpu_seconds", "eval_seconds")
+    return [{k: unit.get(k) for k in keys} for unit in units.values()]
+
+
+def rebuild_summary(out: Path, write: bool = True) -> dict[str, Any]:
+    """Read the units under ``out`` and write (unless ``write`` is False) and return ``out/summary.json``."""
+    units = load(out / "units")
+    complete = []
+    for seed in design.SEEDS:   # the prefix of seeds that every arm has
+        if not all((arm, seed) in units for arm in design.ARMS):
+            break
+        complete.append(seed)
+    reached = [n for n in design.PLAN.looks if n <= len(complete)]
+    summary: dict[str, Any] = {"design": design.design_record() | {"power": "design.json"},
+                               "seeds_in": len(complete), "looks_reached": reached, "arms": {},
+                               "comparisons": {}, "provenance": provenance_rows(units)}
+    if reached:
+        seeds = complete[:reached[-1]]
+        by_arm = {arm: [units[(arm, s)] for s in seeds] for arm in design.ARMS}
+        summary["arms"] = {arm: arm_entry(rows) for arm, rows in by_arm.items()}
+        diffs = {name: [units[(a, s)]["j_auc"] - units[(b, s)]["j_auc"] for s in seeds]
+                 for name, (a, b) in design.COMPARISONS.items()}
+        for name, verdict in design.decide(diffs).items():
+            a, b = design.COMPARISONS[name]
+            summary["comparisons"][name] = {
+                "comparison": f"{a} - {b}", "verdict": verdict.word, "estimate": verdict.estimate,
+                "rci": list(verdict.rci), "level": verdict.level,
+                "stopped_at_seeds": None if verdict.look is None else design.PLAN.looks[verdict.look],
+                "looks_reached": reached}
+    summary["regime2"] = regime2(out)
+    if write:
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def regime2(out: Path) -> dict[str, Any]:
+    """The drift pilots (lag-1 drift of each lr tried, and the lr the rule picks) and, once all its seeds are in,
+    the second regime's arms."""
+    pilots = {}
+    for lr in design.REGIME2_LRS:
+        unit = load(out / f"units_lr{lr:g}").get(("v10_ratio", design.REGIME2_PILOT_SEED))
+        if unit is not None:
+            pilots[f"{lr:g}"] = {"drift_lag1": drift(unit, lag=1), "drift": drift(unit), "j_auc": unit["j_auc"]}
+    chosen = next((lr for lr in pilots if pilots[lr]["drift_lag1"] <= design.REGIME2_DRIFT_LIMIT), None)
+    entry: dict[str, Any] = {"pilots": pilots, "lr": chosen, "arms": {}}
+    if chosen is not None:
+        units = load(out / f"units_lr{chosen}")
+        if all((arm, s) in units for arm in design.ARMS for s in design.REGIME2_SEEDS):
+            entry["arms"] = {arm: arm_entry([units[(arm, s)] for s in design.REGIME2_SEEDS])
+                             for arm in design.ARMS}
+    return entry

@@ -1,0 +1,74 @@
+"""The lag frontier, decided: the committed design file is the design module's, the decision rule agrees with the
+power simulation and keeps its error rates, and the summary reads only the looks that are due."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from studies.lag_decided import design
+from studies.lag_decided.summary import rebuild_summary
+
+HERE = Path(__file__).resolve().parents[1] / "studies" / "lag_decided"
+
+
+def test_the_committed_design_file_is_the_design():
+    assert json.loads((HERE / "design.json").read_text()) == json.loads(json.dumps(design.design_record()))
+
+
+def test_held_out_is_every_third_question():
+    held = design.held_out(list(range(363)))
+    assert sum(held) == 121 and held[:6] == [False, False, True, False, False, True]
+
+
+def test_decide_agrees_with_the_power_simulation():
+    rng = np.random.default_rng(3)
+    c1 = -0.05 + 0.06 * rng.standard_normal((60, 20))
+    c2 = np.tile([0.5, -0.5], (60, 10))   # mean 0 at every look: never rejected, so C1 stays at α/2
+    sim = design.simulate(c1, "C1")
+    for row in range(60):
+        verdict = design.decide({"C1": c1[row].tolist(), "C2": c2[row].tolist()})
+        assert verdict["C2"].look is None
+        assert verdict["C1"].differs == sim["differs"][row]
+        assert verdict["C1"].equivalent == sim["equivalent"][row]
+        assert verdict["C1"].look is None or design.PLAN.looks[verdict["C1"].look] == sim["seeds"][row]
+
+
+def test_holm_passes_c2s_level_to_c1():
+    rng = np.random.default_rng(4)
+    c2 = (1.0 + 0.01 * rng.standard_normal(20)).tolist()   # rejected at the first look
+    verdict = design.decide({"C1": (-0.05 + 0.06 * rng.standard_normal(20)).tolist(), "C2": c2})
+    assert verdict["C2"].differs and verdict["C2"].look == 0
+    assert verdict["C1"].level == design.ALPHA
+
+
+@pytest.mark.parametrize("d, word", [(0.0, "differs"), (design.MARGIN, "equivalent")])
+def test_error_rates_at_the_null(d, word):
+    power = design.power(d, 0.08, "C1", reps=20_000, seed=5)
+    assert power[word] <= design.ALPHA / 2 + 0.006
+
+
+def _unit(arm: str, seed: int, j_auc: float) -> dict:
+    per_question = {str(k): [j_auc] * 363 for k in (0, 32, 64, 96, 128)}
+    return {"arm": arm, "seed": seed, "j_auc": j_auc, "j_final": j_auc, "j_curve": {k: j_auc for k in per_question},
+            "j_per_question": per_question, "records": [{"skipped": False, "lag": 1, "log_ratio_k_abs": 0.1}]}
+
+
+def test_the_summary_reads_only_the_looks_that_are_due(tmp_path):
+    units = tmp_path / "units"
+    units.mkdir()
+    rng = np.random.default_rng(6)
+    for seed in design.SEEDS[:9]:
+        for arm in design.ARMS:
+            (units / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, float(rng.uniform(0.3, 0.6)))))
+    (units / f"v1_s{design.SEEDS[9]}.json").write_text(json.dumps(_unit("v1", design.SEEDS[9], 0.5)))
+    summary = rebuild_summary(tmp_path, write=False)
+    assert summary["seeds_in"] == 9 and summary["looks_reached"] == [8]
+    assert summary["arms"]["v1"]["seeds"] == list(design.SEEDS[:8])
+    assert set(summary["comparisons"]) == {"C1", "C2"}
+    for seed in design.SEEDS[:9]:
+        (units / f"v1_s{seed}.json").unlink()
+    assert rebuild_summary(tmp_path, write=False)["arms"] == {}
