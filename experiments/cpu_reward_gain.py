@@ -29,7 +29,7 @@ def main() -> None:
     loop = build_loop(config)
 
     def pass_at_1() -> float:
-        return evaluate(loop.policy, loop.tokenizer, problems, n=config.eval_samples,
+        return evaluate(loop.policy, loop.task.tokenizer, problems, n=config.eval_samples,
                         max_completion_length=config.max_completion_length, seed=1234,
                         progress=False).pass_at(1, config.scoring)
 

@@ -30,7 +30,7 @@ from grpo_lab.loop import make_optimizer, optimizer_step
 from grpo_lab.objective import grpo_objective
 from grpo_lab.plan import StepPlan, plan_step
 from grpo_lab.rollout import Rollout
-from grpo_lab.study.tta_trl import trl_trainer
+from studies.time_to_accuracy.trl_side import trl_trainer
 
 
 def trl_first_step(config: TrainConfig, model: Any, tokenizer: Any) -> tuple[dict[str, torch.Tensor], float]:

@@ -77,7 +77,7 @@ def main() -> None:
 
     loop = build_loop(recipe("cpu_arith_smollm2", temperature=args.temperature, max_completion_length=args.tokens))
     P, G = loop.config.prompts_per_step, loop.config.G
-    samplers = {s: HFSampler(loop.policy, loop.tokenizer, args.tokens, top_p=s[0], top_k=s[1])  # α = π_k
+    samplers = {s: HFSampler(loop.policy, loop.task.tokenizer, args.tokens, top_p=s[0], top_k=s[1])  # α = π_k
                 for s in args.settings}
     generator = torch.Generator().manual_seed(0)
     parts: dict[tuple[float, int], list[tuple[torch.Tensor, ...]]] = {s: [] for s in args.settings}

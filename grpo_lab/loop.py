@@ -173,9 +173,12 @@ class GRPOLoop:
     """
 
     def __init__(self, policy: Policy, sampler: Sampler, task: Task, config: GRPOConfig,
-                 run_ids: torch.Tensor | None = None) -> None:
+                 run_ids: torch.Tensor | None = None, micro_batch_size: int | None = None) -> None:
         self.policy, self.sampler, self.task, self.config = policy, sampler, task, config
         self.run_ids = run_ids
+        self.micro_batch_size = micro_batch_size or config.micro_batch_size
+        """Rows per forward and backward (None: the whole batch): the config's, or the memory plan's on a device
+        where the config's does not fit; the sum over micro-batches is exact either way."""
         self.optimizer = make_optimizer(policy.parameters(), config)
         self._params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.schedule = make_sync_schedule(config.sync, config.v, config.sync_threshold)
@@ -314,7 +317,7 @@ class GRPOLoop:
         """
         cfg = self.config
         B = rollout.completions.shape[0]
-        size = cfg.micro_batch_size or B
+        size = self.micro_batch_size or B
         chunks = [slice(s, min(s + size, B)) for s in range(0, B, size)]
         # Rows whose every weight is 0 (masked groups) need no gradient: one no-grad forward gives their log π_k.
         trained = [rows for rows in chunks if bool((plan.weights[rows] > 0).any())] if plan.trains else []

@@ -33,7 +33,7 @@ from grpo_lab.exact.bandit import BanditProblem, build_bandit_loop
 from grpo_lab.files import DiskError
 from grpo_lab.lm.build import build_loop
 from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
-from grpo_lab.lm.memory import guard_memory
+from grpo_lab.lm.memory import plan_memory
 from grpo_lab.lm.models import bundled_gguf_path, load_policy
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler, tokenize_prompts
@@ -179,7 +179,7 @@ def tiny_sampler(**kwargs: Any) -> HFSampler:
 
 def oversized_run() -> Any:
     config = TrainConfig(G=64, prompts_per_step=64, max_completion_length=4096)
-    return guard_memory(config, tiny_model(), prompt_length=50, available=10**6)
+    return plan_memory(config, tiny_model(), prompt_length=50, available=10**6)
 
 
 def model_dir_without_config() -> Any:
@@ -335,6 +335,6 @@ CATALOGUE: list[BadInput] = [
     # the memory guard
     BadInput("run too big for memory", oversized_run, ValueError,
              r"memory guard: the run needs about .* even with micro_batch_size = 1, but only 0.00 GiB is available"),
-    BadInput("available < 0", lambda: guard_memory(TrainConfig(), tiny_model(), 10, available=-1), ValueError,
+    BadInput("available < 0", lambda: plan_memory(TrainConfig(), tiny_model(), 10, available=-1), ValueError,
              r"available must be an integer >= 0, got -1"),
 ]

@@ -43,7 +43,7 @@ from reliability_runs import (
 from sync_faults import FAULTS, pushed
 
 from grpo_lab.files import DiskError
-from grpo_lab.lm.memory import estimate_checkpoint
+from grpo_lab.lm.disk_guard import estimate_checkpoint
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import CHECKPOINT_FILE, LOCK_FILE, load_metrics, train

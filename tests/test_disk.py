@@ -18,7 +18,7 @@ from grpo_lab import cli
 from grpo_lab.files import DiskError, append_line, atomic_write
 from grpo_lab.lm.build import build_loop
 from grpo_lab.lm.checkpoint import save_checkpoint
-from grpo_lab.lm.memory import estimate_checkpoint, estimate_run_checkpoint, guard_disk
+from grpo_lab.lm.disk_guard import estimate_checkpoint, estimate_run_checkpoint, guard_disk
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import CHECKPOINT_FILE
 
@@ -199,7 +199,7 @@ def test_atomic_write_and_append_line_keep_the_previous_contents(tmp_path, monke
 
 
 def test_live_panel_shows_the_disk_error_in_its_status_and_stays_usable(tmp_path, monkeypatch):
-    from grpo_lab.viz.study_panel import LivePanel
+    from studies.lag_frontier.live_panel import LivePanel
 
     base = TrainConfig(G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=4, temperature=1.0)
     panel = LivePanel(base, list(problems()), steps=3, eval_questions=1, pilot=None, model=tiny_model(),

@@ -1,4 +1,4 @@
-"""The frontier study's analysis (grpo_lab/study/frontier.py), on made-up units whose answers are known."""
+"""The frontier study's analysis (studies/lag_frontier/frontier.py), on made-up units whose answers are known."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_lab.study import frontier
-from grpo_lab.study.results import t_cdf
+from grpo_lab.stats.paired import t_cdf
+from studies.lag_frontier import frontier
 
 
 def test_the_design_is_ten_arms_and_fifteen_comparisons() -> None:

@@ -1,4 +1,4 @@
-"""Notebook 02's frontier figures (grpo_lab/viz/frontier_plots.py) on made-up units: what each draws, and that
+"""Notebook 02's frontier figures (studies/lag_frontier/plots.py) on made-up units: what each draws, and that
 nothing of the analysis is drawn before every unit of its family is in."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grpo_lab.study import frontier
-from grpo_lab.viz import frontier_plots
+from studies.lag_frontier import frontier
+from studies.lag_frontier import plots as frontier_plots
 
 QUESTIONS, GOLDS = ["1 + 1", "2 * 0", "3 - 3", "4 + 5"], ["2", "0", "0", "9"]
 

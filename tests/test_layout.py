@@ -39,9 +39,9 @@ ALLOWED = {
     "lm": {"core", "lm"},
     "scale": {"core", "lm", "scale"},
     "exact": {"core", "lm", "scale", "exact"},
-    "study": {"core", "lm", "scale", "exact", "study"},
-    "viz": {"core", "exact", "lm", "scale", "study", "viz"},
-    "cli": {"core", "exact", "lm", "scale", "study", "cli"},
+    "stats": {"core", "stats"},
+    "viz": {"core", "exact", "lm", "scale", "stats", "viz"},
+    "cli": {"core", "exact", "lm", "scale", "stats", "cli"},
 }
 """Which layer may import which: an import against this table is a back arrow.
 
@@ -54,13 +54,13 @@ core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpac
 lm       ``grpo_lab/lm/``                                    core, lm
 scale    ``grpo_lab/scale/``                                 core, lm, scale
 exact    ``grpo_lab/exact/``                                 core, lm (SmolLM2 exactly), scale (the cost model)
-study    ``grpo_lab/study/``                                 core, lm, scale, exact (studies measure exact J)
+stats    ``grpo_lab/stats/`` (no study's code)               core, stats
 viz      ``grpo_lab/viz/`` (drawing only)                    every layer: it draws what they compute
 cli      ``grpo_lab/cli.py``, the ``grpo-lab`` command       every layer but viz: the entry point, imported by none
 ======== =================================================== ==================================================
 
-Nothing imports viz but viz, nothing imports the CLI; exact imports no study (a study measures with exact's
-tools, not the reverse)."""
+Nothing imports viz but viz, nothing imports the CLI. The studies (``studies/``) sit outside the library and
+import it; the library imports no study."""
 
 
 def layer(module: str) -> str:
@@ -159,6 +159,14 @@ def test_the_package_has_no_import_circle_and_no_back_arrow():
     assert back_arrows(graph) == [], f"back arrows (see ALLOWED): {back_arrows(graph)}"
 
 
+def test_the_library_imports_no_study():
+    for module, path in module_files(ROOT).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(name.split(".")[0] == "studies" for name in names), f"{module} imports {names}"
+
+
 def test_the_checker_finds_a_circle_and_a_back_arrow(tmp_path):
     """The two rules on a made-up package: a top-level circle, one through a function-level import and one
     under TYPE_CHECKING, and algorithm and exact modules importing viz."""
@@ -206,3 +214,13 @@ def test_the_recipes_ship_with_the_package():
     with pytest.raises(FileNotFoundError, match=r"'configs/cpu_arith_smollm2.yaml' does not exist, nor is it a "
                                                 r"bundled recipe \(one of \[.*'cpu_arith_smollm2'"):
         recipe_path("configs/cpu_arith_smollm2.yaml")
+
+
+def test_each_study_readme_shows_its_summary():
+    """A study's README table is generated from its summary.json (``python -m studies.readme``): a README edited by
+    hand, or a summary rebuilt without regenerating it, fails here."""
+    from studies import readme
+
+    for study in readme.TABLES:
+        path = ROOT / "studies" / study / "README.md"
+        assert path.read_text() == readme.generated_readme(study), f"{path} is stale: run python -m studies.readme"

@@ -21,7 +21,7 @@ from reliability_runs import (
 )
 
 from grpo_lab.lm.build import build_loop
-from grpo_lab.lm.memory import BUDGET_FRACTION, ModelShape, available_memory, estimate_memory, gib, guard_memory
+from grpo_lab.lm.memory import BUDGET_FRACTION, ModelShape, available_memory, estimate_memory, gib, plan_memory
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
 
@@ -56,9 +56,10 @@ def test_guard_shrinks_the_micro_batch_and_says_so(capsys):
     assert shape.vocab == len(tokenizer()) and shape.layers == 1 and shape.weights > 0
     need = estimate_memory(shape, config, 50, micro_batch_size=8).new
     available = math.ceil((need + 1) / BUDGET_FRACTION)
-    assert guard_memory(config, model, 50, available=10 * available) is config
-    shrunk = guard_memory(config, model, 50, available=available)
-    assert shrunk.micro_batch_size == 8 and shrunk.replace(micro_batch_size=None) == config
+    roomy = plan_memory(config, model, 50, available=10 * available)
+    assert roomy.micro_batch_size == 32 and not roomy.shrunk   # the config's None: the whole batch of P·G rows
+    shrunk = plan_memory(config, model, 50, available=available)
+    assert shrunk.micro_batch_size == 8 and shrunk.shrunk and shrunk.estimate.new == need
     printed = capsys.readouterr().out
     assert "memory guard: micro_batch_size None → 8" in printed and "GiB" in printed
 
@@ -78,7 +79,8 @@ def test_build_loop_is_guarded(monkeypatch, tmp_path):
     need = estimate_memory(ModelShape.of(model), config, 60, micro_batch_size=2).new
     monkeypatch.setattr(grpo_lab.lm.memory, "available_memory", lambda device: math.ceil(need / BUDGET_FRACTION))
     loop = build_loop(config, model, tokenizer(), list(problems()))
-    assert 1 <= loop.config.micro_batch_size < config.G * config.prompts_per_step
+    assert 1 <= loop.micro_batch_size < config.G * config.prompts_per_step
+    assert loop.config == config                                 # the plan goes to the loop, not into the config
     loop.task.reward_fn = even_length
     assert loop.step().step == 0
 
@@ -148,7 +150,7 @@ def test_sampling_term_bounds_the_samplers_measured_peak():
 def test_vllm_cpu_kv_cache_is_one_block_per_sequence_plus_the_null_block():
     """SmolLM2-135M in float32 (30 layers, 3 KV heads of 64): 46 080 bytes a token, 128-token blocks; a step of
     P·G = 32 completions up to 79 tokens needs 33 blocks, 186 MiB (vLLM's own count for 1 GiB was 182 blocks)."""
-    from grpo_lab.lm.memory import vllm_cpu_kv_cache_bytes
+    from grpo_lab.lm.sampling_vllm import vllm_cpu_kv_cache_bytes
 
     shape = ModelShape(weights=0, trainable=0, element_size=4, layers=30, hidden=576, intermediate=1536,
                        vocab=49152, heads=9, kv_heads=3, head_dim=64)
@@ -167,7 +169,7 @@ def test_stored_import_errors_release_the_frames_they_held(monkeypatch):
     import types
     import weakref
 
-    from grpo_lab.lm.memory import drop_stored_import_tracebacks
+    from grpo_lab.lm.sampling_vllm import drop_stored_import_tracebacks
 
     class Big:
         pass

@@ -187,7 +187,8 @@ def test_engine_arguments(fake_vllm, tmp_path, tokenizer):
 def test_the_engine_serves_in_a_mixed_precision_policys_compute_dtype(fake_vllm, tmp_path, tokenizer):
     """π_θ in float32 computing in bfloat16: the engine runs in bfloat16, and its CPU KV cache is sized at 2 bytes
     an element."""
-    from grpo_lab.lm.memory import ModelShape, vllm_cpu_kv_cache_bytes
+    from grpo_lab.lm.memory import ModelShape
+    from grpo_lab.lm.sampling_vllm import vllm_cpu_kv_cache_bytes
 
     policy = LMPolicy(tiny_model(), 0.7, compute_dtype=torch.bfloat16)
     assert make_sampler(tmp_path, policy, tokenizer).llm.kwargs["dtype"] == "bfloat16"
@@ -477,7 +478,8 @@ def test_build_sizes_the_cpu_kv_cache_and_drops_stored_import_tracebacks(fake_vl
     """``build.vllm_sampler`` on a CPU: a KV cache for one step's P·G completions of max_model_len tokens (not the
     GiB that ``VLLM_CPU_KVCACHE_SPACE`` or a share of memory would give), and no traceback left in vLLM's modules."""
     from grpo_lab.lm.build import vllm_sampler
-    from grpo_lab.lm.memory import ModelShape, vllm_cpu_kv_cache_bytes
+    from grpo_lab.lm.memory import ModelShape
+    from grpo_lab.lm.sampling_vllm import vllm_cpu_kv_cache_bytes
     from grpo_lab.lm.train_config import TrainConfig
 
     stored = types.ModuleType("vllm.fake_media")

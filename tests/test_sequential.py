@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grpo_lab.study.sequential import Look, SequentialPlan, boundaries, obf_spending
+from grpo_lab.stats.sequential import Look, SequentialPlan, boundaries, obf_spending
 
 
 def test_one_look_is_the_fixed_sample_test():

@@ -24,16 +24,15 @@ from reliability_runs import even_length, problems, rows_of, tiny_model, tokeniz
 from test_viz import title_clears_toolbar
 
 from grpo_lab.exact.strict_j import Sampling, exact_evaluate
-from grpo_lab.files import results_path
 from grpo_lab.lm.sampling import stop_and_pad_ids
 from grpo_lab.lm.tasks import all_questions
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics
-from grpo_lab.viz import study_panel
-from grpo_lab.viz.study_panel import LivePanel, eval_subset
 from grpo_lab.viz.study_plots import token_ratio_figure
+from studies.lag_frontier import frontier
+from studies.lag_frontier import live_panel as study_panel
+from studies.lag_frontier.live_panel import LivePanel, eval_subset
 
-RESULTS = results_path()
 RUN_FOLDER = ["checkpoint.pt", "config.json", "metrics.jsonl", "run.lock"]
 """What the panel's run folder holds: ``training.train``'s files, one checkpoint."""
 
@@ -83,7 +82,7 @@ def make_panel(panel_parts, tmp_path, steps=3, out="live", eval_questions=1, eva
 
 
 def pilot_units():
-    return [json.loads((RESULTS / "frontier_pilot" / "units" / f"addsubmul1_lr1e-05_s{s}.json").read_text())
+    return [json.loads((frontier.PILOT_RESULTS / "units" / f"addsubmul1_lr1e-05_s{s}.json").read_text())
             for s in (0, 1)]
 
 
@@ -92,7 +91,7 @@ def test_the_backdrop_is_the_pilots_units_on_the_same_questions(panel_parts, tmp
     curve is the units' own values at the subset's indices, the whole-set curve their j_curve, the reward their
     steps' reward_mean; every series has a legend entry and every axis a title."""
     units = pilot_units()
-    untrained = json.loads((RESULTS / "frontier" / "units" / "untrained.json").read_text())
+    untrained = json.loads((frontier.RESULTS / "units" / "untrained.json").read_text())
     texts = [q.question for q in all_questions("addsubmul1")]
     assert texts == untrained["questions"] == units[0]["questions"] == units[1]["questions"] and len(texts) == 363
     assert eval_subset(texts, 27) == list(range(0, 351, 13)) and eval_subset(texts, 4) == [0, 90, 180, 270]
@@ -367,7 +366,7 @@ def test_hook_interrupt_in_a_real_ipykernel(tmp_path):
 
         outputs = []
         hooked = execute("""
-from grpo_lab.viz import study_panel
+from studies.lag_frontier import live_panel as study_panel
 class Run:
     def __init__(self): self.by = None
     def stop(self, by):
@@ -447,7 +446,7 @@ def test_notebook_02s_cell_at_smoke_size_and_the_untrained_j_of_the_frontier(tmp
                      out_dir=tmp_path / "full", mode="none")
     assert re.search(r"expected ~\d+ min of training \(\d+\.\d s a step, the pilot's v = 1 runs", status(full))
     assert full.run(steps=0).k == 0 and "no step asked for" in status(full)
-    untrained = json.loads((RESULTS / "frontier" / "units" / "untrained.json").read_text())
+    untrained = json.loads((frontier.RESULTS / "units" / "untrained.json").read_text())
     expected = np.mean([untrained["j_per_question"][i] for i in (0, 90, 180, 270)])
     assert abs(full.j[0].j_low - expected) <= 1e-6 and full.j[0].pruned <= 1e-3
     print(f"smoke cell {smoke_seconds:.0f} s; J evaluations {[round(p.seconds, 1) for p in panel.j.values()]} s "

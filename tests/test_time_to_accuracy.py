@@ -13,11 +13,12 @@ import torch
 from reliability_runs import problems, tiny_model, tokenizer
 
 from grpo_lab.lm.train_config import TrainConfig
-from grpo_lab.study import passage, tta_units
-from grpo_lab.study import time_to_accuracy as tta
-from grpo_lab.study.tta_summary import ratio_table, rebuild_summary, summarize, targets_from_frontier
-from grpo_lab.study.tta_trl import skip_empty_batch, trl_config
-from grpo_lab.viz.tta_plots import tta_curves_figure, tta_ratio_figure
+from grpo_lab.stats import passage
+from studies.time_to_accuracy import design as tta
+from studies.time_to_accuracy import units as tta_units
+from studies.time_to_accuracy.plots import tta_curves_figure, tta_ratio_figure
+from studies.time_to_accuracy.summary import ratio_table, rebuild_summary, summarize, targets_from_frontier
+from studies.time_to_accuracy.trl_side import skip_empty_batch, trl_config
 
 # ----------------------------------------------------------------------------- the statistic, by hand
 
@@ -332,9 +333,8 @@ def test_a_sitting_on_a_tiny_model_runs_every_kind_of_arm_and_rebuilds_the_summa
     with and without the empty-batch rule) for a budget of one 0.3 s mark (the clock's marks are tested above;
     an exact J here costs ~2 s, most of it the walk's vocabulary split), exact J on two questions: unit files
     with provenance, curves from the untrained J, J per optimiser step, locks, the summary."""
-    from pathlib import Path
 
-    from grpo_lab.study.frontier import exact_j
+    from studies.lag_frontier.frontier import exact_j
 
     torch.manual_seed(0)
     model, tok = tiny_model(), tokenizer()
@@ -429,8 +429,8 @@ def test_skip_empty_batch_leaves_a_zero_gradient_step_undone_and_a_real_one_alon
 
 
 def test_the_committed_targets_and_design_agree():
-    """Notebook 03 §3c reads results/time_to_accuracy/: the targets follow their rule, and the design holds them."""
-    out = tta.committed_dir(Path(__file__).resolve().parents[1])
+    """Notebook 03 §3c reads the committed results: the targets follow their rule, and the design holds them."""
+    out = tta.committed_dir()
     targets = tta.load_targets(out / "targets.json")
     gain = targets["v1_j_at_budget"] - targets["untrained_j"]
     assert all(abs(targets["targets"][f"{share}%"] - (targets["untrained_j"] + share / 100 * gain)) < 1e-12
@@ -450,9 +450,8 @@ def test_the_committed_targets_and_design_agree():
 def test_the_command_fixes_targets_then_the_design_and_refuses_to_change_them(tmp_path, capsys):
     import importlib.util
     import shutil
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "time_to_accuracy.py"
+    path = Path(__file__).resolve().parents[1] / "studies" / "time_to_accuracy" / "run.py"
     spec = importlib.util.spec_from_file_location("tta_command", path)
     command = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(command)

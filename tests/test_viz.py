@@ -315,8 +315,8 @@ def test_every_knob_shows_its_whole_label_and_a_tooltip():
     """Both panels' knobs come from one table; no label is cut to "…": each fits its label width at 10 px a
     character (the widest label, "mask norm.", is 77 px in JupyterLab's 13 px DejaVu Sans, 7.7 px a character)."""
     from grpo_lab.lm.train_config import TrainConfig
-    from grpo_lab.viz.study_panel import make_knobs
     from grpo_lab.viz.widgets import KNOBS, LABEL_PX, make_controls
+    from studies.lag_frontier.live_panel import make_knobs
 
     panels = [make_controls(studies.lab_config(), runs=2), make_knobs(TrainConfig())]
     assert set(panels[1]) < set(panels[0]) == set(KNOBS)                 # the LM panel's knobs are the bandit's

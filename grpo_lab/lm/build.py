@@ -24,12 +24,13 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                checkpoint: Path | None = None) -> GRPOLoop:
     """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
 
-    Before α is copied, the memory guard checks the run fits (it may shrink ``micro_batch_size``)
-    and, given the ``checkpoint`` path the run will write, the disk guard that its checkpoints fit
-    (:func:`~grpo_lab.lm.memory.guard_disk`, a DiskError otherwise).
+    Before α is copied, the memory guard plans the micro-batch that fits (:func:`~grpo_lab.lm.memory.plan_memory`:
+    the loop takes it; the config is left as given) and, given the ``checkpoint`` path the run will write, the disk
+    guard checks that its checkpoints fit (:func:`~grpo_lab.lm.disk_guard.guard_disk`, a DiskError otherwise).
     A given ``sampler`` (e.g. another run's engine, built once) is synced to this run's π_θ first.
     """
-    from .memory import estimate_run_checkpoint, guard_disk, guard_memory, longest_prompt
+    from .disk_guard import estimate_run_checkpoint, guard_disk
+    from .memory import longest_prompt, plan_memory
     from .models import load_policy
     from .policy import LMPolicy
     from .sampling import HFSampler, stop_and_pad_ids
@@ -51,8 +52,8 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt,
                       compute_dtype=config.compute_dtype())
-    config = guard_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
-                          compute_dtype=policy.compute_dtype)
+    memory = plan_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
+                         compute_dtype=policy.compute_dtype)
     if checkpoint is not None:
         guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     if sampler is not None:
@@ -67,9 +68,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     else:
         sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature,
                             top_p=config.top_p, top_k=config.top_k)
-    loop = GRPOLoop(policy, sampler, task, config)
-    loop.tokenizer = tokenizer
-    return loop
+    return GRPOLoop(policy, sampler, task, config, micro_batch_size=memory.micro_batch_size)
 
 
 HALF_PRECISION_MOVED_SHARE = 0.5
@@ -111,13 +110,13 @@ def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens
     """α in a ``vllm.LLM`` built from the checkpoint ``config.model`` names (the bundled model's converted
     directory for ``smollm2-135m``), sized to the run: ``max_model_len`` = longest prompt + T_max. On a CPU
     the engine runs eagerly (no inductor warm-up, minutes on two cores) with a KV cache for one step's
-    P·G completions (:func:`~grpo_lab.lm.memory.vllm_cpu_kv_cache_bytes`; ``VLLM_CPU_KVCACHE_SPACE``, when
+    P·G completions (:func:`~grpo_lab.lm.sampling_vllm.vllm_cpu_kv_cache_bytes`; ``VLLM_CPU_KVCACHE_SPACE``, when
     set, overrides it), and the tracebacks vLLM keeps from its optional imports are dropped once it is built
-    (:func:`~grpo_lab.lm.memory.drop_stored_import_tracebacks`: they held this call's frames, and the run's
+    (:func:`~grpo_lab.lm.sampling_vllm.drop_stored_import_tracebacks`: they held this call's frames, and the run's
     π_θ and optimiser with them)."""
-    from .memory import ModelShape, drop_stored_import_tracebacks, vllm_cpu_kv_cache_bytes
+    from .memory import ModelShape
     from .models import BUNDLED, bundled_model_dir
-    from .sampling_vllm import VLLMSampler
+    from .sampling_vllm import VLLMSampler, drop_stored_import_tracebacks, vllm_cpu_kv_cache_bytes
 
     path = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
     max_model_len = prompt_tokens + config.max_completion_length

@@ -62,7 +62,7 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
             break
     logp_k = loop.policy.logprobs(rollout, slice(None))
     mask = rollout.mask
-    tokenizer = loop.tokenizer
+    tokenizer = loop.task.tokenizer
     tokens = [[tokenizer.decode([t]) for t in row[keep].tolist()]
               for row, keep in zip(rollout.completions, mask, strict=True)]
     return GroupView(prompt=prompts[0], texts=list(rollout.extra["texts"]), tokens=tokens, rewards=rewards[0].float(),

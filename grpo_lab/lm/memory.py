@@ -1,11 +1,11 @@
-"""Memory guard: estimate an LLM run's peak memory before it starts; shrink the micro-batch or refuse.
+"""Memory guard: estimate an LLM run's peak memory before it starts; plan a smaller micro-batch or refuse.
 
 A run that does not fit is killed by the kernel's OOM killer (CPU) or stops with
 CUDA out-of-memory — minutes into loading and sampling, often taking the
-notebook kernel with it. :func:`guard_memory` runs inside
+notebook kernel with it. :func:`plan_memory` runs inside
 :func:`grpo_lab.lm.build.build_loop`, once π_θ is loaded and before anything
 else is allocated: it estimates the bytes the run will add, compares them with
-what the device has available, and either shrinks the micro-batch (printing
+what the device has available, and either plans a smaller micro-batch (printing
 why) or raises a ValueError stating estimate vs available.
 
 What a run adds to π_θ's weights W (already resident when the guard runs)::
@@ -59,45 +59,19 @@ alone; ``tests/test_memory_guard.py`` checks both.
 Calibration: see CALIBRATION (re-measure the whole run with ``tests/reliability_report.py``;
 docs/benchmarks.md has the figures). On a GPU the caching allocator wastes less, so the CPU-fitted
 overhead makes the estimate conservative there.
-
-Disk guard: :func:`guard_disk` runs in :func:`grpo_lab.lm.build.build_loop` once π_θ is
-loaded and before α is copied from it (when the caller names the checkpoint, as
-:func:`grpo_lab.lm.training.train` does), and before the first step of a loop built
-elsewhere (``train(config, loop)``, the live panel's run), where a full disk would
-otherwise stop the run at its first checkpoint write. It estimates one checkpoint's
-bytes C (:func:`estimate_run_checkpoint` from π_θ and the config, :func:`estimate_checkpoint` from a loop) and
-refuses (:class:`~grpo_lab.files.DiskError`) unless ``output_dir`` has room for
-what the saves need at once: a save writes C beside the previous checkpoint before
-renaming over it, so periodic checkpoints (``checkpoint_every`` > 0) need 2·C,
-one final save needs C (the checkpoint already there counts as free).
-
-=============== ============================================== ==========================
-part of C       bytes                                          held
-=============== ============================================== ==========================
-π_θ, α, π_ref   their state dicts, each storage once           π_ref when β > 0
-optimiser       2·W_train (AdamW's m and v)                    AdamW (SGD keeps none)
-history         RECORD_BYTES per step                          always
-rest            TENSOR_BYTES per tensor + CHECKPOINT_REST      always
-=============== ============================================== ==========================
 """
 
 from __future__ import annotations
 
-import errno
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..checks import require_int_at_least
 from ..config import GRPOConfig
-from ..files import DiskError, free_bytes, size_text, temp_files
-from ..loop import GRPOLoop
-
-if TYPE_CHECKING:
-    from .train_config import TrainConfig
 
 C_OVERHEAD_W = 2.45
 """What the measured peaks exceed the other parts by, at most, in units of W (see CALIBRATION)."""
@@ -218,11 +192,23 @@ def sampler_tensor_bytes(shape: ModelShape, B: int, P: int, prompt_length: int, 
     return kv_cache + prefill_layer + (b + 20) * B * shape.vocab
 
 
-def guard_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,
-                 available: int | None = None, compute_dtype: torch.dtype | None = None) -> GRPOConfig:
-    """``config`` if the run fits in ``available`` bytes (default: :func:`available_memory` of the
-    model's device), else a copy with the largest micro-batch that fits (printed), else ValueError;
-    ``compute_dtype``: the dtype π_θ's forward computes in (None: its weights')."""
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What :func:`plan_memory` decided: the micro-batch the run uses on this device, and why."""
+
+    micro_batch_size: int        # m: rows per forward and backward
+    estimate: MemoryEstimate     # the bytes the run adds at that m
+    available: int               # bytes the device had
+    shrunk: bool                 # m is below what the config asked for
+
+
+def plan_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,
+                available: int | None = None, compute_dtype: torch.dtype | None = None) -> MemoryPlan:
+    """The micro-batch a run of ``config`` can use in ``available`` bytes (default: :func:`available_memory` of
+    the model's device): the config's (or the whole batch) if it fits, else the largest that fits (printed),
+    else ValueError. The config is not changed: the loop takes the plan's micro-batch
+    (:class:`~grpo_lab.loop.GRPOLoop`'s ``micro_batch_size``). ``compute_dtype``: the dtype π_θ's forward computes
+    in (None: its weights')."""
     shape, device = ModelShape.of(model, compute_dtype), next(model.parameters()).device
     available = available_memory(device) if available is None else require_int_at_least("available", available, 0)
     budget = int(BUDGET_FRACTION * available)
@@ -230,7 +216,7 @@ def guard_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,
     m = min(config.micro_batch_size or B, B)
     estimate = estimate_memory(shape, config, prompt_length, m)
     if estimate.new <= budget:
-        return config
+        return MemoryPlan(m, estimate, available, shrunk=False)
     fits = next((k for k in range(m - 1, 0, -1) if estimate_memory(shape, config, prompt_length, k).new <= budget),
                 None)
     if fits is None:
@@ -243,7 +229,7 @@ def guard_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,
     print(f"memory guard: micro_batch_size {config.micro_batch_size} → {fits}: the run would need about "
           f"{gib(estimate.new)} on {device} beyond the loaded weights with {m} sequences per forward, "
           f"{gib(available)} is available")
-    return config.replace(micro_batch_size=fits)
+    return MemoryPlan(fits, estimate_memory(shape, config, prompt_length, fits), available, shrunk=True)
 
 
 def longest_prompt(tokenizer: Any, prompts: Any) -> int:
@@ -283,77 +269,6 @@ def _cgroup_headroom() -> int:
     return 2**63
 
 
-RECORD_BYTES = 1024
-"""A step's record, at most: its line of ``metrics.jsonl``, its entry in the checkpoint's history."""
-TENSOR_BYTES = 1024
-"""Per tensor in a checkpoint, at most: its zip entry's headers and alignment."""
-CHECKPOINT_REST = 2**20
-"""The rest of a checkpoint (config, schedules, RNG state) and ``config.json``, with room to spare."""
-
-
-def estimate_checkpoint(loop: GRPOLoop, steps: int) -> int:
-    """Bytes of ``loop``'s checkpoint after ``steps`` steps (the disk table in the module docstring).
-
-    Each storage counts once, as ``torch.save`` writes it (tied weights, α sharing π_θ's tensors);
-    AdamW's moments count before its first step creates them.
-    """
-    tensors = [*loop.policy.state_dict().values(), *loop.sampler.state_dict().values()]
-    if loop.reference is not None:
-        tensors += loop.reference.state_dict().values()
-    trainable = [p for group in loop.optimizer.param_groups for p in group["params"]]
-    return _checkpoint_bytes(_storages(tensors), trainable, loop.config.optimizer, steps)
-
-
-def estimate_run_checkpoint(config: GRPOConfig, model: torch.nn.Module, steps: int) -> int:
-    """:func:`estimate_checkpoint` of the run ``config`` would build on ``model`` (π_θ), before α and
-    π_ref exist: α and π_ref (β > 0) are copies of ``model``'s tensors, its trainable parameters those
-    with ``requires_grad``."""
-    per_copy = _storages(model.state_dict().values())
-    copies = 2 + (config.beta > 0)
-    storages = [size for size in per_copy for _ in range(copies)]
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return _checkpoint_bytes(storages, trainable, config.optimizer, steps)
-
-
-def _storages(tensors: Any) -> list[int]:
-    """Bytes of each distinct storage under ``tensors`` (a storage shared by several tensors counts once)."""
-    return list({(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}.values())
-
-
-def _checkpoint_bytes(storages: list[int], trainable: list[torch.Tensor], optimizer: str, steps: int) -> int:
-    require_int_at_least("steps", steps, 0)
-    moments = 2 if optimizer == "adamw" else 0
-    return (sum(storages) + moments * sum(p.numel() * p.element_size() for p in trainable)
-            + TENSOR_BYTES * (len(storages) + (moments + 1) * len(trainable))
-            + RECORD_BYTES * steps + CHECKPOINT_REST)
-
-
-def guard_disk(config: TrainConfig, size: int, checkpoint: Path, free: int | None = None) -> None:
-    """Return if ``config``'s run, whose checkpoint takes ``size`` bytes (:func:`estimate_checkpoint`,
-    or :func:`estimate_run_checkpoint` before the loop exists), has room for its checkpoints at
-    ``checkpoint`` (and ``metrics.jsonl``), else raise :class:`~grpo_lab.files.DiskError` naming the
-    folder, the bytes needed and free, and the changes that help. ``free``: bytes free (default:
-    :func:`~grpo_lab.files.free_bytes` of the folder)."""
-    folder = checkpoint.parent
-    free = free_bytes(folder) if free is None else require_int_at_least("free", free, 0)
-    reclaimed = sum(p.stat().st_size for p in temp_files(checkpoint))  # a killed writer's, removed by the save
-    existing = checkpoint.stat().st_size if checkpoint.is_file() else 0  # replaced by the first save
-    metrics = 2 * RECORD_BYTES * config.steps  # metrics.jsonl, and its copy while it is rewritten on resume
-    one_save = size - reclaimed + metrics
-    need = max(2 * size - existing, size) - reclaimed + metrics if config.checkpoint_every else one_save
-    if need <= free:
-        return
-    parts = ", ".join(["π_θ", "α", *(["π_ref"] if config.beta > 0 else []),
-                       *(["AdamW's m and v"] if config.optimizer == "adamw" else [])])
-    held = "two on disk at once while a save replaces the last" if config.checkpoint_every else "one, at the end"
-    fixes = ["choose another output_dir",
-             *([f"set checkpoint_every = 0 (one checkpoint, at the end: {size_text(one_save)})"]
-               if config.checkpoint_every else []), "or use a smaller model or dtype"]
-    raise DiskError(f"disk guard: output_dir {str(folder)!r} has {size_text(free)} free, but the run needs "
-                    f"{size_text(need)}: each checkpoint holds {parts} in {size_text(size)}, {held}; "
-                    f"{', '.join(fixes)}", errno.ENOSPC)
-
-
 def gib(n: int) -> str:
     """Bytes as GiB with two decimals (``'1.25 GiB'``)."""
     return f"{n / 2**30:.2f} GiB"
@@ -375,44 +290,3 @@ def return_freed_memory() -> None:
         trim(0)
 
 
-VLLM_CPU_BLOCK_TOKENS = 128
-"""Tokens per KV-cache block in vLLM's CPU build (its default block size, ``vllm/platforms/cpu.py``)."""
-
-
-def vllm_cpu_kv_cache_bytes(shape: ModelShape, sequences: int, max_model_len: int) -> int:
-    """The KV cache (``kv_cache_memory_bytes``) that vLLM's CPU engine needs to run ``sequences`` requests of up
-    to ``max_model_len`` tokens at once, and no more: each request holds ⌈max_model_len / 128⌉ blocks of 128
-    tokens, a token 2·L·n_kv·d_head·b_c bytes (keys and values of every layer, in the dtype the engine serves),
-    plus one block (vLLM keeps a null block). Without it the engine takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 at
-    least: the variable is whole GiB) or a share of the machine's memory; SmolLM2-135M in float32 needs 5.6 MiB a
-    block, so a step of P·G = 32 completions needs 186 MiB where 1 GiB was allocated (and written: it is
-    resident)."""
-    require_int_at_least("sequences", sequences, 1)
-    require_int_at_least("max_model_len", max_model_len, 1)
-    blocks = sequences * math.ceil(max_model_len / VLLM_CPU_BLOCK_TOKENS) + 1
-    token_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.compute_bytes
-    return blocks * VLLM_CPU_BLOCK_TOKENS * token_bytes
-
-
-def drop_stored_import_tracebacks(prefix: str = "vllm") -> int:
-    """Drop the traceback of every exception that a module named ``prefix`` or ``prefix.*`` keeps in its
-    globals; return how many were dropped (the exceptions themselves, their type and message, stay).
-
-    A module that keeps the error of an optional import (vLLM 0.32's ``vllm/multimodal/media/audio.py`` keeps
-    ``_torchcodec_import_exc`` when torchcodec is absent, as in ``.venv-vllm``) keeps its traceback, whose
-    frame's ``f_back`` chain holds every frame that was on the stack when the module was first imported —
-    inside ``vllm.LLM()``: the sampler's constructor, :func:`~grpo_lab.lm.build.build_loop` and the caller's.
-    Their final locals stay alive with them: in notebook 03, the first run's π_θ, gradients and AdamW state
-    (≈ 2 GiB for SmolLM2 in float32) stayed resident for the kernel's life. Called right after an engine is
-    built (:func:`~grpo_lab.lm.build.vllm_sampler`)."""
-    import sys
-
-    dropped = 0
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == prefix or name.startswith(prefix + ".")):
-            continue
-        for value in list(vars(module).values()):
-            if isinstance(value, BaseException) and value.__traceback__ is not None:
-                value.__traceback__ = None
-                dropped += 1
-    return dropped

@@ -52,6 +52,7 @@ import contextlib
 import copy
 import functools
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -62,6 +63,7 @@ import torch
 from ..checks import require_int_at_least, require_number_in
 from ..fingerprint import Served, column_block, crc, fingerprint, prove
 from ..rollout import Rollout
+from .memory import ModelShape
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
 
@@ -415,3 +417,46 @@ class VLLMSampler:
         with torch.no_grad():
             torch._foreach_copy_(self._alpha, [state[n] for n in self._names])
         load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))
+
+
+VLLM_CPU_BLOCK_TOKENS = 128
+"""Tokens per KV-cache block in vLLM's CPU build (its default block size, ``vllm/platforms/cpu.py``)."""
+
+
+def vllm_cpu_kv_cache_bytes(shape: ModelShape, sequences: int, max_model_len: int) -> int:
+    """The KV cache (``kv_cache_memory_bytes``) that vLLM's CPU engine needs to run ``sequences`` requests of up
+    to ``max_model_len`` tokens at once, and no more: each request holds ⌈max_model_len / 128⌉ blocks of 128
+    tokens, a token 2·L·n_kv·d_head·b_c bytes (keys and values of every layer, in the dtype the engine serves),
+    plus one block (vLLM keeps a null block). Without it the engine takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 at
+    least: the variable is whole GiB) or a share of the machine's memory; SmolLM2-135M in float32 needs 5.6 MiB a
+    block, so a step of P·G = 32 completions needs 186 MiB where 1 GiB was allocated (and written: it is
+    resident)."""
+    require_int_at_least("sequences", sequences, 1)
+    require_int_at_least("max_model_len", max_model_len, 1)
+    blocks = sequences * math.ceil(max_model_len / VLLM_CPU_BLOCK_TOKENS) + 1
+    token_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.compute_bytes
+    return blocks * VLLM_CPU_BLOCK_TOKENS * token_bytes
+
+
+def drop_stored_import_tracebacks(prefix: str = "vllm") -> int:
+    """Drop the traceback of every exception that a module named ``prefix`` or ``prefix.*`` keeps in its
+    globals; return how many were dropped (the exceptions themselves, their type and message, stay).
+
+    A module that keeps the error of an optional import (vLLM 0.32's ``vllm/multimodal/media/audio.py`` keeps
+    ``_torchcodec_import_exc`` when torchcodec is absent, as in ``.venv-vllm``) keeps its traceback, whose
+    frame's ``f_back`` chain holds every frame that was on the stack when the module was first imported —
+    inside ``vllm.LLM()``: the sampler's constructor, :func:`~grpo_lab.lm.build.build_loop` and the caller's.
+    Their final locals stay alive with them: in notebook 03, the first run's π_θ, gradients and AdamW state
+    (≈ 2 GiB for SmolLM2 in float32) stayed resident for the kernel's life. Called right after an engine is
+    built (:func:`~grpo_lab.lm.build.vllm_sampler`)."""
+    import sys
+
+    dropped = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == prefix or name.startswith(prefix + ".")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, BaseException) and value.__traceback__ is not None:
+                value.__traceback__ = None
+                dropped += 1
+    return dropped

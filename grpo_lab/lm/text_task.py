@@ -36,6 +36,8 @@ class TextTask:
 
         require_choice("scoring", scoring, SCORINGS)
         self.problems = list(problems)
+        self.tokenizer = tokenizer
+        """The tokenizer that renders the prompts (and decodes completions: :mod:`~grpo_lab.lm.group_view`)."""
         self.prompt_of = {id(p): build_prompt(p, tokenizer, system_prompt) for p in self.problems}
         self.problem_of = {self.prompt_of[id(p)]: p for p in self.problems}
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]

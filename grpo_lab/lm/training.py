@@ -24,7 +24,7 @@ from ..files import append_line, atomic_write, disk_error
 from ..loop import GRPOLoop, StepRecord
 from .build import build_loop
 from .checkpoint import load_checkpoint, save_checkpoint
-from .memory import estimate_checkpoint, guard_disk
+from .disk_guard import estimate_checkpoint, guard_disk
 from .train_config import TrainConfig
 
 
@@ -44,7 +44,7 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     Raises :class:`RunDirInUse`
     at once, before any model loads, if another live process is training into ``output_dir``;
     :class:`~grpo_lab.files.DiskError` before α is copied (before the first step, for a given
-    ``loop``) if the checkpoints will not fit (:func:`~grpo_lab.lm.memory.guard_disk`), or when a
+    ``loop``) if the checkpoints will not fit (:func:`~grpo_lab.lm.disk_guard.guard_disk`), or when a
     write fails anyway (the last checkpoint
     stays the one to resume from).
     """

@@ -8,7 +8,7 @@ trains alone, so that it clips its own gradient), and replaces the traces of the
 ``batch_update``. Without a front end the same code runs: the figure is a plain ``go.Figure`` and
 :meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
 
-Every knob widget, here and in notebook 02's live panel (:mod:`grpo_lab.viz.study_panel`), is built by
+Every knob widget, here and in notebook 02's live panel (:mod:`studies.lag_frontier.live_panel`), is built by
 :func:`knob` from one table, :data:`KNOBS`: its label, its tooltip, the label's width.
 """
 

@@ -25,7 +25,7 @@ m = 0.051 of J_auc, fixed now: 10 % of ``v1``'s mean gain over the untrained mod
 (0.508), the margin that study used.
 
 **Looks and spending.** Looks at 8, 14 and 20 seeds (20 the maximum; every arm at seed s before any at s + 1).
-Each test spends its level by Lan–DeMets O'Brien–Fleming (:mod:`grpo_lab.study.sequential`), with t boundaries
+Each test spends its level by Lan–DeMets O'Brien–Fleming (:mod:`grpo_lab.stats.sequential`), with t boundaries
 on n − 1 df; a comparison stops at the first look where one of its nulls is rejected. Holm over C1 and C2 in
 its closed-testing form (C1's two nulls, |d| ≥ m and d = 0, cannot both be true, so they share C1's level):
 
@@ -82,7 +82,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.study.sequential import Look, SequentialPlan
+from grpo_lab.stats.sequential import Look, SequentialPlan
 
 TASK = "addsubmul1"
 LR = 1e-5

@@ -94,7 +94,7 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.tasks import all_questions
     from grpo_lab.lm.text_task import train_problems
-    from grpo_lab.study.frontier import endpoints, eval_steps, exact_j
+    from studies.lag_frontier.frontier import endpoints, eval_steps, exact_j
 
     path = out / f"{arm}_s{seed}.json"
     if path.exists():
@@ -115,7 +115,7 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
             if k in eval_steps(config.steps):
                 start = time.perf_counter()
                 with torch.no_grad():
-                    result = exact_j(loop.policy.model, loop.tokenizer, questions, config)
+                    result = exact_j(loop.policy.model, loop.task.tokenizer, questions, config)
                 eval_seconds += time.perf_counter() - start
                 curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
             if k < config.steps:

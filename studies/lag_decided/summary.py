@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.study.results import mean_ci
+from grpo_lab.stats.paired import mean_ci
 from studies.lag_decided import design
 
 

@@ -12,9 +12,10 @@ import pytest
 
 from grpo_lab.exact import studies
 from grpo_lab.exact.digits_lm import ExactStep, bound_figure
-from grpo_lab.viz import frontier_plots, plots
+from grpo_lab.viz import plots
 from grpo_lab.viz.dashboard import dashboard
 from grpo_lab.viz.study_plots import token_ratio_figure
+from studies.lag_frontier import plots as frontier_plots
 
 pytestmark = pytest.mark.browser
 

@@ -1,15 +1,14 @@
-"""The lag frontier's units (issue 34 §3–§4; the design and analysis: ``grpo_lab/study/frontier.py``).
+"""The lag frontier's units (the design and analysis: ``frontier.py`` beside this file).
 
 Each unit is one arm at one seed on the study's recipe (the task and lr the pilot chose: ``addsubmul1`` at
-1e-5, docs/benchmarks.md), with exact J at 0, ¼, ½, ¾ and the end of the budget; it is written to
-``results/frontier/units/<arm>_s<seed>.json`` with its provenance as it finishes, and a unit whose file exists
-is skipped, so sittings one after another (or processes side by side, each claiming the next unit with a lock
-file) share the work. Every arm at seed n runs before any at n + 1. ``--summary`` rebuilds
-``results/frontier/summary.json`` from the unit files::
+1e-5), with exact J at 0, ¼, ½, ¾ and the end of the budget; it is written to ``results/units/<arm>_s<seed>.json``
+with its provenance as it finishes, and a unit whose file exists is skipped, so sittings one after another (or
+processes side by side, each claiming the next unit with a lock file) share the work. Every arm at seed n runs
+before any at n + 1. ``--summary`` rebuilds ``results/summary.json`` from the unit files::
 
-    python experiments/frontier.py --task addsubmul1 --lr 1e-5 [--arms v1 v4_ratio …] [--seeds 5] [--threads 1]
-    python experiments/frontier.py --task addsubmul1 --lr 1e-5 --mask-arms
-    python experiments/frontier.py --task addsubmul1 --lr 1e-5 --summary
+    python studies/lag_frontier/run.py --task addsubmul1 --lr 1e-5 [--arms v1 v4_ratio …] [--seeds 5] [--threads 1]
+    python studies/lag_frontier/run.py --task addsubmul1 --lr 1e-5 --mask-arms
+    python studies/lag_frontier/run.py --task addsubmul1 --lr 1e-5 --summary
 """
 
 from __future__ import annotations
@@ -21,9 +20,10 @@ from pathlib import Path
 import torch
 
 from grpo_lab.lm.recipes import recipe
-from grpo_lab.study import frontier
+from studies.lag_frontier import frontier
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=frontier.SEEDS)
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "frontier")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

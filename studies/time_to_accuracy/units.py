@@ -1,7 +1,7 @@
 """Running one time-to-accuracy unit (issue 38 §1–§2): an arm at a seed, trained for a budget of training
 seconds, with exact J evaluated off the clock at every mark; and the untrained unit.
 
-The design (arms, seeds, order, budget, marks, targets, threads) is :mod:`grpo_lab.study.time_to_accuracy`'s;
+The design (arms, seeds, order, budget, marks, targets, threads) is :mod:`studies.time_to_accuracy.design`'s;
 this module only trains and evaluates. A unit file ``units/<arm>_s<seed>.json`` holds:
 
 * ``points``: one per evaluation: the marks it serves (a step that passes two marks is evaluated once),
@@ -10,7 +10,7 @@ this module only trains and evaluates. A unit file ``units/<arm>_s<seed>.json`` 
   so J per second and J per optimiser step both come from the file;
 * ``step_log``: per step the training seconds at its end and whether AdamW stepped; the loop's arms also keep
   every :class:`~grpo_lab.loop.StepRecord` (``records``);
-* provenance as the frontier's units (:func:`~grpo_lab.study.frontier.provenance`: commit, torch threads, load
+* provenance as the frontier's units (:func:`~studies.lag_frontier.frontier.provenance`: commit, torch threads, load
   at the start) plus the load at the end, wall, CPU and evaluation seconds, and ``design_sha``, which ties the
   unit to the design it was run under.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .frontier import claim, exact_j, provenance
+from studies.lag_frontier.frontier import claim, exact_j, provenance
 
 
 class MarkClock:
@@ -83,7 +83,7 @@ class MarkClock:
 
 def evaluator(questions: Sequence[Any], config: Any, threads: int | None) -> Callable[[Any, Any], tuple]:
     """``evaluate(model, tokenizer)`` → (J, extras): exact J of ``model`` on ``questions`` under ``config``'s
-    sampling (:func:`~grpo_lab.study.frontier.exact_j`), with torch at ``threads`` threads while it runs (it is
+    sampling (:func:`~studies.lag_frontier.frontier.exact_j`), with torch at ``threads`` threads while it runs (it is
     off the clock; None: as training)."""
     def evaluate(model: Any, tokenizer: Any) -> tuple[float, dict[str, Any]]:
         training_threads = torch.get_num_threads()
@@ -102,7 +102,7 @@ def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[A
                    evaluate: Callable[[Any, Any], tuple]) -> dict[str, Any]:
     """The loop (:func:`~grpo_lab.lm.build.build_loop`, set-up off the clock) until the clock says stop; J of
     ``loop.policy``'s model. Returns the unit's ``records``."""
-    from ..lm.build import build_loop
+    from grpo_lab.lm.build import build_loop
 
     loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems)
     clock.start()
@@ -115,8 +115,8 @@ def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[A
 
 def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: MarkClock,
               evaluate: Callable[[Any, Any], tuple], skip_empty: bool) -> dict[str, Any]:
-    """TRL's ``GRPOTrainer`` (:func:`~grpo_lab.study.tta_trl.run_trl`) until the clock says stop."""
-    from .tta_trl import run_trl
+    """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`) until the clock says stop."""
+    from studies.time_to_accuracy.trl_side import run_trl
 
     run_trl(config, model, tokenizer, problems, clock.start,
             lambda stepped, trained: clock.after_step(stepped, lambda: evaluate(trained, tokenizer)), skip_empty)
@@ -136,7 +136,7 @@ def run_unit(arm: Any, seed: int, config: Any, out_dir: Path, root: Path, design
              eval_threads: int | None, model: Any, tokenizer: Any, problems: Sequence[Any]) -> dict[str, Any] | None:
     """Train one unit (``config``: the arm's recipe at ``seed``) on a copy of ``model`` and write
     ``<out_dir>/units/<arm>_s<seed>.json``; None if the file exists or another process holds its lock
-    (:func:`~grpo_lab.study.frontier.claim`). The curve starts at (0, ``untrained_j``): every arm starts from
+    (:func:`~studies.lag_frontier.frontier.claim`). The curve starts at (0, ``untrained_j``): every arm starts from
     the same weights, evaluated once by the untrained unit."""
     path = out_dir / "units" / f"{arm.name}_s{seed}.json"
     if path.exists() or not claim(path):

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..lm.train_config import TrainConfig
+from grpo_lab.lm.train_config import TrainConfig
 
 
 def trl_config(config: TrainConfig, output_dir: str) -> Any:
@@ -58,8 +58,8 @@ def trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Seque
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from ..lm.rewards import strict_reward
-    from ..lm.tasks import build_prompt
+    from grpo_lab.lm.rewards import strict_reward
+    from grpo_lab.lm.tasks import build_prompt
 
     if config.scoring != "strict":
         raise ValueError(f"the TRL arm scores strictly, so the recipe must too, got scoring={config.scoring!r}")

@@ -6,7 +6,7 @@ the question set); ``runs``, one row per unit: ``{arm, seed, git_commit, curve: 
 optimizer_steps: {training_seconds: n}, first_passage: {target: seconds or null}, …}`` (so J per second and J per
 optimiser step are both there); ``arms``: per arm and target the seeds, the share reached, the Kaplan–Meier
 median and the restricted mean; ``time_ratios``: ``{arm: {target: {ratio, ci_low, ci_high, reached_share, …}}}``
-against the reference arm (TRL), by the rule of :mod:`grpo_lab.study.passage`; ``time_ratios_to_v1``, the same
+against the reference arm (TRL), by the rule of :mod:`grpo_lab.stats.passage`; ``time_ratios_to_v1``, the same
 against ``grpo_lab_v1`` (the decomposition: what switching off one cause costs the loop); and ``missing``, the
 design's units without a file.
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import passage
+from grpo_lab.stats import passage
 
 V1 = "grpo_lab_v1"
 """The arm the decomposition divides by: each cause's arm against the loop's defaults (``time_ratios_to_v1``)."""
@@ -87,7 +87,7 @@ def summarize(design: Mapping[str, Any], untrained: Mapping[str, Any], units: Se
 
 def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
     """``<out_dir>/summary.json`` rebuilt from ``design.json`` and the unit files (the untrained one first)."""
-    from .time_to_accuracy import design_sha
+    from studies.time_to_accuracy.design import design_sha
 
     out = Path(out_dir)
     design = json.loads((out / "design.json").read_text())
@@ -101,7 +101,7 @@ def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
 
 
 BOUND_MARK = {"upper": "≤ ", "lower": "≥ ", "neither": "~ "}
-"""How the table marks a ratio that bounds the ratio of mean times (:func:`~grpo_lab.study.passage.censoring_bound`;
+"""How the table marks a ratio that bounds the ratio of mean times (:func:`~grpo_lab.stats.passage.censoring_bound`;
 ``~``: both arms have censored seeds, so it bounds neither way)."""
 
 

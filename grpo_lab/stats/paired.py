@@ -16,14 +16,16 @@ m                         the comparison's equivalence margin (±m)
 ========================= ============================================================
 
 These statistics know no study. One seed gives a point and no interval (NaN half-width). The lag frontier
-(:mod:`grpo_lab.study.frontier`) uses them: its comparisons extend :class:`PairedTest` (the pairing by seed) with
+(:mod:`studies.lag_frontier.frontier`) uses them: its comparisons extend :class:`PairedTest` (the pairing by seed) with
 their own p-values (from :func:`t_cdf`), Holm-adjusted over its family, and its intervals over seeds are
 :func:`mean_ci`'s.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +107,26 @@ class PairedTest:
     @property
     def n(self) -> int:
         return len(self.diffs)
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign-flip p of mean d = 0: the share of the 2^n sign patterns whose |mean| is at least
+    the observed one (the observed pattern included)."""
+    d = np.asarray(diffs, dtype=float)
+    if d.size == 0:
+        raise ValueError("sign_flip_p needs at least one difference")
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+    means = np.abs(signs @ d) / d.size
+    return float(np.mean(means >= abs(d.mean()) - 1e-12))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order (NaN stays NaN and is not counted)."""
+    p = np.asarray(p_values, dtype=float)
+    finite = np.flatnonzero(~np.isnan(p))
+    adjusted = np.full(p.shape, math.nan)
+    running = 0.0
+    for rank, index in enumerate(finite[np.argsort(p[finite], kind="stable")]):
+        running = max(running, min(1.0, (finite.size - rank) * p[index]))
+        adjusted[index] = running
+    return adjusted.tolist()

@@ -35,7 +35,6 @@ n + 1, and nothing is read before all are in.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -45,8 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from .results import PairedTest, t_cdf
+from grpo_lab.stats.paired import PairedTest, holm, sign_flip_p, t_cdf
 
+RESULTS = Path(__file__).resolve().parent / "results"
+"""The committed units and ``summary.json``."""
+PILOT_RESULTS = Path(__file__).resolve().parent / "pilot_results"
+"""The pilot's units (task and lr selection)."""
 V_GRID = (1, 4, 16, 32)
 CORRECTIONS = ("ratio", "truncated", "none")
 SEEDS = 5
@@ -117,32 +120,9 @@ def _t_p_two_sided(t: float, df: int) -> float:
     return 2.0 * (1.0 - t_cdf(abs(t), df))
 
 
-def sign_flip_p(diffs: Sequence[float]) -> float:
-    """Exact two-sided sign-flip p of mean d = 0: the share of the 2^n sign patterns whose |mean| is at least
-    the observed one (the observed pattern included)."""
-    d = np.asarray(diffs, dtype=float)
-    if d.size == 0:
-        raise ValueError("sign_flip_p needs at least one difference")
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
-    means = np.abs(signs @ d) / d.size
-    return float(np.mean(means >= abs(d.mean()) - 1e-12))
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input's order (NaN stays NaN and is not counted)."""
-    p = np.asarray(p_values, dtype=float)
-    finite = np.flatnonzero(~np.isnan(p))
-    adjusted = np.full(p.shape, math.nan)
-    running = 0.0
-    for rank, index in enumerate(finite[np.argsort(p[finite], kind="stable")]):
-        running = max(running, min(1.0, (finite.size - rank) * p[index]))
-        adjusted[index] = running
-    return adjusted.tolist()
-
-
 @dataclass(frozen=True)
 class Comparison(PairedTest):
-    """a − b over the seeds both finished (:class:`~grpo_lab.study.results.PairedTest`'s pairing) with the
+    """a − b over the seeds both finished (:class:`~grpo_lab.stats.paired.PairedTest`'s pairing) with the
     frontier's three p-values, which Holm then adjusts over the family."""
 
     def p_values(self) -> dict[str, float]:
@@ -227,7 +207,7 @@ def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_a
     (:func:`design_status`; before that, nothing is read) — each arm's endpoints (mean, 95 % t CI), the
     comparisons on the primary endpoint, the frontier and the collapses; the mask arms' endpoints and the mask
     family's comparisons only once its own units are all in too."""
-    from .results import mean_ci
+    from grpo_lab.stats.paired import mean_ci
 
     status = {"primary": design_status(units, ARMS, seeds), "mask": design_status(units, MASK_ARMS, seeds)}
     summary: dict[str, Any] = {
@@ -305,8 +285,8 @@ def provenance(root: Path) -> dict[str, Any]:
 
 def exact_j(model: Any, tokenizer: Any, questions: Sequence[Any], config: Any) -> Any:
     """Exact J of ``model`` on ``questions`` under ``config``'s sampling (T, top-p/k, T_max) and stop tokens."""
-    from ..exact.strict_j import Sampling, exact_evaluate
-    from ..lm.sampling import stop_and_pad_ids
+    from grpo_lab.exact.strict_j import Sampling, exact_evaluate
+    from grpo_lab.lm.sampling import stop_and_pad_ids
 
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                         max_tokens=config.max_completion_length)
@@ -329,8 +309,8 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
 
     import torch
 
-    from ..lm.build import build_loop
-    from ..lm.tasks import all_questions
+    from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.tasks import all_questions
 
     path = out_dir / "units" / f"{arm.name}_s{seed}.json"
     if path.exists() or not claim(path):
@@ -346,7 +326,7 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
         if k in eval_steps(config.steps):
             start = time.perf_counter()
             with torch.no_grad():
-                result = exact_j(loop.policy.model, loop.tokenizer, questions, config)
+                result = exact_j(loop.policy.model, loop.task.tokenizer, questions, config)
             eval_seconds += time.perf_counter() - start
             curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
             pruned_max = max(pruned_max, float(result.pruned.max()))
@@ -384,8 +364,8 @@ def run_untrained(base: Any, out_dir: Path, root: Path, questions: Sequence[Any]
     a unit (``root``: the checkout whose commit it records); computed once."""
     import os
 
-    from ..lm.models import load_policy
-    from ..lm.tasks import all_questions
+    from grpo_lab.lm.models import load_policy
+    from grpo_lab.lm.tasks import all_questions
 
     path = out_dir / "units" / "untrained.json"
     if path.exists():

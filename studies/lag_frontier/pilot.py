@@ -24,9 +24,9 @@ load average at start and end, wall and CPU seconds); a unit whose file exists i
 a unit (or its evaluation) by creating ``<name>.lock`` beside it first, so processes side by side or sittings
 one after another share the work (a lock left by a killed process is removed by hand)::
 
-    python experiments/frontier_pilot.py --task addsubmul1 --lrs 3e-6 1e-5 3e-5 --seeds 2 [--threads 1]
-    python experiments/frontier_pilot.py --task addsubmul1 --evaluate
-    python experiments/frontier_pilot.py --task addsubmul1 --report
+    python studies/lag_frontier/pilot.py --task addsubmul1 --lrs 3e-6 1e-5 3e-5 --seeds 2 [--threads 1]
+    python studies/lag_frontier/pilot.py --task addsubmul1 --evaluate
+    python studies/lag_frontier/pilot.py --task addsubmul1 --report
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ from typing import Any
 
 import torch
 
-from grpo_lab.study import frontier
+from studies.lag_frontier import frontier
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 STEPS = 128
 """The frontier's budget: ≥ 4 syncs at its largest v = 32."""
 
@@ -187,7 +188,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "frontier_pilot")
+    parser.add_argument("--out", type=Path, default=HERE / "pilot_results")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "frontier_pilot")
     parser.add_argument("--evaluate", action="store_true", help="compute exact J of the trained units")
     parser.add_argument("--report", action="store_true", help="each lr's means, its rules and the lr chosen")

@@ -1,16 +1,16 @@
-"""Time to accuracy against TRL (issue 38): the design, the units in its order, and the summary.
+"""Time to accuracy against TRL: the design, the units in its order, and the summary.
 
-The study (``grpo_lab/study/time_to_accuracy.py``): the frontier's recipe, exact J at every 30 s of training clock
-(off the clock), targets read from ``results/time_to_accuracy/targets.json``, six arms that switch off one cause of
-the speed-up at a time, ≥ 5 seeds each in a seeded random order. The statistic: ``grpo_lab/study/passage.py``.
+The study (``design.py`` beside this file): the frontier's recipe, exact J at every 30 s of training clock (off the
+clock), targets read from ``results/targets.json``, six arms that switch off one cause of the speed-up at a
+time, ≥ 5 seeds each in a seeded random order. The statistic: ``grpo_lab/stats/passage.py``.
 
 1. Fix the targets (once, before the design; from the frontier's ``v1`` units, on every k-th question or all)::
 
-       python experiments/time_to_accuracy.py --fix-targets results/frontier --date 2026-12-03 [--every 3]
+       python studies/time_to_accuracy/run.py --fix-targets studies/lag_frontier/results --date 2026-12-03 [--every 3]
 
 2. Fix the design (once; it records the targets, arms, order, budget, threads; a unit from another is refused)::
 
-       python experiments/time_to_accuracy.py --design [--budget 600] [--seeds 5] [--lag-v 4]
+       python studies/time_to_accuracy/run.py --design [--budget 600] [--seeds 5] [--lag-v 4]
            [--lag-correction ratio] [--arms …] [--threads 2] [--eval-threads 2] [--full-budget]
 
 3. Run units, alone on the machine (the clock is wall time), each written to ``units/<arm>_s<seed>.json`` as it
@@ -18,7 +18,7 @@ the speed-up at a time, ≥ 5 seeds each in a seeded random order. The statistic
    exists is skipped, and processes sharing the directory (one sitting after another, or machines side by side)
    each claim the next unit with a lock file (a lock left by a killed process is removed by hand)::
 
-       python experiments/time_to_accuracy.py [--units N]
+       python studies/time_to_accuracy/run.py [--units N]
 
 4. ``--summary`` rebuilds ``summary.json`` from the unit files.
 """
@@ -33,15 +33,16 @@ from pathlib import Path
 
 import torch
 
-from grpo_lab.study import time_to_accuracy as tta
-from grpo_lab.study.tta_summary import ratio_table, rebuild_summary, targets_from_frontier
+from studies.time_to_accuracy import design as tta
+from studies.time_to_accuracy.summary import ratio_table, rebuild_summary, targets_from_frontier
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=tta.committed_dir(ROOT))
+    parser.add_argument("--out", type=Path, default=tta.committed_dir())
     parser.add_argument("--fix-targets", type=Path, metavar="FRONTIER_DIR",
                         help="write targets.json from the frontier's v1 units in this directory")
     parser.add_argument("--date", help="with --fix-targets: the date the targets are fixed on")

@@ -1,8 +1,8 @@
-"""Figures of notebook 02's lag frontier (:mod:`grpo_lab.study.frontier`): exact J against v with one line per
+"""Figures of notebook 02's lag frontier (:mod:`studies.lag_frontier.frontier`): exact J against v with one line per
 correction, the drift and the importance weights by lag, which questions each arm learned, the mask arms,
 and the findings by rule.
 
-Everything drawn comes from ``results/frontier/summary.json`` and the unit files; nothing here tests. The
+Everything drawn comes from ``studies/lag_frontier/results/summary.json`` and the unit files; nothing here tests. The
 endpoint figures and the findings read the summary's analysis, which exists only once every unit of the
 family is in (no interim looks): before that they say how many units are in. The drift and weights are not
 endpoints and are drawn from whatever units exist, with their count.
@@ -17,8 +17,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..study.frontier import CORRECTIONS, MASK_ARMS, PAPER_GSM8K, V_GRID
-from .plots import COLORS, HEIGHT
+from grpo_lab.viz.plots import COLORS, HEIGHT
+from studies.lag_frontier.frontier import CORRECTIONS, MASK_ARMS, PAPER_GSM8K, V_GRID
 
 CORRECTION_STYLE = {"ratio": (COLORS[0], "solid"), "truncated": (COLORS[1], "dash"), "none": (COLORS[2], "dot")}
 """One colour and dash per correction, the same in every figure."""

@@ -59,22 +59,23 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from ..exact.strict_j import ExactEvaluation, Sampling, exact_evaluate
-from ..files import DiskError, results_path
-from ..lm.build import build_loop
-from ..lm.checkpoint import load_checkpoint
-from ..lm.recipes import recipe, run_dir
-from ..lm.sampling import stop_and_pad_ids
-from ..lm.tasks import Problem, all_questions
-from ..lm.train_config import TrainConfig
-from ..lm.training import CHECKPOINT_FILE, RunDirInUse, train
-from ..loop import GRPOLoop
-from ..objective import IS_CORRECTIONS
-from .display import display_mode, show_panel, title_below_toolbar
-from .plots import HEIGHT
-from .widgets import knob
+from grpo_lab.exact.strict_j import ExactEvaluation, Sampling, exact_evaluate
+from grpo_lab.files import DiskError
+from grpo_lab.lm.build import build_loop
+from grpo_lab.lm.checkpoint import load_checkpoint
+from grpo_lab.lm.recipes import recipe, run_dir
+from grpo_lab.lm.sampling import stop_and_pad_ids
+from grpo_lab.lm.tasks import Problem, all_questions
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.lm.training import CHECKPOINT_FILE, RunDirInUse, train
+from grpo_lab.loop import GRPOLoop
+from grpo_lab.objective import IS_CORRECTIONS
+from grpo_lab.viz.display import display_mode, show_panel, title_below_toolbar
+from grpo_lab.viz.plots import HEIGHT
+from grpo_lab.viz.widgets import knob
+from studies.lag_frontier.frontier import PILOT_RESULTS
 
-PILOT_UNITS = tuple(f"frontier_pilot/units/addsubmul1_lr1e-05_s{seed}.json" for seed in (0, 1))
+PILOT_UNITS = tuple(PILOT_RESULTS / "units" / f"addsubmul1_lr1e-05_s{seed}.json" for seed in (0, 1))
 """The backdrop: the frontier pilot's finished v = 1 units at lr 1e-5 on ``addsubmul1`` (paths under ``results/``)."""
 EVAL_QUESTIONS = 27
 """Questions of the live exact J by default: every 13th of ``addsubmul1``'s 363 (module docstring)."""
@@ -149,9 +150,8 @@ def short_number(x: float) -> str:
 
 
 def load_pilot(paths: Sequence[str | Path] = PILOT_UNITS) -> Pilot:
-    """The units at ``paths`` (relative ones under ``results/``, :func:`~grpo_lab.files.results_path`); they must
-    share task, lr, v, questions and evaluation steps."""
-    units = [json.loads((Path(p) if Path(p).is_absolute() else results_path(str(p))).read_text()) for p in paths]
+    """The pilot units at ``paths``; they must share task, lr, v, questions and evaluation steps."""
+    units = [json.loads(Path(p).read_text()) for p in paths]
     if not units:
         raise ValueError("the backdrop needs at least one pilot unit")
     first = units[0]
@@ -413,9 +413,9 @@ class LivePanel:
         if self.eval_threads is not None:
             torch.set_num_threads(self.eval_threads)
         try:
-            return exact_evaluate(model, loop.tokenizer, self.questions, self.sampling(config),
+            return exact_evaluate(model, loop.task.tokenizer, self.questions, self.sampling(config),
                                   system_prompt=config.system_prompt,
-                                  eos_token_ids=stop_and_pad_ids(model, loop.tokenizer, None)[0])
+                                  eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0])
         finally:
             torch.set_num_threads(threads)
 
@@ -477,7 +477,7 @@ class LivePanel:
 
     @staticmethod
     def _load_untrained(base: TrainConfig) -> tuple[Any, Any]:
-        from ..lm.models import load_policy
+        from grpo_lab.lm.models import load_policy
 
         return load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
 
@@ -486,7 +486,7 @@ class LivePanel:
         model the panel loaded (a model passed in is the caller's to keep), and return the freed pages to the
         OS: what a cell that needs the memory calls. The next Run loads the model again and, with the same
         knobs, resumes from the panel's checkpoint."""
-        from ..lm.memory import return_freed_memory
+        from grpo_lab.lm.memory import return_freed_memory
 
         self.stop("release")
         if self._thread is not None:

@@ -1,5 +1,5 @@
-"""Time to accuracy's figures (issue 38, notebook 03 §3c) from ``results/time_to_accuracy/summary.json``
-(:mod:`grpo_lab.study.tta_summary`): every seed's exact-J curve against training seconds or optimiser steps with
+"""Time to accuracy's figures (issue 38, notebook 03 §3c) from ``studies/time_to_accuracy/results/summary.json``
+(:mod:`studies.time_to_accuracy.summary`): every seed's exact-J curve against training seconds or optimiser steps with
 the targets, and the time ratios to TRL (or to grpo_lab v1: the decomposition) with their intervals. They only
 draw what the summary holds.
 """
@@ -13,9 +13,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from ..scale.throughput import MEASURED
-from ..study.tta_summary import V1
-from .display import new_figure
+from grpo_lab.scale.throughput import MEASURED
+from grpo_lab.viz.display import new_figure
+from studies.time_to_accuracy.summary import V1
 
 
 def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Figure:
@@ -25,7 +25,7 @@ def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Fig
         raise ValueError(f"by must be 'seconds' or 'optimizer_steps', got {by!r}")
     fig = new_figure(height=440, yaxis_title="exact J (strict)", yaxis_range=[0, 1],
                      xaxis_title="training seconds (evaluation off the clock)" if by == "seconds" else
-                     "optimiser steps", title=f"{MEASURED} by experiments/time_to_accuracy.py: {summary['task']}, "
+                     "optimiser steps", title=f"{MEASURED} by studies/time_to_accuracy/run.py: {summary['task']}, "
                      f"{summary['budget_seconds']:.0f} s a unit, J every {summary['eval_every_seconds']:.0f} s")
     arms = sorted({run["arm"] for run in summary["runs"]})
     for arm, color in zip(arms, itertools.cycle(qualitative.Plotly), strict=False):
@@ -45,12 +45,12 @@ BOUND_TEXT = {"exact": "no seed censored", "upper": "an upper bound: only the de
               "lower": "a lower bound: only this arm has censored seeds",
               "neither": "no bound: both arms have censored seeds"}
 BOUND_SYMBOL = {"exact": "circle", "upper": "triangle-left", "lower": "triangle-right", "neither": "diamond"}
-"""A ratio's marker and hover text by its ``bound`` (:func:`~grpo_lab.study.passage.censoring_bound`): a triangle
+"""A ratio's marker and hover text by its ``bound`` (:func:`~grpo_lab.stats.passage.censoring_bound`): a triangle
 points the way the ratio of mean times lies."""
 
 
 def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figure:
-    """Each arm's time ratio per target (restricted means, :mod:`grpo_lab.study.passage`) with its 95 % bootstrap
+    """Each arm's time ratio per target (restricted means, :mod:`grpo_lab.stats.passage`) with its 95 % bootstrap
     interval, on a log axis: against the reference (TRL), or with ``to_v1`` against ``grpo_lab_v1`` (the
     decomposition: what switching off one cause costs the loop). An arm whose ratio is not resolved is left out;
     one whose interval is not resolved has no bars and names the reason in its hover text; a bound under censoring

@@ -1,10 +1,10 @@
 """Time to accuracy against TRL (issue 38): the design, fixed before any unit runs, and the units run in its order.
 
-**Recipe.** The frontier study's (:mod:`grpo_lab.study.frontier`): ``cpu_arith_smollm2`` on the task and at the
+**Recipe.** The frontier study's (:mod:`studies.lag_frontier.frontier`): ``cpu_arith_smollm2`` on the task and at the
 lr that ``targets.json`` records (``addsubmul1``, 1e-5), strict scoring, v = 1, one micro-batch of P·G rows
 (as TRL's batch), exact J (:mod:`grpo_lab.exact.strict_j`) as the evaluator.
 
-**Targets** are read from ``results/time_to_accuracy/targets.json`` and nowhere else (never from a competitor's
+**Targets** are read from ``studies/time_to_accuracy/results/targets.json`` and nowhere else (never from a competitor's
 run): levels of exact J, the date they were fixed, the untrained J they start from, and the question set they are
 defined on (``questions``: all of the task's, or every k-th, :func:`eval_questions`). The untrained unit's J must
 agree with the file's (:data:`UNTRAINED_TOLERANCE`): a different model, task or question set is refused rather
@@ -31,7 +31,7 @@ drawn from :data:`ORDER_SEED` (:func:`unit_order`), written into the design. Eac
 
 **The design file** (``design.json``) holds all of the above and the statistic's settings; it is written once and
 each unit records its SHA-256, so a unit from another design (or from changed targets) is refused by the summary.
-The statistic: :mod:`grpo_lab.study.passage`; the summary: :mod:`grpo_lab.study.tta_summary`.
+The statistic: :mod:`grpo_lab.stats.passage`; the summary: :mod:`studies.time_to_accuracy.summary`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import results_path
-from . import passage
+from grpo_lab.stats import passage
 
 BUDGET_SECONDS = 600.0
 EVAL_EVERY_SECONDS = 30.0
@@ -94,7 +93,7 @@ def arms(lag_v: int = LAG_V, lag_correction: str = LAG_CORRECTION) -> list[Arm]:
 def shared_recipe(task: str, lr: float) -> Any:
     """The recipe every arm starts from: the frontier's (``cpu_arith_smollm2``, strict, empty steps skipped) at
     v = 1 with one micro-batch of P·G rows, as TRL's batch."""
-    from ..lm.recipes import recipe
+    from grpo_lab.lm.recipes import recipe
 
     base = recipe(RECIPE, task=task, lr=lr, scoring="strict", empty_step="skip", checkpoint_every=0)
     return base.replace(v=1, i=1, micro_batch_size=base.prompts_per_step * base.G)
@@ -114,9 +113,9 @@ def unit_order(names: Sequence[str], seeds: int, order_seed: int = ORDER_SEED) -
     return [(names[i], seed) for seed in range(seeds) for i in rng.permutation(len(names))]
 
 
-def committed_dir(root: str | Path | None = None) -> Path:
-    """``results/time_to_accuracy`` of a checkout (:func:`~grpo_lab.files.results_path`)."""
-    return results_path("time_to_accuracy", root=root)
+def committed_dir() -> Path:
+    """The committed units and summary: ``results/`` beside this module."""
+    return Path(__file__).resolve().parent / "results"
 
 
 def load_targets(path: str | Path) -> dict[str, Any]:
@@ -135,7 +134,7 @@ def load_targets(path: str | Path) -> dict[str, Any]:
 def eval_questions(targets: dict[str, Any]) -> list[Any]:
     """The question set the targets are defined on: the task's every question
     (:func:`~grpo_lab.lm.tasks.all_questions`, sorted), or every k-th of them from the first."""
-    from ..lm.tasks import all_questions
+    from grpo_lab.lm.tasks import all_questions
 
     questions = targets.get("questions", "all")
     every = 1 if questions == "all" else int(questions["every"])
@@ -197,15 +196,15 @@ def run_units(out_dir: str | Path, root: Path, *, units: int | None = None, mode
     return the units run. ``model``/``tokenizer`` (default: the recipe's, loaded),
     ``questions`` (default :func:`eval_questions`), ``problems`` (config → training problems; default the
     recipe's) and ``base`` (the shared recipe) are for tests on a tiny model."""
-    from ..lm.text_task import train_problems
-    from .tta_units import run_unit, run_untrained
+    from grpo_lab.lm.text_task import train_problems
+    from studies.time_to_accuracy.units import run_unit, run_untrained
 
     out = Path(out_dir)
     design = json.loads((out / "design.json").read_text())
     sha = design_sha(design)
     base = shared_recipe(design["task"], design["lr"]) if base is None else base
     if model is None:
-        from ..lm.models import load_policy
+        from grpo_lab.lm.models import load_policy
 
         model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
     questions = design_questions(design) if questions is None else questions
@@ -244,5 +243,5 @@ def load_summary(out_dir: str | Path | None = None) -> dict[str, Any]:
     """The ``summary.json`` in ``out_dir`` (default :func:`committed_dir`)."""
     path = Path(committed_dir() if out_dir is None else out_dir) / "summary.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run experiments/time_to_accuracy.py first")
+        raise FileNotFoundError(f"{path} is missing: run studies/time_to_accuracy/run.py first")
     return json.loads(path.read_text())
