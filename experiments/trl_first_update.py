@@ -23,7 +23,7 @@ import torch
 
 from grpo_lab.lm.models import load_policy
 from grpo_lab.lm.policy import LMPolicy
-from grpo_lab.lm.recipes import CONFIG_DIR, load_config
+from grpo_lab.lm.recipes import recipe
 from grpo_lab.lm.text_task import train_problems
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.loop import make_optimizer, optimizer_step
@@ -85,7 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    base = load_config(CONFIG_DIR / "cpu_study_smollm2.yaml", [])   # issue 25 §5's TRL arm: v = 1, one micro-batch
+    # The earlier CPU study's TRL arm: SmolLM2-135M on sum3 (500 problems), strict scoring, lr 2e-5; one micro-batch
+    base = recipe("cpu_arith_smollm2", task="sum3", scoring="strict", train_problems=500, lr=2e-5, empty_step="skip",
+                  micro_batch_size=16, steps=60)
     config = base.replace(v=1, i=1, is_correction="ratio", seed=args.seed, checkpoint_every=0,
                           micro_batch_size=base.prompts_per_step * base.G)
     model, tokenizer = load_policy(config.model)
