@@ -53,9 +53,6 @@ def frontier_figure(summary: Mapping[str, Any]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=[ENDPOINT_TITLES[e] for e in ("j_auc", "j_final")])
     for col, endpoint in enumerate(("j_auc", "j_final"), start=1):
         v1 = arms["v1"][endpoint]
-        if endpoint == "j_auc":
-            fig.add_hrect(y0=v1["mean"] - margin, y1=v1["mean"] + margin, fillcolor="grey", opacity=0.15,
-                          line_width=0, row=1, col=col)
         for correction in CORRECTIONS:
             color, dash = CORRECTION_STYLE[correction]
             names = ["v1", *(f"v{v}_{correction}" for v in V_GRID[1:])]
@@ -67,10 +64,14 @@ def frontier_figure(summary: Mapping[str, Any]) -> go.Figure:
                 mode="lines+markers", line=dict(color=color, dash=dash),
                 error_y=dict(type="data", symmetric=False, array=[h - m for (_, h), m in zip(ci, mean, strict=True)],
                              arrayminus=[m - lo for (lo, _), m in zip(ci, mean, strict=True)])), row=1, col=col)
-        for y, label, dash in ((summary["untrained_j"], "untrained", "dot"),
-                               (summary["constant_answer_j"], "best constant answer", "dash")):
-            fig.add_hline(y=y, line=dict(color="black", dash=dash, width=1), row=1, col=col,
-                          annotation_text=label if col == 1 else None, annotation_position="bottom right")
+        if endpoint == "j_auc":   # after the traces: plotly drops a shape drawn on a subplot that has no data yet
+            fig.add_hrect(y0=v1["mean"] - margin, y1=v1["mean"] + margin, fillcolor="grey", opacity=0.15,
+                          line_width=0, row=1, col=col)
+        lines = ((summary["untrained_j"], "untrained", "dot", "bottom right"),
+                 (summary["constant_answer_j"], "best constant answer", "dash", "top left"))
+        for y, label, dash, position in lines:   # the two lie close: labels on opposite sides, left panel only
+            labelled = dict(annotation_text=label, annotation_position=position) if col == 1 else {}
+            fig.add_hline(y=y, line=dict(color="black", dash=dash, width=1), row=1, col=col, **labelled)
         fig.update_xaxes(type="log", tickvals=list(V_GRID), ticktext=[str(v) for v in V_GRID], title_text="v",
                          row=1, col=col)
         fig.update_yaxes(title_text="exact J", row=1, col=col)
