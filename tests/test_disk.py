@@ -116,6 +116,19 @@ def test_guard_asks_for_two_checkpoints_with_periodic_saves_and_one_without(tmp_
     assert needed(config, loop, tmp_path) == periodic - one
 
 
+def test_a_large_checkpoint_is_announced_before_it_is_written(tmp_path, capsys):
+    from grpo_lab.files import size_text
+    from grpo_lab.lm.disk_guard import LARGE_CHECKPOINT
+
+    config = train_config("lm", tmp_path / "run")
+    guard_disk(config, LARGE_CHECKPOINT - 1, tmp_path / CHECKPOINT_FILE, free=10 * LARGE_CHECKPOINT)
+    assert capsys.readouterr().out == ""                                  # below the threshold: silent
+    guard_disk(config, LARGE_CHECKPOINT, tmp_path / CHECKPOINT_FILE, free=10 * LARGE_CHECKPOINT)
+    said = capsys.readouterr().out
+    assert size_text(LARGE_CHECKPOINT) in said, said
+    assert str(tmp_path) in said and "checkpoint_every = 0" in said
+
+
 def test_preflight_refusal_names_path_needed_and_free(tmp_path, monkeypatch):
     from grpo_lab.lm.training import train
 

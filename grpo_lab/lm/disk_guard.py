@@ -82,11 +82,16 @@ def _checkpoint_bytes(storages: list[int], trainable: list[torch.Tensor], optimi
             + RECORD_BYTES * steps + CHECKPOINT_REST)
 
 
+LARGE_CHECKPOINT = 2**30
+"""A checkpoint at least this large is announced (size, folder, what it holds) before the run writes it."""
+
+
 def guard_disk(config: TrainConfig, size: int, checkpoint: Path, free: int | None = None) -> None:
     """Return if ``config``'s run, whose checkpoint takes ``size`` bytes (:func:`estimate_checkpoint`,
     or :func:`estimate_run_checkpoint` before the loop exists), has room for its checkpoints at
     ``checkpoint`` (and ``metrics.jsonl``), else raise :class:`~grpo_lab.files.DiskError` naming the
-    folder, the bytes needed and free, and the changes that help. ``free``: bytes free (default:
+    folder, the bytes needed and free, and the changes that help. A run that fits but whose checkpoint reaches
+    :data:`LARGE_CHECKPOINT` is told its size first. ``free``: bytes free (default:
     :func:`~grpo_lab.files.free_bytes` of the folder)."""
     folder = checkpoint.parent
     free = free_bytes(folder) if free is None else require_int_at_least("free", free, 0)
@@ -95,11 +100,14 @@ def guard_disk(config: TrainConfig, size: int, checkpoint: Path, free: int | Non
     metrics = 2 * RECORD_BYTES * config.steps  # metrics.jsonl, and its copy while it is rewritten on resume
     one_save = size - reclaimed + metrics
     need = max(2 * size - existing, size) - reclaimed + metrics if config.checkpoint_every else one_save
-    if need <= free:
-        return
     parts = ", ".join(["π_θ", "α", *(["π_ref"] if config.beta > 0 else []),
                        *(["AdamW's m and v"] if config.optimizer == "adamw" else [])])
     held = "two on disk at once while a save replaces the last" if config.checkpoint_every else "one, at the end"
+    if need <= free:
+        if size >= LARGE_CHECKPOINT:   # said before the first save, so a learner is not surprised by the disk
+            print(f"disk: each checkpoint of this run holds {parts} in {size_text(size)} under {str(folder)!r} "
+                  f"({held}; set checkpoint_every = 0 for one at the end, or choose another output_dir)")
+        return
     fixes = ["choose another output_dir",
              *([f"set checkpoint_every = 0 (one checkpoint, at the end: {size_text(one_save)})"]
                if config.checkpoint_every else []), "or use a smaller model or dtype"]
