@@ -57,6 +57,29 @@ def test_whiten_constant_group_is_zero_not_nan():
         assert torch.equal(A, torch.zeros_like(r))
 
 
+@pytest.mark.parametrize("eps, placement, unbiased", [(0.0, "under_sqrt", False), (1e-4, "under_sqrt", False),
+                                                       (1e-4, "added_to_std", True), (0.0, "added_to_std", True)])
+@pytest.mark.parametrize("value", [0.1, 0.3, 0.7, 1 / 3])
+def test_whiten_gives_an_agreeing_group_advantage_zero_whatever_its_rounding(value, eps, placement, unbiased):
+    """Rewards that are not dyadic (partial format credit): the float mean of G equal values may differ from
+    them in the last bit, so the computed r − μ need not be 0, and dividing by σ of the same order made it −1
+    at eps = 0. An agreeing group's advantages are 0 exactly, by construction, beside a group that disagrees."""
+    for G in (3, 8, 16):
+        r = torch.stack([torch.full((G,), value), torch.tensor([0.0, 1.0] * (G // 2) + [0.5] * (G % 2))])
+        for dtype in (torch.float32, torch.float64):
+            A = whiten(r.to(dtype), eps=eps, unbiased=unbiased, eps_placement=placement)
+            assert torch.equal(A[0], torch.zeros(G, dtype=dtype)), (G, dtype, A[0])
+            assert (A[1, :2 * (G // 2)] != 0).all()
+
+
+def test_whiten_of_a_constant_non_dyadic_group_is_zero_not_minus_one():
+    """The case that failed, in float32 (this module's default dtype is float64): ``whiten(full((1, 8), 0.1),
+    eps=0)`` was −1 for every member, and −7.5e-7 at the default ε_std."""
+    rewards = torch.full((1, 8), 0.1, dtype=torch.float32)
+    assert torch.equal(whiten(rewards, eps=0.0), torch.zeros(1, 8, dtype=torch.float32))
+    assert torch.equal(whiten(rewards), torch.zeros(1, 8, dtype=torch.float32))
+
+
 def test_whiten_matches_plain_loop():
     g = torch.Generator().manual_seed(0)
     r = torch.rand(7, 5, generator=g)
