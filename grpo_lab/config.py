@@ -96,7 +96,8 @@ class GRPOConfig:
     is_cap: float = 2.0
     """C > 1, the cap of ``is_correction="truncated"`` on r′ = π_k/α (verl's default 2; TRL's
     ``vllm_importance_sampling_clip_max`` defaults to 3). Under ``truncated`` the step's ``cap_frac`` is the
-    share of sampled tokens with r′ outside [1/C, C]."""
+    share of sampled tokens with r′ > C, where the cap binds (a token with r′ < 1/C is not counted: the cap
+    does not touch it)."""
     lr: float = 1e-6
     """Learning rate."""
     optimizer: str = "adamw"

@@ -533,6 +533,27 @@ def test_ratio_diagnostics_hand_computed():
     assert none["ess_token_applied"] == pytest.approx(1.0) and none["log_weight_min"] == none["log_weight_max"] == 0
 
 
+def test_cap_frac_is_the_share_of_sampled_tokens_with_r_prime_above_c_only():
+    """``cap_frac`` counts r′ > C and nothing below: a token with r′ < 1/C (what a top-p cut gives at lag 0, r′ =
+    the kept mass) is not counted, neither is r′ = C itself, and padding is not a sampled token. Under
+    ``ratio`` and ``none`` no cap binds: 0."""
+    from grpo_lab.objective import ratio_diagnostics
+    C = 2.0
+    ratio = torch.tensor([[0.1, 0.3, 1.0, 2.0], [5.0, 0.2, 3.0, 9.0]], dtype=torch.float64)  # 1/C = 0.5
+    logp_alpha = torch.full((2, 4), -1.5, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, True], [True, True, True, False]])      # r′ = 9 is padding
+    above = ((ratio > C) & mask).sum() / mask.sum()
+    below = ((ratio < 1 / C) & mask).sum() / mask.sum()
+    d = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, "truncated", C)
+    assert d["cap_frac"] == pytest.approx(float(above)) == pytest.approx(2 / 7)     # r′ = 5 and 3
+    assert float(above + below) == pytest.approx(5 / 7) != pytest.approx(d["cap_frac"])  # not "outside [1/C, C]"
+    kept_masses = torch.tensor([[0.1, 0.3, 0.45, 0.2]], dtype=torch.float64)       # lag 0 under a cut: r′ ≤ 1
+    lag0 = ratio_diagnostics(logp_alpha[:1] + kept_masses.log(), logp_alpha[:1], mask[:1], "truncated", C)
+    assert lag0["cap_frac"] == 0.0
+    for other in ("ratio", "none"):
+        assert ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, other, C)["cap_frac"] == 0.0
+
+
 def test_ess_is_one_when_every_ratio_is_one_and_scale_free():
     from grpo_lab.objective import ratio_diagnostics
     logp = -torch.rand(6, 4, generator=torch.Generator().manual_seed(2)) * 3
