@@ -78,7 +78,8 @@ def improvement_lower_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.T
         L_α(π) − 2 (1 − σ)/σ · TV(π, α) − 2 TV(π_k, α)
 
     Valid for rewards in [0, 1] and 0 < σ <= 1, i.e. ``0 < eps_std <= 0.75``
-    (or eps_std = 0 where μ_α is not 0 or 1). With α = π_k it is Corollary 1.
+    (or eps_std = 0 where μ_α is not 0 or 1). With α = π_k it is Corollary 1. For these 0/1 rewards it is
+    ≤ 0 unless μ_α(1 − μ_α) > ¼ − ε_std (σ > ½), and never above 4·ε_std·TV(π, α) (docs/theory.md §4).
     """
     require_number_in("eps_std", eps_std, 0.0, MAX_EPS_STD)
     return (surrogate_L(pi, alpha, p, eps_std) - 2 * bound_weight(alpha, p, eps_std) * tv(pi, alpha)
