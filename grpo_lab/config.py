@@ -51,7 +51,20 @@ class GRPOConfig:
     kl_kind: str = "k3"
     """KL estimator per token: ``k1``, ``k2`` or ``k3``."""
     kl_importance_weighted: bool = False
-    """Weight each KL estimate by the detached π_θ/α to undo the bias of sampling from α."""
+    """Weight each KL estimate by the detached π_θ/base, base the ratios' denominator of ``is_correction``
+    (docs/theory.md §3, *KL from lagged samples*). Under ``is_correction="ratio"`` base = α, so for one-token
+    responses the weight undoes the bias of sampling from α: value and gradient are each estimator's on-policy
+    ones (k3's gradient stays the forward KL's). Under ``truncated`` and ``none`` base = π_k, so the weight is
+    π_θ/π_k and the KL stays α-biased at lag > 0. On sequences it corrects each token given its prefix only."""
+    kl_weight_differentiable: bool = False
+    """Weight each KL estimate by π_θ/base *with* its gradient (TRL's ``use_bias_correction_kl``, True by default
+    in TRL 1.16: its k3 times the non-detached ``coef_1``). Implies the weight, whatever
+    ``kl_importance_weighted``. The loss term's gradient is then (π_θ/base)·(k + ∂k/∂log π)·∇log π; with base = α
+    (``is_correction="ratio"``) its expectation is ∇E_{π_θ}[k], the gradient of the value the estimator
+    estimates: ∇KL(π_θ ‖ π_ref), the *reverse* KL, for k1 and k3 (for k2 the gradient of its second-order value).
+    It changes the gradient even on-policy, where the weight's value is 1. Under ``truncated`` and ``none`` base
+    = π_k, exact only at lag 0. The weight is per token at either ``level`` (TRL broadcasts the sequence weight
+    under ``importance_sampling_level="sequence"``)."""
     ref_period: int = 0
     """Reset π_ref ← π_θ after every ``ref_period`` steps; 0 = never (TRL ``ref_model_sync_steps``)."""
     eps_std: float = 1e-4

@@ -104,8 +104,9 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
 
     At the first pass (π_θ = π_k) the gradient is c·r·A·∇log π with r = π_k/base: r′·A·∇log π,
     min(r′, C)·A·∇log π and A·∇log π. With r′ = 1 both bands are PPO's [1 − ε_low, 1 + ε_high].
-    The same base weights the KL term when ``kl_importance_weighted`` (π_θ/base, TRL's ``coef_1``
-    for ``truncated`` and ``none``).
+    The same base weights the KL term when ``kl_importance_weighted`` (π_θ/base, detached) or
+    ``kl_weight_differentiable`` (π_θ/base with its gradient: TRL's ``coef_1`` times k3 under
+    ``use_bias_correction_kl``, π_θ/π_old, where π_old is the weights that sampled); :func:`kl_weight`.
 
     ============== ========== ===============================================
     symbol         shape      meaning
@@ -216,7 +217,10 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     (y detached; ∇k = ∂k/∂log π · ∇log π with ∂k1 = 1, ∂k2 = −d, ∂k3 = 1 − e^d.) So the
     logged value of k3 estimates KL(π ‖ π_ref), which the paper writes, while the
     gradient it adds to the loss is that of KL(π_ref ‖ π); only k2 differentiates
-    the KL the paper writes. k3 is the default because it is TRL's.
+    the KL the paper writes. k3 is the default because it is TRL's estimator; but TRL 1.16 by default
+    (``use_bias_correction_kl=True``) multiplies it by the non-detached ``coef_1`` = π_θ/π_old, which turns
+    its gradient into the reverse KL's (:func:`kl_weight`, ``kl_weight_differentiable``). The table is the
+    unweighted term's, which the kit uses by default.
 
     ======== ========== ===============================================
     symbol   shape      meaning
@@ -233,11 +237,14 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     (how token t changes the KL of the tokens after it; ``tests/test_kl_sequences.py``).
 
     Off-policy the tokens come from α, so both columns above change. Weighting each
-    term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)``) gives
-    back the on-policy expectations of both value and gradient for one-token responses:
-    the gradient of *the same* KL as on-policy, nothing more (k3 still follows the
-    forward KL). On sequences the token weight corrects the token's distribution given
-    its prefix, not the prefix's, which stays α's.
+    term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)`` under
+    ``is_correction="ratio"``) gives back the on-policy expectations of both value and gradient
+    for one-token responses: the gradient of *the same* KL as on-policy, nothing more (k3 still
+    follows the forward KL). Under ``truncated`` or ``none`` the weight is π_θ/π_k, so at lag > 0
+    the term stays α-biased. Weighting by π_θ/α *with* its gradient
+    (``kl_weight_differentiable=True``, TRL's default) gives ∇KL(π ‖ π_ref), the reverse KL, for
+    k1 and k3, on-policy too (:func:`kl_weight`). On sequences the token weight corrects the
+    token's distribution given its prefix, not the prefix's, which stays α's.
     ``grpo_lab.exact.bandit.kl_expected_gradient`` computes the one-token expectations exactly.
     """
     require_choice("kind", kind, KL_KINDS)
@@ -248,6 +255,26 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     if kind == "k2":
         return 0.5 * d * d
     return torch.expm1(d) - d  # = exp(d) − d − 1, without the cancellation that makes it < 0 near d = 0
+
+
+def kl_weight(logp: torch.Tensor, log_base: torch.Tensor, differentiable: bool = False) -> torch.Tensor:
+    """The importance weight π_θ/base that multiplies each KL estimate (``[B, T]``, docs/theory.md §3), base the
+    ratios' denominator of :func:`is_correction_terms` (α under ``ratio``, π_k under ``truncated`` / ``none``).
+
+    ================== ===================================== ===============================================
+    ``differentiable`` term and its gradient                 expectation over y ~ base, one-token responses
+    ================== ===================================== ===============================================
+    False (detached)   w·k,   w·∂k·∇log π                    each estimator's on-policy gradient: 0 (k1),
+                                                             ∇KL(π ‖ π_ref) (k2), ∇KL(π_ref ‖ π) (k3)
+    True (TRL's        w·k,   w·(k + ∂k)·∇log π              ∇E_π[k]: ∇KL(π ‖ π_ref), the reverse KL, for
+    ``coef_1``)                                              k1 and k3; ∇E_π[d²/2] for k2
+    ================== ===================================== ===============================================
+
+    (w = π_θ/base, ∂k = ∂k/∂log π_θ.) Both have the same value, 1 at π_θ = base; the differentiable one changes the
+    gradient even there (TRL's ``use_bias_correction_kl``, on by default in TRL 1.16). When y is drawn from α but
+    base = π_k (lag > 0 under ``truncated`` or ``none``), both expectations are α's, not π_θ's."""
+    weight = torch.exp(logp - log_base.detach())
+    return weight if differentiable else weight.detach()
 
 
 def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
@@ -342,7 +369,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    weights: torch.Tensor, *, logp_k: torch.Tensor | None = None,
                    logp_ref: torch.Tensor | None = None, beta: float = 0.0, eps_low: float = 0.2,
                    eps_high: float | None = None, band: str = "additive", kl_kind: str = "k3",
-                   kl_importance_weighted: bool = False, level: str = "token", is_correction: str = "ratio",
+                   kl_importance_weighted: bool = False, kl_weight_differentiable: bool = False,
+                   level: str = "token", is_correction: str = "ratio",
                    is_cap: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
@@ -354,8 +382,11 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     (``is_correction="ratio"``, the default: r = π_θ/α, r′ = π_k/α, c = 1).
 
     The β term is a loss term: its gradient, not its value, is what acts. With
-    the default k3 that gradient follows KL(π_ref ‖ π_θ), not KL(π_θ ‖ π_ref); k1's
-    is 0 in expectation (see :func:`kl_estimate`).
+    the default k3 unweighted that gradient follows KL(π_ref ‖ π_θ), not KL(π_θ ‖ π_ref); k1's
+    is 0 in expectation (see :func:`kl_estimate`). ``kl_importance_weighted`` multiplies each
+    term by the detached π_θ/base (the same gradients, taken as on-policy), ``kl_weight_differentiable``
+    by π_θ/base with its gradient (TRL's default ``use_bias_correction_kl``: ∇KL(π_θ ‖ π_ref) for
+    k1 and k3): :func:`kl_weight`, per token at either ``level``.
 
     ============== ========== ==================================================
     argument       shape      meaning
@@ -414,8 +445,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     kl = None
     if logp_ref is not None:
         kl = kl_estimate(logp, logp_ref, kl_kind)
-        if kl_importance_weighted:
-            kl = kl * torch.exp(logp - token_base).detach()
+        if kl_importance_weighted or kl_weight_differentiable:
+            kl = kl * kl_weight(logp, token_base, kl_weight_differentiable)
         if beta > 0:
             per_token = per_token + beta * kl
     loss = weighted_sum(per_token, weights)

@@ -227,6 +227,46 @@ def test_kl_expected_gradient_is_autograd_of_the_expected_loss_term(kind, weight
                                rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kind", KL_KINDS)
+def test_kl_expected_gradient_with_a_differentiable_weight_is_autograd_of_the_loss_term(kind):
+    """Σ_y α(y)·w(y)·k̂(y) with w = π/α keeping its gradient (TRL's ``coef_1``), by autograd, against the closed
+    form; and grpo_objective's term (``kl_weight_differentiable``) on one-token rows is the same term."""
+    logits, pi_ref, alpha = _tables(4)
+    logp = torch.log_softmax(logits, -1)
+    loss = (alpha * (logp.exp() / alpha) * kl_estimate(logp, pi_ref.log(), kind)).sum()
+    (grad,) = torch.autograd.grad(loss, logits)
+    pi = torch.softmax(logits, -1).detach()
+    torch.testing.assert_close(kl_expected_gradient(pi, pi_ref, alpha, kind, differentiable=True), grad,
+                               rtol=1e-12, atol=1e-14)
+    # the loss's own term: every arm of every context as a one-token row, weighted by α(y) (the expectation)
+    C, K = pi.shape
+    rows = torch.log_softmax(logits, -1).reshape(-1, 1)
+    weights = alpha.reshape(-1, 1)                                  # Σ_rows w·(term) = Σ_x Σ_y α·(term)
+    term, _ = grpo_objective(rows, alpha.log().reshape(-1, 1), torch.zeros(C * K), weights, logp_ref=pi_ref.log()
+                             .reshape(-1, 1), beta=1.0, kl_kind=kind, kl_weight_differentiable=True)
+    (objective_grad,) = torch.autograd.grad(term, logits)
+    torch.testing.assert_close(objective_grad, grad, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_differentiable_kl_weight_gives_the_reverse_kl_gradient_for_k1_and_k3_at_every_alpha(seed):
+    """With w = π/α differentiable the expected gradient is ∇E_π[k̂]: ∇KL(π ‖ π_ref) (the reverse KL) for k1 and k3,
+    from any sampler α, π itself included (on-policy, where w = 1 in value, it is not k3's forward-KL gradient);
+    for k2 it is ∇E_π[d²/2]."""
+    logits, pi_ref, alpha = _tables(seed)
+    pi, logp = torch.softmax(logits, -1), torch.log_softmax(logits, -1)
+    (reverse,) = torch.autograd.grad((pi * (logp - pi_ref.log())).sum(), logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((pi_ref * (pi_ref.log() - logp)).sum(), logits, retain_graph=True)
+    (k2_value,) = torch.autograd.grad((pi * 0.5 * (pi_ref.log() - logp) ** 2).sum(), logits)
+    pi = pi.detach()
+    for sampler in (pi, alpha):
+        grads = {kind: kl_expected_gradient(pi, pi_ref, sampler, kind, differentiable=True) for kind in KL_KINDS}
+        torch.testing.assert_close(grads["k1"], reverse, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grads["k3"], reverse, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grads["k2"], k2_value, rtol=1e-12, atol=1e-14)
+        assert (grads["k3"] - forward).abs().max() > 0.05
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kl_estimator_gradients_are_those_of_the_exact_kls(seed):
     """On-policy, or lagged and weighted by π/α: k1 → 0, k2 → ∇KL(π‖π_ref), k3 → ∇KL(π_ref‖π) (the forward KL)."""

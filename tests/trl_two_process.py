@@ -162,7 +162,7 @@ def lab_reference(trainer: OffPolicyGRPOTrainer, batch: dict[str, torch.Tensor])
         logp, batch["sampling_per_token_logps"], plan.advantages, plan.weights, logp_k=batch["old_per_token_logps"],
         logp_ref=batch.get("ref_per_token_logps"), beta=args.beta, eps_low=args.epsilon, eps_high=args.epsilon_high,
         band=args.clip_band, level=args.importance_sampling_level, is_correction=args.is_correction,
-        kl_importance_weighted=args.use_bias_correction_kl,
+        kl_importance_weighted=args.kl_importance_weighted, kl_weight_differentiable=args.use_bias_correction_kl,
         is_cap=args.is_cap)
     metrics["masked_frac"] = plan.masked_frac
     metrics["tv_estimate"] = float(tv_terms(batch["old_per_token_logps"], batch["sampling_per_token_logps"],

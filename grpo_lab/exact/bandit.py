@@ -87,7 +87,7 @@ def improvement_lower_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.T
 
 
 def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Tensor, kind: str,
-                         weighted: bool = False) -> torch.Tensor:
+                         weighted: bool = False, differentiable: bool = False) -> torch.Tensor:
     """The exact expected gradient of a KL estimator used as a loss term, w.r.t. the logits of a
     softmax table (docs/theory.md §3), per context ``[..., C, K]``::
 
@@ -96,6 +96,10 @@ def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Te
     with ∂k1 = 1, ∂k2 = log π − log π_ref, ∂k3 = 1 − π_ref/π (:func:`grpo_lab.kl_estimate`, the
     sample y detached). With α = π or ``weighted``: 0 for k1, ∇KL(π ‖ π_ref) for k2, ∇KL(π_ref ‖ π)
     for k3 (``tests/test_bandit.py`` holds these against autograd of the exact KLs).
+
+    ``differentiable`` (TRL's ``use_bias_correction_kl``, :func:`grpo_lab.objective.kl_weight`): the weight
+    w = π/α keeps its gradient, so the slope is w·(k + ∂k) and the expectation ∇_θ E_π[k]: ∇KL(π ‖ π_ref) for
+    k1 and k3 at every α, on-policy included.
     """
     require_choice("kind", kind, KL_KINDS)
     if kind == "k1":
@@ -104,7 +108,10 @@ def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Te
         slope = pi.log() - pi_ref.log()
     else:
         slope = 1 - pi_ref / pi
-    q = pi if weighted else alpha                     # α · (π/α) = π
+    if differentiable:                                # ∂(w·k)/∂ log π = w·(k + ∂k), w = π/α
+        d = pi_ref.log() - pi.log()
+        slope = slope + {"k1": -d, "k2": 0.5 * d * d, "k3": torch.expm1(d) - d}[kind]
+    q = pi if weighted or differentiable else alpha   # α · (π/α) = π
     weighted_slope = q * slope
     return weighted_slope - weighted_slope.sum(-1, keepdim=True) * pi
 
