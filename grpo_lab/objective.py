@@ -130,21 +130,29 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
 
 
 def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_mask: torch.Tensor,
-                      is_correction: str = "ratio", is_cap: float = 2.0) -> dict[str, float]:
+                      is_correction: str = "ratio", is_cap: float = 2.0, level: str = "token") -> dict[str, float]:
     """Statistics of the importance weights over the sampled tokens, raw and as applied (docs/metrics.md).
 
     Raw: w = r′ = π_k/α, before any clip, cap or mask. Applied: the weight the first pass puts on the token's
     A·∇log π under ``is_correction`` (:func:`is_correction_terms`): r′ (``ratio``), min(r′, C) (``truncated``),
-    1 (``none``). Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence b's sampled tokens)::
+    1 (``none``). Under ``level="sequence"`` the correction acts on the sequence's ratio, as in
+    :func:`grpo_objective`: r′_b = exp(mean_t log r′_{b,t}) over its sampled tokens, so each sampled token's applied
+    weight is its sequence's r′_b, min(r′_b, C) or 1, and ``cap_frac`` counts the tokens of sequences with
+    r′_b > C. The raw values stay per token. Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence
+    b's sampled tokens)::
 
         ess_token         = (Σ_t w_t)² / (n_tok · Σ_t w_t²)     of the raw weights; ess_seq likewise over w_b
         ess_token_applied = the same of the applied weights
         log_ratio_k_min / _p50 / _p99 / _max = min / median / 99th percentile / max of log r′ (raw)
         log_weight_min / _p50 / _p99 / _max  = the same of the applied weights' logs
-        cap_frac          = share of sampled tokens with r′ > C under ``truncated`` (the cap binds); else 0
+        cap_frac          = share of sampled tokens whose applied ratio r′ (r′_b at level="sequence") exceeds C
+                            under ``truncated`` (the cap binds; r′ < 1/C is not counted); else 0
 
-    ESS/n lies in (0, 1] and is the fraction of a sample that each weighted one is worth (n/ESS is the variance
-    inflation of a weighted mean); = 1 exactly when all weights are equal (on-policy: every r′ = 1).
+    ESS/n lies in (0, 1] and is a dispersion diagnostic of the weights: 1 exactly when all are equal (on-policy and
+    bit-identical log-probs: every r′ = 1), smaller the more a few weights dominate. n/ESS is Kish's variance
+    inflation only for a self-normalised weighted mean whose weights are independent of the values; the token
+    gradient estimator is neither (it is not self-normalised, and A and ∇log π depend on the token), so read ESS
+    as how uneven the weights are, not as a variance ratio.
 
     ================= ========== =================================================
     argument          shape      meaning
@@ -154,22 +162,31 @@ def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_ma
     ``sampled_mask``  ``[B, T]`` the tokens α sampled (padding False), every group
     ``is_correction`` str        the correction (``GRPOConfig.is_correction``)
     ``is_cap``        scalar     C > 1, read under ``truncated`` only
+    ``level``         str        ``token`` or ``sequence`` (``GRPOConfig.level``): what the applied weights are
     ================= ========== =================================================
 
     With no sampled token the values are an on-policy batch's: ESS 1, logs 0, cap_frac 0.
     """
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, sampled_mask=sampled_mask)
-    base, weight = is_correction_terms(logp_k.detach().to(torch.float64), logp_alpha.detach().to(torch.float64),
-                                       is_correction, is_cap)
+    require_choice("level", level, LEVELS)
     sampled = sampled_mask.bool()
+    logp_k, logp_alpha = (x.detach().to(torch.float64) for x in (logp_k, logp_alpha))
+    if level == "sequence":  # the sequences' length-normalised log-probs on each token, as grpo_objective uses
+        counts = sampled.sum(dim=1, keepdim=True).clamp(min=1)
+        applied_k, applied_alpha = ((torch.where(sampled, x, torch.zeros_like(x)).sum(dim=1, keepdim=True) / counts)
+                                    .expand_as(x) for x in (logp_k, logp_alpha))
+    else:
+        applied_k, applied_alpha = logp_k, logp_alpha
+    base, weight = is_correction_terms(applied_k, applied_alpha, is_correction, is_cap)
     if not sampled.any():
         return {**dict.fromkeys(RATIO_DIAGNOSTICS, 0.0), "ess_token": 1.0, "ess_seq": 1.0, "ess_token_applied": 1.0}
-    log_ratio = logp_k.detach().to(torch.float64) - logp_alpha.detach().to(torch.float64)
-    log_applied = (logp_k.detach().to(torch.float64) - base) + (0.0 if weight is None else weight.log())
+    log_ratio = logp_k - logp_alpha
+    log_applied = (applied_k - base) + (0.0 if weight is None else weight.log())
     tokens, applied = log_ratio[sampled], log_applied[sampled]
     sequences = torch.where(sampled, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)[sampled.any(dim=1)]
     levels = torch.tensor([0.5, 0.99], dtype=torch.float64)
-    capped = (tokens > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
+    applied_ratio = (applied_k - applied_alpha)[sampled]
+    capped = (applied_ratio > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
     values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences), _normalised_ess(applied),
                           tokens.min(), *torch.quantile(tokens, levels), tokens.max(),
                           applied.min(), *torch.quantile(applied, levels), applied.max(), capped])

@@ -533,6 +533,39 @@ def test_ratio_diagnostics_hand_computed():
     assert none["ess_token_applied"] == pytest.approx(1.0) and none["log_weight_min"] == none["log_weight_max"] == 0
 
 
+def test_ratio_diagnostics_at_sequence_level_report_the_sequence_weights_applied():
+    """``level="sequence"``: the correction acts on r′_b = exp(mean_t log r′_{b,t}), so each sampled token's applied
+    weight is its sequence's. Sequence 0: r′ = [1, 4] (+ padding), r′_b = 2; sequence 1: r′ = [¼, 1, 64],
+    r′_b = 2^(4/3) ≈ 2.52. Raw values stay per token."""
+    from grpo_lab.objective import ratio_diagnostics
+    C = 2.2
+    ratio = torch.tensor([[1.0, 4.0, 100.0], [0.25, 1.0, 64.0]], dtype=torch.float64)
+    logp_alpha = torch.full((2, 3), -3.0, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    logp_k = logp_alpha + ratio.log()
+    r1 = 2.0 ** (4 / 3)
+
+    def ess(w):
+        w = torch.tensor(w, dtype=torch.float64)
+        return float(w.sum() ** 2 / (w.numel() * (w * w).sum()))
+
+    token = ratio_diagnostics(logp_k, logp_alpha, mask, "truncated", C)
+    seq = ratio_diagnostics(logp_k, logp_alpha, mask, "truncated", C, level="sequence")
+    for raw in ("ess_token", "ess_seq", "log_ratio_k_min", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max"):
+        assert seq[raw] == token[raw]
+    applied = [2.0, 2.0, C, C, C]                                          # min(r′_b, C) on each sampled token
+    assert seq["ess_token_applied"] == pytest.approx(ess(applied))
+    assert seq["log_weight_min"] == pytest.approx(math.log(2)) and seq["log_weight_max"] == pytest.approx(math.log(C))
+    assert seq["cap_frac"] == pytest.approx(3 / 5)                          # sequence 1's three tokens: r′_b > C
+    assert token["cap_frac"] == pytest.approx(2 / 5)                        # per token: r′ = 4 and 64
+    assert token["ess_token_applied"] == pytest.approx(ess([1.0, C, 0.25, 1.0, C]))
+    ratio_seq = ratio_diagnostics(logp_k, logp_alpha, mask, "ratio", C, level="sequence")
+    assert ratio_seq["ess_token_applied"] == pytest.approx(ess([2.0, 2.0, r1, r1, r1]))
+    assert ratio_seq["log_weight_max"] == pytest.approx(math.log(r1)) and ratio_seq["cap_frac"] == 0.0
+    none_seq = ratio_diagnostics(logp_k, logp_alpha, mask, "none", C, level="sequence")
+    assert none_seq["ess_token_applied"] == pytest.approx(1.0) and none_seq["log_weight_max"] == 0.0
+
+
 def test_cap_frac_is_the_share_of_sampled_tokens_with_r_prime_above_c_only():
     """``cap_frac`` counts r′ > C and nothing below: a token with r′ < 1/C (what a top-p cut gives at lag 0, r′ =
     the kept mass) is not counted, neither is r′ = C itself, and padding is not a sampled token. Under

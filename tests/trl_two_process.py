@@ -121,7 +121,7 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
     tv_logged = trainer._metrics["train"]["off_policy/tv_estimate"]  # one per equal-sized micro-batch
     expected = [ratio_diagnostics(*(acc.gather(acc.pad_across_processes(b[k], dim=1).contiguous()) for k in (
         "old_per_token_logps", "sampling_per_token_logps", "completion_mask")), trainer.args.is_correction,
-        trainer.args.is_cap) for b in batches]
+        trainer.args.is_cap, trainer.args.importance_sampling_level) for b in batches]
     diagnostics_error = max(abs(trainer._metrics["train"][f"off_policy/{name}"][j] - e[name])
                             for j, e in enumerate(expected) for name in RATIO_DIAGNOSTICS)
     loss.backward()

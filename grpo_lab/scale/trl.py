@@ -584,7 +584,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
         diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.is_correction,
-                                        self._objective.is_cap)
+                                        self._objective.is_cap, self._objective.level)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 
