@@ -97,7 +97,9 @@ class GRPOConfig:
     under ``skip``, at the cost of a trainer that backpropagates every batch (TRL's; issue 38 measures what
     skipping that compute buys). Other drivers treat it as ``skip``."""
     loss_type: str = "grpo"
-    """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
+    """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``). ``bnpo`` and ``dapo``
+    both divide by the whole batch's token count, TRL's ``dapo`` (its default); TRL's ``bnpo`` divides per
+    micro-batch. ``dr_grpo`` is Dr. GRPO's aggregation only, with the whitened advantage (docs/theory.md §3)."""
     level: str = "token"
     """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``)."""
     is_correction: str = "ratio"

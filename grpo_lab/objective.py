@@ -308,15 +308,21 @@ def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
     (docs/theory.md §3). With N_seq / N_tok the sequences / tokens of ``denominator_mask``
     and L_b the length of sequence b there:
 
-    ============ =========================================== ===================
+    ============ =========================================== =========================================
     loss_type    w_{b,t}  (0 where ``mask`` is False)        peer
-    ============ =========================================== ===================
+    ============ =========================================== =========================================
     ``grpo``     1 / (L_b · N_seq)                           GRPO, TRL "grpo"
-    ``bnpo``     1 / N_tok                                   TRL "bnpo"
-    ``dapo``     1 / N_tok (= bnpo in one process; TRL        DAPO
-                 normalises by the global token count)
-    ``dr_grpo``  1 / (N_seq · max_completion_length)          Dr. GRPO
-    ============ =========================================== ===================
+    ``bnpo``     1 / N_tok                                   TRL "dapo" (not TRL "bnpo", below)
+    ``dapo``     1 / N_tok (the same weights as ``bnpo``)    DAPO, TRL "dapo" (TRL 1.16's default)
+    ``dr_grpo``  1 / (N_seq · max_completion_length)         Dr. GRPO's aggregation (not its unscaled A)
+    ============ =========================================== =========================================
+
+    N_tok counts the whole batch, as TRL's ``dapo`` counts its generation batch (``num_items_in_batch``).
+    TRL's ``bnpo`` divides each micro-batch's sum by that micro-batch's own token count, then by the
+    accumulation steps: it equals the kit's ``bnpo`` only in one process with one micro-batch (or
+    micro-batches of equal token counts). Dr. GRPO also drops σ from the advantage (TRL
+    ``scale_rewards="none"``), which the kit does not offer: its whitening is the paper's A_α
+    (docs/theory.md §3).
 
     Computing w once for the whole batch makes micro-batching exact: each
     micro-batch sums its slice of w · loss. ``run_ids [B]`` (optional) stacks
@@ -370,7 +376,8 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str =
 def tv_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """½·|r′_b − 1| per sequence, r′_b = π_k(y_b)/α(y_b) the whole-sequence ratio (the product
     of the token ratios over ``mask``), in float64, ``[B]``. Their mean over sequences drawn
-    from α is an unbiased estimate of TV(π_k, α) (docs/theory.md §3): E_α|π_k/α − 1| = Σ|π_k − α|.
+    from α is an unbiased estimate of TV(π_k, α) (docs/theory.md §3) when α covers π_k's support (π_k ≪ α):
+    E_α|π_k/α − 1| = Σ_{α>0}|π_k − α|, which misses π_k's mass where α = 0 (a top-p/top-k sampler).
     It is exactly 0 where π_k = α (right after a sync)."""
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, mask=mask)
     log_ratio = torch.where(mask.bool(), logp_k.detach() - logp_alpha, torch.zeros_like(logp_alpha))
