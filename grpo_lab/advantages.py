@@ -36,14 +36,18 @@ def whiten(rewards: torch.Tensor, eps: float = 1e-4, unbiased: bool = False,
     A      ``[P, G]`` advantages (returned)
     ====== ========== ==========================================================
 
-    A group whose rewards all agree has r − μ = 0 exactly, so its advantages are
-    0 even with ``eps = 0`` (never NaN); the zero-variance mask then drops it.
+    A group whose rewards all agree gets advantage 0 exactly, by construction, whatever ``eps`` (never NaN):
+    its r − μ is set to 0 where :func:`zero_variance_mask` is False. Computed, it need not be 0: the float mean
+    of G equal rewards that are not dyadic (0.1, partial format credit) can differ from them in the last bit,
+    and that rounding, divided by a σ of the same order, gave −1 per member at ``eps = 0`` (−7.5e-7 at
+    ε_std = 1e-4). So such a group carries no gradient at β = 0 with the mask on or off, and
+    :func:`grpo_lab.plan.plan_step` sees a step of such groups as empty.
     """
     require_number_in("eps", eps, 0.0)
     require_choice("eps_placement", eps_placement, EPS_PLACEMENTS)
     if rewards.dim() != 2 or rewards.shape[1] < 2:
         raise ValueError(f"rewards must have shape [P, G] with G >= 2, got {tuple(rewards.shape)}")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    centred = torch.where(zero_variance_mask(rewards)[:, None], rewards - rewards.mean(dim=1, keepdim=True), 0.0)
     var = rewards.var(dim=1, keepdim=True, unbiased=unbiased)
     scale = (var + eps).sqrt() if eps_placement == "under_sqrt" else var.sqrt() + eps
     safe_scale = torch.where(scale > 0, scale, torch.ones_like(scale))

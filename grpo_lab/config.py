@@ -51,7 +51,20 @@ class GRPOConfig:
     kl_kind: str = "k3"
     """KL estimator per token: ``k1``, ``k2`` or ``k3``."""
     kl_importance_weighted: bool = False
-    """Weight each KL estimate by the detached π_θ/α to undo the bias of sampling from α."""
+    """Weight each KL estimate by the detached π_θ/base, base the ratios' denominator of ``is_correction``
+    (docs/theory.md §3, *KL from lagged samples*). Under ``is_correction="ratio"`` base = α, so for one-token
+    responses the weight undoes the bias of sampling from α: value and gradient are each estimator's on-policy
+    ones (k3's gradient stays the forward KL's). Under ``truncated`` and ``none`` base = π_k, so the weight is
+    π_θ/π_k and the KL stays α-biased at lag > 0. On sequences it corrects each token given its prefix only."""
+    kl_weight_differentiable: bool = False
+    """Weight each KL estimate by π_θ/base *with* its gradient (TRL's ``use_bias_correction_kl``, True by default
+    in TRL 1.16: its k3 times the non-detached ``coef_1``). Implies the weight, whatever
+    ``kl_importance_weighted``. The loss term's gradient is then (π_θ/base)·(k + ∂k/∂log π)·∇log π; with base = α
+    (``is_correction="ratio"``) its expectation is ∇E_{π_θ}[k], the gradient of the value the estimator
+    estimates: ∇KL(π_θ ‖ π_ref), the *reverse* KL, for k1 and k3 (for k2 the gradient of its second-order value).
+    It changes the gradient even on-policy, where the weight's value is 1. Under ``truncated`` and ``none`` base
+    = π_k, exact only at lag 0. The weight is per token at either ``level`` (TRL broadcasts the sequence weight
+    under ``importance_sampling_level="sequence"``)."""
     ref_period: int = 0
     """Reset π_ref ← π_θ after every ``ref_period`` steps; 0 = never (TRL ``ref_model_sync_steps``)."""
     eps_std: float = 1e-4
@@ -84,7 +97,9 @@ class GRPOConfig:
     under ``skip``, at the cost of a trainer that backpropagates every batch (TRL's; issue 38 measures what
     skipping that compute buys). Other drivers treat it as ``skip``."""
     loss_type: str = "grpo"
-    """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``)."""
+    """Token aggregation: ``grpo``, ``bnpo``, ``dapo`` or ``dr_grpo`` (TRL ``loss_type``). ``bnpo`` and ``dapo``
+    both divide by the whole batch's token count, TRL's ``dapo`` (its default); TRL's ``bnpo`` divides per
+    micro-batch. ``dr_grpo`` is Dr. GRPO's aggregation only, with the whitened advantage (docs/theory.md §3)."""
     level: str = "token"
     """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``)."""
     is_correction: str = "ratio"
@@ -96,7 +111,8 @@ class GRPOConfig:
     is_cap: float = 2.0
     """C > 1, the cap of ``is_correction="truncated"`` on r′ = π_k/α (verl's default 2; TRL's
     ``vllm_importance_sampling_clip_max`` defaults to 3). Under ``truncated`` the step's ``cap_frac`` is the
-    share of sampled tokens with r′ outside [1/C, C]."""
+    share of sampled tokens with r′ > C, where the cap binds (a token with r′ < 1/C is not counted: the cap
+    does not touch it)."""
     lr: float = 1e-6
     """Learning rate."""
     optimizer: str = "adamw"

@@ -104,8 +104,9 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
 
     At the first pass (π_θ = π_k) the gradient is c·r·A·∇log π with r = π_k/base: r′·A·∇log π,
     min(r′, C)·A·∇log π and A·∇log π. With r′ = 1 both bands are PPO's [1 − ε_low, 1 + ε_high].
-    The same base weights the KL term when ``kl_importance_weighted`` (π_θ/base, TRL's ``coef_1``
-    for ``truncated`` and ``none``).
+    The same base weights the KL term when ``kl_importance_weighted`` (π_θ/base, detached) or
+    ``kl_weight_differentiable`` (π_θ/base with its gradient: TRL's ``coef_1`` times k3 under
+    ``use_bias_correction_kl``, π_θ/π_old, where π_old is the weights that sampled); :func:`kl_weight`.
 
     ============== ========== ===============================================
     symbol         shape      meaning
@@ -129,21 +130,29 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
 
 
 def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_mask: torch.Tensor,
-                      is_correction: str = "ratio", is_cap: float = 2.0) -> dict[str, float]:
+                      is_correction: str = "ratio", is_cap: float = 2.0, level: str = "token") -> dict[str, float]:
     """Statistics of the importance weights over the sampled tokens, raw and as applied (docs/metrics.md).
 
     Raw: w = r′ = π_k/α, before any clip, cap or mask. Applied: the weight the first pass puts on the token's
     A·∇log π under ``is_correction`` (:func:`is_correction_terms`): r′ (``ratio``), min(r′, C) (``truncated``),
-    1 (``none``). Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence b's sampled tokens)::
+    1 (``none``). Under ``level="sequence"`` the correction acts on the sequence's ratio, as in
+    :func:`grpo_objective`: r′_b = exp(mean_t log r′_{b,t}) over its sampled tokens, so each sampled token's applied
+    weight is its sequence's r′_b, min(r′_b, C) or 1, and ``cap_frac`` counts the tokens of sequences with
+    r′_b > C. The raw values stay per token. Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence
+    b's sampled tokens)::
 
         ess_token         = (Σ_t w_t)² / (n_tok · Σ_t w_t²)     of the raw weights; ess_seq likewise over w_b
         ess_token_applied = the same of the applied weights
         log_ratio_k_min / _p50 / _p99 / _max = min / median / 99th percentile / max of log r′ (raw)
         log_weight_min / _p50 / _p99 / _max  = the same of the applied weights' logs
-        cap_frac          = share of sampled tokens with r′ > C under ``truncated`` (the cap binds); else 0
+        cap_frac          = share of sampled tokens whose applied ratio r′ (r′_b at level="sequence") exceeds C
+                            under ``truncated`` (the cap binds; r′ < 1/C is not counted); else 0
 
-    ESS/n lies in (0, 1] and is the fraction of a sample that each weighted one is worth (n/ESS is the variance
-    inflation of a weighted mean); = 1 exactly when all weights are equal (on-policy: every r′ = 1).
+    ESS/n lies in (0, 1] and is a dispersion diagnostic of the weights: 1 exactly when all are equal (on-policy and
+    bit-identical log-probs: every r′ = 1), smaller the more a few weights dominate. n/ESS is Kish's variance
+    inflation only for a self-normalised weighted mean whose weights are independent of the values; the token
+    gradient estimator is neither (it is not self-normalised, and A and ∇log π depend on the token), so read ESS
+    as how uneven the weights are, not as a variance ratio.
 
     ================= ========== =================================================
     argument          shape      meaning
@@ -153,22 +162,31 @@ def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_ma
     ``sampled_mask``  ``[B, T]`` the tokens α sampled (padding False), every group
     ``is_correction`` str        the correction (``GRPOConfig.is_correction``)
     ``is_cap``        scalar     C > 1, read under ``truncated`` only
+    ``level``         str        ``token`` or ``sequence`` (``GRPOConfig.level``): what the applied weights are
     ================= ========== =================================================
 
     With no sampled token the values are an on-policy batch's: ESS 1, logs 0, cap_frac 0.
     """
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, sampled_mask=sampled_mask)
-    base, weight = is_correction_terms(logp_k.detach().to(torch.float64), logp_alpha.detach().to(torch.float64),
-                                       is_correction, is_cap)
+    require_choice("level", level, LEVELS)
     sampled = sampled_mask.bool()
+    logp_k, logp_alpha = (x.detach().to(torch.float64) for x in (logp_k, logp_alpha))
+    if level == "sequence":  # the sequences' length-normalised log-probs on each token, as grpo_objective uses
+        counts = sampled.sum(dim=1, keepdim=True).clamp(min=1)
+        applied_k, applied_alpha = ((torch.where(sampled, x, torch.zeros_like(x)).sum(dim=1, keepdim=True) / counts)
+                                    .expand_as(x) for x in (logp_k, logp_alpha))
+    else:
+        applied_k, applied_alpha = logp_k, logp_alpha
+    base, weight = is_correction_terms(applied_k, applied_alpha, is_correction, is_cap)
     if not sampled.any():
         return {**dict.fromkeys(RATIO_DIAGNOSTICS, 0.0), "ess_token": 1.0, "ess_seq": 1.0, "ess_token_applied": 1.0}
-    log_ratio = logp_k.detach().to(torch.float64) - logp_alpha.detach().to(torch.float64)
-    log_applied = (logp_k.detach().to(torch.float64) - base) + (0.0 if weight is None else weight.log())
+    log_ratio = logp_k - logp_alpha
+    log_applied = (applied_k - base) + (0.0 if weight is None else weight.log())
     tokens, applied = log_ratio[sampled], log_applied[sampled]
     sequences = torch.where(sampled, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)[sampled.any(dim=1)]
     levels = torch.tensor([0.5, 0.99], dtype=torch.float64)
-    capped = (tokens > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
+    applied_ratio = (applied_k - applied_alpha)[sampled]
+    capped = (applied_ratio > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
     values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences), _normalised_ess(applied),
                           tokens.min(), *torch.quantile(tokens, levels), tokens.max(),
                           applied.min(), *torch.quantile(applied, levels), applied.max(), capped])
@@ -216,7 +234,10 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     (y detached; ∇k = ∂k/∂log π · ∇log π with ∂k1 = 1, ∂k2 = −d, ∂k3 = 1 − e^d.) So the
     logged value of k3 estimates KL(π ‖ π_ref), which the paper writes, while the
     gradient it adds to the loss is that of KL(π_ref ‖ π); only k2 differentiates
-    the KL the paper writes. k3 is the default because it is TRL's.
+    the KL the paper writes. k3 is the default because it is TRL's estimator; but TRL 1.16 by default
+    (``use_bias_correction_kl=True``) multiplies it by the non-detached ``coef_1`` = π_θ/π_old, which turns
+    its gradient into the reverse KL's (:func:`kl_weight`, ``kl_weight_differentiable``). The table is the
+    unweighted term's, which the kit uses by default.
 
     ======== ========== ===============================================
     symbol   shape      meaning
@@ -233,11 +254,14 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     (how token t changes the KL of the tokens after it; ``tests/test_kl_sequences.py``).
 
     Off-policy the tokens come from α, so both columns above change. Weighting each
-    term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)``) gives
-    back the on-policy expectations of both value and gradient for one-token responses:
-    the gradient of *the same* KL as on-policy, nothing more (k3 still follows the
-    forward KL). On sequences the token weight corrects the token's distribution given
-    its prefix, not the prefix's, which stays α's.
+    term by the detached π_θ/α (``grpo_objective(kl_importance_weighted=True)`` under
+    ``is_correction="ratio"``) gives back the on-policy expectations of both value and gradient
+    for one-token responses: the gradient of *the same* KL as on-policy, nothing more (k3 still
+    follows the forward KL). Under ``truncated`` or ``none`` the weight is π_θ/π_k, so at lag > 0
+    the term stays α-biased. Weighting by π_θ/α *with* its gradient
+    (``kl_weight_differentiable=True``, TRL's default) gives ∇KL(π ‖ π_ref), the reverse KL, for
+    k1 and k3, on-policy too (:func:`kl_weight`). On sequences the token weight corrects the
+    token's distribution given its prefix, not the prefix's, which stays α's.
     ``grpo_lab.exact.bandit.kl_expected_gradient`` computes the one-token expectations exactly.
     """
     require_choice("kind", kind, KL_KINDS)
@@ -248,6 +272,26 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     if kind == "k2":
         return 0.5 * d * d
     return torch.expm1(d) - d  # = exp(d) − d − 1, without the cancellation that makes it < 0 near d = 0
+
+
+def kl_weight(logp: torch.Tensor, log_base: torch.Tensor, differentiable: bool = False) -> torch.Tensor:
+    """The importance weight π_θ/base that multiplies each KL estimate (``[B, T]``, docs/theory.md §3), base the
+    ratios' denominator of :func:`is_correction_terms` (α under ``ratio``, π_k under ``truncated`` / ``none``).
+
+    ================== ===================================== ===============================================
+    ``differentiable`` term and its gradient                 expectation over y ~ base, one-token responses
+    ================== ===================================== ===============================================
+    False (detached)   w·k,   w·∂k·∇log π                    each estimator's on-policy gradient: 0 (k1),
+                                                             ∇KL(π ‖ π_ref) (k2), ∇KL(π_ref ‖ π) (k3)
+    True (TRL's        w·k,   w·(k + ∂k)·∇log π              ∇E_π[k]: ∇KL(π ‖ π_ref), the reverse KL, for
+    ``coef_1``)                                              k1 and k3; ∇E_π[d²/2] for k2
+    ================== ===================================== ===============================================
+
+    (w = π_θ/base, ∂k = ∂k/∂log π_θ.) Both have the same value, 1 at π_θ = base; the differentiable one changes the
+    gradient even there (TRL's ``use_bias_correction_kl``, on by default in TRL 1.16). When y is drawn from α but
+    base = π_k (lag > 0 under ``truncated`` or ``none``), both expectations are α's, not π_θ's."""
+    weight = torch.exp(logp - log_base.detach())
+    return weight if differentiable else weight.detach()
 
 
 def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
@@ -264,15 +308,21 @@ def loss_weights(mask: torch.Tensor, loss_type: str = "grpo",
     (docs/theory.md §3). With N_seq / N_tok the sequences / tokens of ``denominator_mask``
     and L_b the length of sequence b there:
 
-    ============ =========================================== ===================
+    ============ =========================================== =========================================
     loss_type    w_{b,t}  (0 where ``mask`` is False)        peer
-    ============ =========================================== ===================
+    ============ =========================================== =========================================
     ``grpo``     1 / (L_b · N_seq)                           GRPO, TRL "grpo"
-    ``bnpo``     1 / N_tok                                   TRL "bnpo"
-    ``dapo``     1 / N_tok (= bnpo in one process; TRL        DAPO
-                 normalises by the global token count)
-    ``dr_grpo``  1 / (N_seq · max_completion_length)          Dr. GRPO
-    ============ =========================================== ===================
+    ``bnpo``     1 / N_tok                                   TRL "dapo" (not TRL "bnpo", below)
+    ``dapo``     1 / N_tok (the same weights as ``bnpo``)    DAPO, TRL "dapo" (TRL 1.16's default)
+    ``dr_grpo``  1 / (N_seq · max_completion_length)         Dr. GRPO's aggregation (not its unscaled A)
+    ============ =========================================== =========================================
+
+    N_tok counts the whole batch, as TRL's ``dapo`` counts its generation batch (``num_items_in_batch``).
+    TRL's ``bnpo`` divides each micro-batch's sum by that micro-batch's own token count, then by the
+    accumulation steps: it equals the kit's ``bnpo`` only in one process with one micro-batch (or
+    micro-batches of equal token counts). Dr. GRPO also drops σ from the advantage (TRL
+    ``scale_rewards="none"``), which the kit does not offer: its whitening is the paper's A_α
+    (docs/theory.md §3).
 
     Computing w once for the whole batch makes micro-batching exact: each
     micro-batch sums its slice of w · loss. ``run_ids [B]`` (optional) stacks
@@ -326,7 +376,8 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str =
 def tv_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """½·|r′_b − 1| per sequence, r′_b = π_k(y_b)/α(y_b) the whole-sequence ratio (the product
     of the token ratios over ``mask``), in float64, ``[B]``. Their mean over sequences drawn
-    from α is an unbiased estimate of TV(π_k, α) (docs/theory.md §3): E_α|π_k/α − 1| = Σ|π_k − α|.
+    from α is an unbiased estimate of TV(π_k, α) (docs/theory.md §3) when α covers π_k's support (π_k ≪ α):
+    E_α|π_k/α − 1| = Σ_{α>0}|π_k − α|, which misses π_k's mass where α = 0 (a top-p/top-k sampler).
     It is exactly 0 where π_k = α (right after a sync)."""
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, mask=mask)
     log_ratio = torch.where(mask.bool(), logp_k.detach() - logp_alpha, torch.zeros_like(logp_alpha))
@@ -342,7 +393,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    weights: torch.Tensor, *, logp_k: torch.Tensor | None = None,
                    logp_ref: torch.Tensor | None = None, beta: float = 0.0, eps_low: float = 0.2,
                    eps_high: float | None = None, band: str = "additive", kl_kind: str = "k3",
-                   kl_importance_weighted: bool = False, level: str = "token", is_correction: str = "ratio",
+                   kl_importance_weighted: bool = False, kl_weight_differentiable: bool = False,
+                   level: str = "token", is_correction: str = "ratio",
                    is_cap: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
@@ -354,8 +406,11 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     (``is_correction="ratio"``, the default: r = π_θ/α, r′ = π_k/α, c = 1).
 
     The β term is a loss term: its gradient, not its value, is what acts. With
-    the default k3 that gradient follows KL(π_ref ‖ π_θ), not KL(π_θ ‖ π_ref); k1's
-    is 0 in expectation (see :func:`kl_estimate`).
+    the default k3 unweighted that gradient follows KL(π_ref ‖ π_θ), not KL(π_θ ‖ π_ref); k1's
+    is 0 in expectation (see :func:`kl_estimate`). ``kl_importance_weighted`` multiplies each
+    term by the detached π_θ/base (the same gradients, taken as on-policy), ``kl_weight_differentiable``
+    by π_θ/base with its gradient (TRL's default ``use_bias_correction_kl``: ∇KL(π_θ ‖ π_ref) for
+    k1 and k3): :func:`kl_weight`, per token at either ``level``.
 
     ============== ========== ==================================================
     argument       shape      meaning
@@ -414,8 +469,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     kl = None
     if logp_ref is not None:
         kl = kl_estimate(logp, logp_ref, kl_kind)
-        if kl_importance_weighted:
-            kl = kl * torch.exp(logp - token_base).detach()
+        if kl_importance_weighted or kl_weight_differentiable:
+            kl = kl * kl_weight(logp, token_base, kl_weight_differentiable)
         if beta > 0:
             per_token = per_token + beta * kl
     loss = weighted_sum(per_token, weights)

@@ -33,6 +33,7 @@ class ObjectiveArgs:
     band: str
     kl_kind: str
     kl_importance_weighted: bool
+    kl_weight_differentiable: bool
     level: str
     is_correction: str
     is_cap: float
@@ -41,7 +42,8 @@ class ObjectiveArgs:
     def of(cls, config: GRPOConfig) -> ObjectiveArgs:
         eps_low, eps_high = clip_widths(config.eps_low, config.eps_high)
         return cls(beta=config.beta, eps_low=eps_low, eps_high=eps_high, band=config.band, kl_kind=config.kl_kind,
-                   kl_importance_weighted=config.kl_importance_weighted, level=config.level,
+                   kl_importance_weighted=config.kl_importance_weighted,
+                   kl_weight_differentiable=config.kl_weight_differentiable, level=config.level,
                    is_correction=config.is_correction, is_cap=config.is_cap)
 
     def kwargs(self) -> dict[str, Any]:

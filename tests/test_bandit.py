@@ -56,6 +56,55 @@ def test_theorem_1_is_never_violated(tables):
     assert (bound <= ceiling + 1e-9 * (1 + ceiling.abs())).all()
 
 
+def test_the_stated_bound_can_be_positive_for_0_1_rewards():
+    """The counterexample to "the theorem as stated is never positive for 0/1 rewards": p = (1, 0),
+    α = π_k = (½, ½), π = (0.6, 0.4), ε_std = 1e-4. μ_α(1 − μ_α) = ¼ > ¼ − ε_std, so σ > ½ and the bound is
+    TV(π, α)·(2 − 1/σ) > 0 (J(π) − μ_α = TV(π, α) and TV(π_k, α) = 0 here): +4.0e-5, just under 4·ε_std·TV."""
+    eps_std = 1e-4
+    p = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    alpha = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    pi = torch.tensor([[0.6, 0.4]], dtype=torch.float64)
+    bound = float(improvement_lower_bound(pi, alpha, alpha, p, eps_std))
+    sigma, drift = (0.25 + eps_std) ** 0.5, 0.5 * (0.1 + 0.1)
+    assert bound > 0
+    assert bound == pytest.approx(drift * (2 - 1 / sigma), rel=1e-9)
+    assert bound <= 4 * eps_std * drift and bound == pytest.approx(4 * eps_std * drift, rel=1e-3)
+    assert float(true_improvement(pi, alpha, p)) >= bound  # and it still holds
+
+
+def corrected_statement_holds(p, pi, pi_k, alpha, eps_std):
+    """docs/theory.md §4, for 0/1 rewards: the stated bound is ≤ 0 unless μ_α(1 − μ_α) > ¼ − ε_std (σ > ½),
+    and everywhere ≤ (2 − 1/σ)·TV(π, α) ≤ 4·ε_std·TV(π, α). Returns the mask of the window."""
+    bound = improvement_lower_bound(pi, pi_k, alpha, p, eps_std)
+    mu = (alpha * p).sum(-1)
+    window = mu * (1 - mu) > 0.25 - eps_std
+    tol = 1e-12 * (1 + bound.abs())
+    assert (bound[~window] <= tol[~window]).all(), (bound, mu, eps_std)
+    assert (bound <= 4 * eps_std * tv(pi, alpha) + tol).all(), (bound, tv(pi, alpha), eps_std)
+    return window, bound
+
+
+@settings(max_examples=300, deadline=None)
+@given(bandit_tables())
+def test_the_stated_bound_is_at_most_zero_outside_the_window_and_4_eps_tv_inside(tables):
+    corrected_statement_holds(*tables)
+
+
+@pytest.mark.parametrize("eps_std", [1e-4, 1e-2, 0.2])
+def test_the_stated_bound_is_positive_only_inside_the_window(eps_std):
+    """A sweep through μ_α ∈ [0, 1] on one two-armed context p = (1, 0), with π moving either way and π_k = α or
+    not: the corrected statement holds at every point (≤ 0, to rounding, outside the window), and the bound is
+    positive somewhere inside it."""
+    a = torch.linspace(0.0, 1.0, 101, dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(a, a, indexing="ij"), -1).reshape(-1, 2)            # (α_0, π_0)
+    alpha = torch.stack([grid[:, 0], 1 - grid[:, 0]], -1)
+    pi = torch.stack([grid[:, 1], 1 - grid[:, 1]], -1)
+    p = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    corrected_statement_holds(p, pi, (alpha + pi) / 2, alpha, eps_std)
+    window, bound = corrected_statement_holds(p, pi, alpha, alpha, eps_std)
+    assert (bound[window] > 1e-9).any() and window.float().mean() < 1
+
+
 def test_surrogate_L_equals_a_monte_carlo_estimate():
     """L_α(π) = E_{y~α, r~Bernoulli(p)}[π/α · (r − μ_α)/σ_α] with the exact μ_α, σ_α."""
     g = torch.Generator().manual_seed(0)
@@ -176,6 +225,46 @@ def test_kl_expected_gradient_is_autograd_of_the_expected_loss_term(kind, weight
     (grad,) = torch.autograd.grad(loss, logits)
     torch.testing.assert_close(kl_expected_gradient(pi.detach(), pi_ref, alpha, kind, weighted), grad,
                                rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", KL_KINDS)
+def test_kl_expected_gradient_with_a_differentiable_weight_is_autograd_of_the_loss_term(kind):
+    """Σ_y α(y)·w(y)·k̂(y) with w = π/α keeping its gradient (TRL's ``coef_1``), by autograd, against the closed
+    form; and grpo_objective's term (``kl_weight_differentiable``) on one-token rows is the same term."""
+    logits, pi_ref, alpha = _tables(4)
+    logp = torch.log_softmax(logits, -1)
+    loss = (alpha * (logp.exp() / alpha) * kl_estimate(logp, pi_ref.log(), kind)).sum()
+    (grad,) = torch.autograd.grad(loss, logits)
+    pi = torch.softmax(logits, -1).detach()
+    torch.testing.assert_close(kl_expected_gradient(pi, pi_ref, alpha, kind, differentiable=True), grad,
+                               rtol=1e-12, atol=1e-14)
+    # the loss's own term: every arm of every context as a one-token row, weighted by α(y) (the expectation)
+    C, K = pi.shape
+    rows = torch.log_softmax(logits, -1).reshape(-1, 1)
+    weights = alpha.reshape(-1, 1)                                  # Σ_rows w·(term) = Σ_x Σ_y α·(term)
+    term, _ = grpo_objective(rows, alpha.log().reshape(-1, 1), torch.zeros(C * K), weights, logp_ref=pi_ref.log()
+                             .reshape(-1, 1), beta=1.0, kl_kind=kind, kl_weight_differentiable=True)
+    (objective_grad,) = torch.autograd.grad(term, logits)
+    torch.testing.assert_close(objective_grad, grad, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_differentiable_kl_weight_gives_the_reverse_kl_gradient_for_k1_and_k3_at_every_alpha(seed):
+    """With w = π/α differentiable the expected gradient is ∇E_π[k̂]: ∇KL(π ‖ π_ref) (the reverse KL) for k1 and k3,
+    from any sampler α, π itself included (on-policy, where w = 1 in value, it is not k3's forward-KL gradient);
+    for k2 it is ∇E_π[d²/2]."""
+    logits, pi_ref, alpha = _tables(seed)
+    pi, logp = torch.softmax(logits, -1), torch.log_softmax(logits, -1)
+    (reverse,) = torch.autograd.grad((pi * (logp - pi_ref.log())).sum(), logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((pi_ref * (pi_ref.log() - logp)).sum(), logits, retain_graph=True)
+    (k2_value,) = torch.autograd.grad((pi * 0.5 * (pi_ref.log() - logp) ** 2).sum(), logits)
+    pi = pi.detach()
+    for sampler in (pi, alpha):
+        grads = {kind: kl_expected_gradient(pi, pi_ref, sampler, kind, differentiable=True) for kind in KL_KINDS}
+        torch.testing.assert_close(grads["k1"], reverse, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grads["k3"], reverse, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(grads["k2"], k2_value, rtol=1e-12, atol=1e-14)
+        assert (grads["k3"] - forward).abs().max() > 0.05
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -43,6 +43,9 @@ KNOBS = {
         v=5, i=3),
     "no correction, v = 8, i = 2": dict(is_correction="none", v=8, i=2),
     "no correction, beta k3 weighted, v = 4": dict(is_correction="none", beta=0.3, kl_importance_weighted=True, v=4),
+    "beta k3, differentiable KL weight (TRL's), v = 4, i = 2": dict(beta=0.3, kl_weight_differentiable=True, v=4, i=2),
+    "truncated, beta k2, differentiable KL weight, v = 3": dict(is_correction="truncated", beta=0.3, kl_kind="k2",
+                                                                 kl_weight_differentiable=True, v=3),
 }
 
 

@@ -65,7 +65,8 @@ def test_every_row_is_a_field_and_a_mirrored_one_comes_from_grpo_config():
 def test_trl_args_map_every_row(tmp_path):
     """A recipe whose knobs are all off their defaults: each row's TRL field carries the mapped value."""
     config = TrainConfig(G=4, prompts_per_step=4, v=3, i=2, sync="adaptive", sync_threshold=0.3, eps_low=0.1,
-                         eps_high=0.28, band="multiplicative", beta=0.04, kl_importance_weighted=True, ref_period=5,
+                         eps_high=0.28, band="multiplicative", beta=0.04, kl_importance_weighted=True,
+                         kl_weight_differentiable=True, ref_period=5,
                          eps_std=1e-3, unbiased_std=True, eps_placement="added_to_std", mask_zero_variance=False,
                          mask_normalize="unmasked", empty_step="optimizer_step", loss_type="bnpo", level="sequence",
                          lr=1e-5, optimizer="sgd", weight_decay=0.1, max_grad_norm=None, max_completion_length=16,

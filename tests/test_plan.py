@@ -94,6 +94,18 @@ def test_a_step_with_no_signal(empty_step):
     assert signal.observed_drift(None) is None
 
 
+@pytest.mark.parametrize("eps_std", [0.0, 1e-4])
+def test_a_step_of_agreeing_non_dyadic_rewards_is_empty_with_the_mask_off(eps_std):
+    """Partial credit: every group's rewards agree at 0.1 or 0.7, values whose float mean is off by a rounding.
+    With the mask off and β = 0 the step has no signal, so ``plan_step`` must see it as empty (``advantages != 0``
+    found rounding there, and AdamW stepped on it)."""
+    agree = torch.tensor([[0.1] * 8, [0.7] * 8])
+    sampled = torch.ones(16, 3, dtype=torch.bool)
+    plan = plan_step(agree, sampled, GRPOConfig(G=8, eps_std=eps_std, mask_zero_variance=False))
+    assert torch.equal(plan.advantages, torch.zeros(16)) and (plan.weights > 0).all()
+    assert plan.empty and not plan.trains and plan.observed_drift(0.3) is None
+
+
 def test_skip_kl_only_skips_a_step_whose_only_gradient_is_the_kl():
     """β > 0 with the mask off: every step has a KL gradient, so ``skip`` never skips; ``skip_kl_only`` skips
     the steps with no reward signal, as the masked run does, and trains the others."""

@@ -57,6 +57,29 @@ def test_whiten_constant_group_is_zero_not_nan():
         assert torch.equal(A, torch.zeros_like(r))
 
 
+@pytest.mark.parametrize("eps, placement, unbiased", [(0.0, "under_sqrt", False), (1e-4, "under_sqrt", False),
+                                                       (1e-4, "added_to_std", True), (0.0, "added_to_std", True)])
+@pytest.mark.parametrize("value", [0.1, 0.3, 0.7, 1 / 3])
+def test_whiten_gives_an_agreeing_group_advantage_zero_whatever_its_rounding(value, eps, placement, unbiased):
+    """Rewards that are not dyadic (partial format credit): the float mean of G equal values may differ from
+    them in the last bit, so the computed r − μ need not be 0, and dividing by σ of the same order made it −1
+    at eps = 0. An agreeing group's advantages are 0 exactly, by construction, beside a group that disagrees."""
+    for G in (3, 8, 16):
+        r = torch.stack([torch.full((G,), value), torch.tensor([0.0, 1.0] * (G // 2) + [0.5] * (G % 2))])
+        for dtype in (torch.float32, torch.float64):
+            A = whiten(r.to(dtype), eps=eps, unbiased=unbiased, eps_placement=placement)
+            assert torch.equal(A[0], torch.zeros(G, dtype=dtype)), (G, dtype, A[0])
+            assert (A[1, :2 * (G // 2)] != 0).all()
+
+
+def test_whiten_of_a_constant_non_dyadic_group_is_zero_not_minus_one():
+    """The case that failed, in float32 (this module's default dtype is float64): ``whiten(full((1, 8), 0.1),
+    eps=0)`` was −1 for every member, and −7.5e-7 at the default ε_std."""
+    rewards = torch.full((1, 8), 0.1, dtype=torch.float32)
+    assert torch.equal(whiten(rewards, eps=0.0), torch.zeros(1, 8, dtype=torch.float32))
+    assert torch.equal(whiten(rewards), torch.zeros(1, 8, dtype=torch.float32))
+
+
 def test_whiten_matches_plain_loop():
     g = torch.Generator().manual_seed(0)
     r = torch.rand(7, 5, generator=g)
@@ -508,6 +531,60 @@ def test_ratio_diagnostics_hand_computed():
     assert ratio_applied["log_weight_max"] == pytest.approx(math.log(4))
     none = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, "none")     # every applied weight 1
     assert none["ess_token_applied"] == pytest.approx(1.0) and none["log_weight_min"] == none["log_weight_max"] == 0
+
+
+def test_ratio_diagnostics_at_sequence_level_report_the_sequence_weights_applied():
+    """``level="sequence"``: the correction acts on r′_b = exp(mean_t log r′_{b,t}), so each sampled token's applied
+    weight is its sequence's. Sequence 0: r′ = [1, 4] (+ padding), r′_b = 2; sequence 1: r′ = [¼, 1, 64],
+    r′_b = 2^(4/3) ≈ 2.52. Raw values stay per token."""
+    from grpo_lab.objective import ratio_diagnostics
+    C = 2.2
+    ratio = torch.tensor([[1.0, 4.0, 100.0], [0.25, 1.0, 64.0]], dtype=torch.float64)
+    logp_alpha = torch.full((2, 3), -3.0, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    logp_k = logp_alpha + ratio.log()
+    r1 = 2.0 ** (4 / 3)
+
+    def ess(w):
+        w = torch.tensor(w, dtype=torch.float64)
+        return float(w.sum() ** 2 / (w.numel() * (w * w).sum()))
+
+    token = ratio_diagnostics(logp_k, logp_alpha, mask, "truncated", C)
+    seq = ratio_diagnostics(logp_k, logp_alpha, mask, "truncated", C, level="sequence")
+    for raw in ("ess_token", "ess_seq", "log_ratio_k_min", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max"):
+        assert seq[raw] == token[raw]
+    applied = [2.0, 2.0, C, C, C]                                          # min(r′_b, C) on each sampled token
+    assert seq["ess_token_applied"] == pytest.approx(ess(applied))
+    assert seq["log_weight_min"] == pytest.approx(math.log(2)) and seq["log_weight_max"] == pytest.approx(math.log(C))
+    assert seq["cap_frac"] == pytest.approx(3 / 5)                          # sequence 1's three tokens: r′_b > C
+    assert token["cap_frac"] == pytest.approx(2 / 5)                        # per token: r′ = 4 and 64
+    assert token["ess_token_applied"] == pytest.approx(ess([1.0, C, 0.25, 1.0, C]))
+    ratio_seq = ratio_diagnostics(logp_k, logp_alpha, mask, "ratio", C, level="sequence")
+    assert ratio_seq["ess_token_applied"] == pytest.approx(ess([2.0, 2.0, r1, r1, r1]))
+    assert ratio_seq["log_weight_max"] == pytest.approx(math.log(r1)) and ratio_seq["cap_frac"] == 0.0
+    none_seq = ratio_diagnostics(logp_k, logp_alpha, mask, "none", C, level="sequence")
+    assert none_seq["ess_token_applied"] == pytest.approx(1.0) and none_seq["log_weight_max"] == 0.0
+
+
+def test_cap_frac_is_the_share_of_sampled_tokens_with_r_prime_above_c_only():
+    """``cap_frac`` counts r′ > C and nothing below: a token with r′ < 1/C (what a top-p cut gives at lag 0, r′ =
+    the kept mass) is not counted, neither is r′ = C itself, and padding is not a sampled token. Under
+    ``ratio`` and ``none`` no cap binds: 0."""
+    from grpo_lab.objective import ratio_diagnostics
+    C = 2.0
+    ratio = torch.tensor([[0.1, 0.3, 1.0, 2.0], [5.0, 0.2, 3.0, 9.0]], dtype=torch.float64)  # 1/C = 0.5
+    logp_alpha = torch.full((2, 4), -1.5, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, True], [True, True, True, False]])      # r′ = 9 is padding
+    above = ((ratio > C) & mask).sum() / mask.sum()
+    below = ((ratio < 1 / C) & mask).sum() / mask.sum()
+    d = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, "truncated", C)
+    assert d["cap_frac"] == pytest.approx(float(above)) == pytest.approx(2 / 7)     # r′ = 5 and 3
+    assert float(above + below) == pytest.approx(5 / 7) != pytest.approx(d["cap_frac"])  # not "outside [1/C, C]"
+    kept_masses = torch.tensor([[0.1, 0.3, 0.45, 0.2]], dtype=torch.float64)       # lag 0 under a cut: r′ ≤ 1
+    lag0 = ratio_diagnostics(logp_alpha[:1] + kept_masses.log(), logp_alpha[:1], mask[:1], "truncated", C)
+    assert lag0["cap_frac"] == 0.0
+    for other in ("ratio", "none"):
+        assert ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, other, C)["cap_frac"] == 0.0
 
 
 def test_ess_is_one_when_every_ratio_is_one_and_scale_free():

@@ -60,12 +60,14 @@ CASES += [dict(mask_normalize="unmasked"), dict(mask_normalize="unmasked", loss_
           dict(loss_type="bnpo"), dict(loss_type="dr_grpo"), dict(importance_sampling_level="sequence", epsilon=0.05),
           dict(beta=0.0, zero_variance_mask=False), dict(is_correction="truncated", is_cap=1.3),
           dict(is_correction="truncated", clip_band="multiplicative", use_bias_correction_kl=True),
+          dict(use_bias_correction_kl=True), dict(kl_importance_weighted=True),
           dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence")]
 
 
 def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):
     """One fixed batch (perturbed log α and log π_k, a masked group, 2 micro-batches, shuffled):
-    the adapter's loss and gradient equal grpo_objective's within 1e-5, for every option."""
+    the adapter's loss and gradient equal grpo_objective's within 1e-5, for every option (``use_bias_correction_kl``
+    is the differentiable KL weight, ``kl_importance_weighted`` the detached one: same loss, other gradients)."""
     losses = []
     for case in CASES:
         options = {"beta": 0.04, **case}
@@ -78,8 +80,9 @@ def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):
         assert result["tv_error"] < 1e-5 and result["lab_tv_estimate"] > 0.05, (case, result)
         assert result["diagnostics_error"] < 1e-9 and result["ess_token"] < 0.99, (case, result)
         assert result["lab_clip_low_frac"] + result["lab_clip_high_frac"] > 0, (case, result)  # the band bites
-        losses.append(result["loss"])
-    assert len({round(x, 6) for x in losses}) == len(losses)  # band, mask, aggregation each change the loss
+        losses.append((round(result["loss"], 6), round(result["grad_scale"], 6)))
+    # band, mask, aggregation each change the loss; the KL weight's gradient (not its value) the gradient
+    assert len(set(losses)) == len(losses)
 
 
 def test_lagged_copy_generates_and_syncs_every_v(model_dir, tmp_path):

@@ -78,7 +78,8 @@ def improvement_lower_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.T
         L_α(π) − 2 (1 − σ)/σ · TV(π, α) − 2 TV(π_k, α)
 
     Valid for rewards in [0, 1] and 0 < σ <= 1, i.e. ``0 < eps_std <= 0.75``
-    (or eps_std = 0 where μ_α is not 0 or 1). With α = π_k it is Corollary 1.
+    (or eps_std = 0 where μ_α is not 0 or 1). With α = π_k it is Corollary 1. For these 0/1 rewards it is
+    ≤ 0 unless μ_α(1 − μ_α) > ¼ − ε_std (σ > ½), and never above 4·ε_std·TV(π, α) (docs/theory.md §4).
     """
     require_number_in("eps_std", eps_std, 0.0, MAX_EPS_STD)
     return (surrogate_L(pi, alpha, p, eps_std) - 2 * bound_weight(alpha, p, eps_std) * tv(pi, alpha)
@@ -86,7 +87,7 @@ def improvement_lower_bound(pi: torch.Tensor, pi_k: torch.Tensor, alpha: torch.T
 
 
 def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Tensor, kind: str,
-                         weighted: bool = False) -> torch.Tensor:
+                         weighted: bool = False, differentiable: bool = False) -> torch.Tensor:
     """The exact expected gradient of a KL estimator used as a loss term, w.r.t. the logits of a
     softmax table (docs/theory.md §3), per context ``[..., C, K]``::
 
@@ -95,6 +96,10 @@ def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Te
     with ∂k1 = 1, ∂k2 = log π − log π_ref, ∂k3 = 1 − π_ref/π (:func:`grpo_lab.kl_estimate`, the
     sample y detached). With α = π or ``weighted``: 0 for k1, ∇KL(π ‖ π_ref) for k2, ∇KL(π_ref ‖ π)
     for k3 (``tests/test_bandit.py`` holds these against autograd of the exact KLs).
+
+    ``differentiable`` (TRL's ``use_bias_correction_kl``, :func:`grpo_lab.objective.kl_weight`): the weight
+    w = π/α keeps its gradient, so the slope is w·(k + ∂k) and the expectation ∇_θ E_π[k]: ∇KL(π ‖ π_ref) for
+    k1 and k3 at every α, on-policy included.
     """
     require_choice("kind", kind, KL_KINDS)
     if kind == "k1":
@@ -103,7 +108,10 @@ def kl_expected_gradient(pi: torch.Tensor, pi_ref: torch.Tensor, alpha: torch.Te
         slope = pi.log() - pi_ref.log()
     else:
         slope = 1 - pi_ref / pi
-    q = pi if weighted else alpha                     # α · (π/α) = π
+    if differentiable:                                # ∂(w·k)/∂ log π = w·(k + ∂k), w = π/α
+        d = pi_ref.log() - pi.log()
+        slope = slope + {"k1": -d, "k2": 0.5 * d * d, "k3": torch.expm1(d) - d}[kind]
+    q = pi if weighted or differentiable else alpha   # α · (π/α) = π
     weighted_slope = q * slope
     return weighted_slope - weighted_slope.sum(-1, keepdim=True) * pi
 

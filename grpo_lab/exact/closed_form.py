@@ -18,8 +18,9 @@ draws, schedules, step plan of :func:`~grpo_lab.plan.plan_step`, clip band and o
 with r = π_θ/base, r′ = π_k/base and the weight c of ``is_correction``
 (:func:`~grpo_lab.objective.is_correction_terms`, called here as in the loop): ``ratio`` base = α,
 c = 1; ``truncated`` base = π_k, c = min(π_k/α, C); ``none`` base = π_k, c = 1. So at the
-first pass g_j = −w_j A_j times r′_j, min(r′_j, C) or 1. The KL weight (``kl_importance_weighted``) is
-π_θ/base.
+first pass g_j = −w_j A_j times r′_j, min(r′_j, C) or 1. The KL weight q = π_θ/base
+(:func:`~grpo_lab.objective.kl_weight`) makes the KL's slope q·∂KL̂ (``kl_importance_weighted``, detached) or
+q·(KL̂ + ∂KL̂) (``kl_weight_differentiable``).
 
 the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
@@ -37,7 +38,7 @@ import torch
 from ..checks import require_int_at_least
 from ..config import GRPOConfig
 from ..loop import make_optimizer
-from ..objective import clip_bounds, is_correction_terms
+from ..objective import clip_bounds, is_correction_terms, kl_estimate
 from ..plan import ObjectiveArgs, plan_step
 from ..schedules import RefResetSchedule, make_sync_schedule
 from .bandit import (
@@ -173,7 +174,12 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
         g = np.where((ratio > upper) | (ratio < lower), 0.0, ratio * minus_cwa)
         if logp_ref is not None:
             dkl = kl_gradient(torch.from_numpy(logp_ref.numpy() - logp), objective.kl_kind).numpy()
-            g = g + (objective.beta * weights.numpy()) * (dkl * ratio if objective.kl_importance_weighted else dkl)
+            if objective.kl_weight_differentiable:       # ∂(q·KL̂)/∂ log π = q·(KL̂ + ∂KL̂), q = π_θ/base
+                value = kl_estimate(torch.from_numpy(logp), logp_ref, objective.kl_kind).numpy()
+                dkl = ratio * (dkl + value)
+            elif objective.kl_importance_weighted:
+                dkl = dkl * ratio
+            g = g + (objective.beta * weights.numpy()) * dkl
         g = np.where(counted, g, 0.0)                                 # [N, G]
         # Σ_g g_g (onehot(y_g) − π): g added at the drawn arms, (Σ_g g_g)·π taken from the row's K logits
         grad = (np.bincount(sampled, g.ravel(), minlength=table.size)

@@ -35,6 +35,20 @@ token prefix y_<t with probability p and decoded text s (and pending bytes, belo
 So J_low ≤ J ≤ J_low + pruned, per question: ``pruned`` is a certified bound, not an estimate. Every
 tokenization of an accepted string is counted, because the walk is over tokens, not strings.
 
+**What the certificate is relative to.** Three conditions, none of which the bound itself covers:
+
+* α′ is the walk's own forward: the model in its loaded dtype (float32 for the kit's CPU runs), batched over the
+  walk's nodes with a KV cache. The sampler's forwards (other batch shapes, other kernels, vLLM, bfloat16) give
+  log-probabilities that differ in the last bits or more, so J is certified for the walk's α′, not bit for bit
+  for the distribution a sampler draws from.
+* The top-p cut keeps whole ties (:func:`grpo_lab.lm.sampling.truncate_logprobs`: a token equal to the last kept
+  one is kept), where vLLM's and Hugging Face's keep only the part of a tie that their sort put last; where the
+  cut falls inside a tie, the walk's α′ is not those engines'.
+* "Decoding is concatenation" (the walk scores a node by the concatenation of its tokens' texts) is checked on
+  every pair of candidate tokens of one or two characters (:func:`answer_tokens`) and on the tokens of every
+  accepted leaf (``check_decoding``), not on every node: a tokenizer whose decoding of longer or rejected
+  sequences departs from concatenation would go unnoticed there.
+
 **Refinement.** A question whose pruned mass exceeds ``max_pruned`` (default 1e-3) is walked again at τ/10,
 and again, down to τ = :data:`THRESHOLD_FLOOR`: a confident trained policy spreads its leftover mass over
 hundreds of viable tokens (whitespace, ``.``) each below τ, so one τ cannot suit every policy, and re-walking

@@ -26,6 +26,11 @@ Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
   over all processes, so a group split between processes is handled whole; the
   loss weights are normalised over the whole generation batch of every process,
   so micro-batching and data parallelism give the one-process loss exactly.
+* The KL term (β > 0): TRL's ``use_bias_correction_kl`` is the kit's ``kl_weight_differentiable``, k3 times
+  π_θ/base *with* its gradient (TRL's non-detached ``coef_1``), whose gradient is the reverse KL's,
+  ∇KL(π_θ ‖ π_ref); off (the default here, where TRL's is on), k3's own gradient, the forward KL's.
+  ``kl_importance_weighted`` (the detached weight, same gradient as unweighted on-policy) has no TRL field and
+  keeps its name (docs/theory.md §3, *The KL's weight and TRL*).
 * Advantages are the paper's whitening (:func:`grpo_lab.whiten`), not TRL's
   ``std + 1e-4``; rewards (weighted sum over reward functions) must lie in [0, 1]
   (docs/theory.md §1). π_ref is reset by TRL's ``sync_ref_model`` with mix-up 1.
@@ -109,7 +114,8 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     :data:`grpo_lab.scale.knobs.KNOBS` (TRL's where the concept is TRL's: ``num_generations`` = G,
     ``num_iterations`` = i, ``epsilon`` / ``epsilon_high`` = ε_low / ε_high, ``ref_model_sync_steps`` =
     ref_period · i, …), validated by :class:`grpo_lab.GRPOConfig`'s rules. Defaults changed from TRL's:
-    ``loss_type`` and ``use_bias_correction_kl`` (GRPOConfig's), ``ref_model_mixup_alpha`` 1 (a hard reset
+    ``loss_type`` and ``use_bias_correction_kl`` (GRPOConfig's: ``grpo`` and False, where TRL's are ``dapo`` and
+    True), ``ref_model_mixup_alpha`` 1 (a hard reset
     π_ref ← π_θ), ``disable_dropout`` True (with dropout, r′ = π_k/α ≠ 1 even at lag 0),
     ``vllm_importance_sampling_correction`` False."""
 
@@ -124,7 +130,8 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     unbiased_std: bool = lab_field("unbiased_std")
     eps_placement: str = lab_field("eps_placement")
     loss_type: str = lab_field("loss_type")
-    use_bias_correction_kl: bool = lab_field("kl_importance_weighted")
+    use_bias_correction_kl: bool = lab_field("kl_weight_differentiable")
+    kl_importance_weighted: bool = lab_field("kl_importance_weighted")
     is_correction: str = lab_field("is_correction")
     is_cap: float = lab_field("is_cap")
     sync_audit: bool = lab_field("sync_audit")
@@ -577,7 +584,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
         diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.is_correction,
-                                        self._objective.is_cap)
+                                        self._objective.is_cap, self._objective.level)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 
