@@ -36,13 +36,14 @@ class ObjectiveArgs:
     level: str
     is_correction: str
     is_cap: float
+    is_floor: float | None
 
     @classmethod
     def of(cls, config: GRPOConfig) -> ObjectiveArgs:
         eps_low, eps_high = clip_widths(config.eps_low, config.eps_high)
         return cls(beta=config.beta, eps_low=eps_low, eps_high=eps_high, band=config.band, kl_kind=config.kl_kind,
                    kl_importance_weighted=config.kl_importance_weighted, level=config.level,
-                   is_correction=config.is_correction, is_cap=config.is_cap)
+                   is_correction=config.is_correction, is_cap=config.is_cap, is_floor=config.is_floor)
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``grpo_objective``."""

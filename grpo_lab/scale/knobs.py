@@ -76,6 +76,7 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("level", "importance_sampling_level"),
     KnobSpec("is_correction", "is_correction"),
     KnobSpec("is_cap", "is_cap"),
+    KnobSpec("is_floor", "is_floor"),
     KnobSpec("lr", "learning_rate"),
     KnobSpec("optimizer", "optim", TRL_OPTIMIZERS.__getitem__),
     KnobSpec("weight_decay", "weight_decay"),

@@ -127,6 +127,7 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     use_bias_correction_kl: bool = lab_field("kl_importance_weighted")
     is_correction: str = lab_field("is_correction")
     is_cap: float = lab_field("is_cap")
+    is_floor: float | None = lab_field("is_floor")
     sync_audit: bool = lab_field("sync_audit")
     ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
     disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
@@ -577,7 +578,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
         diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.is_correction,
-                                        self._objective.is_cap)
+                                        self._objective.is_cap, self._objective.is_floor, self._objective.level)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 
