@@ -60,7 +60,10 @@ CASES += [dict(mask_normalize="unmasked"), dict(mask_normalize="unmasked", loss_
           dict(loss_type="bnpo"), dict(loss_type="dr_grpo"), dict(importance_sampling_level="sequence", epsilon=0.05),
           dict(beta=0.0, zero_variance_mask=False), dict(is_correction="truncated", is_cap=1.3),
           dict(is_correction="truncated", clip_band="multiplicative", use_bias_correction_kl=True),
-          dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence")]
+          dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence"),
+          dict(is_correction="mask", is_cap=1.3), dict(is_correction="truncated", is_cap=1.3,
+                                                       importance_sampling_level="sequence"),
+          dict(is_correction="icepop", is_cap=1.5, is_floor=0.9, importance_sampling_level="sequence")]
 
 
 def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):

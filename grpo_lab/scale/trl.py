@@ -58,10 +58,11 @@ Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
 whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
 :func:`grpo_lab.grpo_objective`), the ratio diagnostics raw and as applied (``ess_token``, ``ess_seq``,
 ``ess_token_applied``, ``log_ratio_k_min`` / ``_p50`` / ``_p99`` / ``_max``, ``log_weight_min`` / … / ``_max``,
-``cap_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and TRL's
-``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
-(docs/theory.md §3): ``truncated`` is TRL's ``vllm_importance_sampling_mode="token_truncate"`` with
-``vllm_importance_sampling_clip_max`` = C, applied by the adapter, so TRL's own switch still stays off.
+``cap_frac``, ``drop_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and
+TRL's ``kl``, ``entropy``. ``is_correction`` / ``is_cap`` / ``is_floor`` choose the correction
+(docs/theory.md §3), applied by the adapter to r′ = π_k/α, so TRL's own switch stays off: each value's weight is
+the one TRL's ``vllm_importance_sampling_mode`` computes from π_old/α_vLLM
+(:data:`grpo_lab.scale.knobs.TRL_IS_MODES`).
 Evaluation samples from α too and never syncs (it would move α off its schedule).
 """
 
