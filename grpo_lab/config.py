@@ -103,7 +103,7 @@ class GRPOConfig:
     with r′ > C under those three; ``drop_frac`` the share the masks drop."""
     is_floor: float | None = 0.5
     """a in (0, 1), the lower bound on ρ of ``is_correction="icepop"`` (IcePop's and verl's ``"0.5_5.0"``: 0.5;
-    TRL ``vllm_importance_sampling_clip_min``, verl ``rollout_is_threshold_lower``); None: no lower bound (TRL's
+    TRL ``vllm_importance_sampling_clip_min``, verl ``rollout_rs_threshold_lower``); None: no lower bound (TRL's
     default clip_min). ``mask`` takes a = 1/C instead; the other values do not read it."""
     lr: float = 1e-6
     """Learning rate."""
