@@ -10,7 +10,7 @@ from typing import Any
 
 from .advantages import EPS_PLACEMENTS
 from .checks import require_choice, require_int_at_least, require_number_in
-from .objective import BANDS, IS_CORRECTIONS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS
+from .objective import BANDS, IS_CORRECTIONS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS, require_is_floor
 from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
@@ -101,18 +101,25 @@ class GRPOConfig:
     both divide by the whole batch's token count, TRL's ``dapo`` (its default); TRL's ``bnpo`` divides per
     micro-batch. ``dr_grpo`` is Dr. GRPO's aggregation only, with the whitened advantage (docs/theory.md §3)."""
     level: str = "token"
-    """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``)."""
+    """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``). At
+    ``sequence`` the correction's weight is one per sequence, of the whole-sequence ratio Π_t π_k/α (TRL's
+    ``sequence_*`` modes)."""
     is_correction: str = "ratio"
-    """How the surrogate corrects for sampling from α (docs/theory.md §3, *The correction knob*): ``ratio``
-    (the paper) r = π_θ/α with the band around r′ = π_k/α; ``truncated`` (TRL's and verl's truncated
-    importance sampling, TRL ``vllm_importance_sampling_mode="token_truncate"``) min(r′, C) times PPO's
-    clipped surrogate of π_θ/π_k; ``none`` PPO's surrogate of π_θ/π_k, α ignored: the samples are
-    treated as on-policy, as a naive asynchronous trainer does."""
+    """How the surrogate corrects for sampling from α (docs/theory.md §3, *The correction knob*), ρ = r′ = π_k/α
+    (per token, or per sequence at ``level="sequence"``): ``ratio`` (the paper) r = π_θ/α with the band around
+    r′; the others weight PPO's clipped surrogate of π_θ/π_k by c: ``truncated`` c = min(ρ, C) (truncated
+    importance sampling, TRL ``vllm_importance_sampling_mode="token_truncate"`` / ``"sequence_truncate"``);
+    ``mask`` c = ρ inside [1/C, C], 0 outside (TRL ``token_mask`` / ``sequence_mask`` with clip_min 1/C);
+    ``icepop`` c = ρ inside [a, C], a = ``is_floor``, 0 outside (IcePop; TRL's ``*_mask`` with clip_min a);
+    ``none`` c = 1, α ignored: the samples are treated as on-policy, as a naive asynchronous trainer does."""
     is_cap: float = 2.0
-    """C > 1, the cap of ``is_correction="truncated"`` on r′ = π_k/α (verl's default 2; TRL's
-    ``vllm_importance_sampling_clip_max`` defaults to 3). Under ``truncated`` the step's ``cap_frac`` is the
-    share of sampled tokens with r′ > C, where the cap binds (a token with r′ < 1/C is not counted: the cap
-    does not touch it)."""
+    """C > 1, the upper bound on ρ of ``truncated`` (its cap), ``mask`` and ``icepop`` (verl's default 2; TRL's
+    ``vllm_importance_sampling_clip_max`` defaults to 3). The step's ``cap_frac`` is the share of sampled tokens
+    with r′ > C under those three; ``drop_frac`` the share the masks drop."""
+    is_floor: float | None = 0.5
+    """a in (0, 1), the lower bound on ρ of ``is_correction="icepop"`` (IcePop's and verl's ``"0.5_5.0"``: 0.5;
+    TRL ``vllm_importance_sampling_clip_min``, verl ``rollout_rs_threshold_lower``); None: no lower bound (TRL's
+    default clip_min). ``mask`` takes a = 1/C instead; the other values do not read it."""
     lr: float = 1e-6
     """Learning rate."""
     optimizer: str = "adamw"
@@ -167,6 +174,7 @@ class GRPOConfig:
         require_choice("level", self.level, LEVELS)
         require_choice("is_correction", self.is_correction, IS_CORRECTIONS)
         require_number_in("is_cap", self.is_cap, 1.0, low_open=True)
+        require_is_floor(self.is_floor)
         require_number_in("lr", self.lr, 0.0, low_open=True)
         require_choice("optimizer", self.optimizer, OPTIMIZERS)
         require_number_in("weight_decay", self.weight_decay, 0.0)

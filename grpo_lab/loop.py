@@ -92,6 +92,7 @@ class StepRecord:
     log_weight_p99: float = 0.0
     log_weight_max: float = 0.0
     cap_frac: float = 0.0
+    drop_frac: float = 0.0
     """The :func:`~grpo_lab.objective.ratio_diagnostics` of the step's sampled tokens (defaults: an on-policy
     step's values, for histories saved before these fields existed)."""
     audit_seconds: float = 0.0
@@ -395,7 +396,7 @@ class GRPOLoop:
                 logp_sync = torch.cat([self.sampler.synced_logprobs(rollout, rows) for rows in chunks])
             split = offpolicy_split(logp_k, logp_sync, rollout.logp_alpha, rollout.mask)
         ratios = ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, plan.objective.is_correction,
-                                   plan.objective.is_cap, plan.objective.level)
+                                   plan.objective.is_cap, plan.objective.is_floor, plan.objective.level)
         return {"tv_estimate": tv, **ratios, **split}
 
     def state_dict(self) -> dict[str, Any]:

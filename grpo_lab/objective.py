@@ -19,13 +19,15 @@ KL_KINDS = ("k1", "k2", "k3")
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
 LEVELS = ("token", "sequence")
 MASK_NORMALIZATIONS = ("batch", "unmasked")
-IS_CORRECTIONS = ("ratio", "truncated", "none")
+IS_CORRECTIONS = ("ratio", "truncated", "mask", "icepop", "none")
+IS_MASKS = ("mask", "icepop")
+"""The corrections that drop (weight 0) the tokens or sequences whose r′ leaves a band."""
 NO_TOKEN_METRICS: dict[str, float] = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0,
                                       "ratio_k_max": 0.0, "log_ratio_k_abs": 0.0, "num_tokens": 0}
 """The metrics of :func:`grpo_objective` over no counted token."""
 RATIO_DIAGNOSTICS = ("ess_token", "ess_seq", "ess_token_applied", "log_ratio_k_min", "log_ratio_k_p50",
                      "log_ratio_k_p99", "log_ratio_k_max", "log_weight_min", "log_weight_p50", "log_weight_p99",
-                     "log_weight_max", "cap_frac")
+                     "log_weight_max", "cap_frac", "drop_frac")
 """The names of :func:`ratio_diagnostics`' values."""
 OFFPOLICY_SPLIT = ("staleness_abs", "mismatch_abs", "staleness_share")
 """The names of :func:`offpolicy_split`'s values."""
@@ -89,70 +91,126 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
     return torch.minimum(ratio * advantages, clipped * advantages)
 
 
+def require_is_floor(is_floor: float | None) -> float | None:
+    """``is_floor`` if it is None (no floor) or a finite number in (0, 1); else raise naming it. Below 1 because
+    the band [a, C] must hold r′ = 1: on-policy tokens are never dropped (and C > 1 keeps a < C)."""
+    if is_floor is None:
+        return None
+    ok = isinstance(is_floor, (int, float)) and not isinstance(is_floor, bool) and 0 < is_floor < 1
+    if not ok:
+        raise ValueError(f"is_floor must be None (no floor) or a finite number in (0, 1), below r′ = 1 and so "
+                         f"below is_cap, got {is_floor!r}")
+    return float(is_floor)
+
+
+def sequence_log_ratio(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log r′_b = Σ_t (log π_k − log α) over sequence b's tokens in ``mask``: the log of the whole-sequence ratio
+    π_k(y_b)/α(y_b), a *sum*, not a mean (TRL's ``sequence_*`` modes: ``per_token_logps_diff.sum(dim=-1,
+    keepdim=True)``). ``[B, T]`` in, ``[B, 1]`` out, detached; tokens off ``mask`` count 0, NaN or not."""
+    require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, mask=mask)
+    diff = (logp_k - logp_alpha).detach()
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff)).sum(dim=1, keepdim=True)
+
+
 def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_correction: str = "ratio",
-                        is_cap: float = 2.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        is_cap: float = 2.0, is_floor: float | None = 0.5,
+                        log_ratio: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The one rule of ``GRPOConfig.is_correction`` (docs/theory.md §3, *The correction knob*): what the
-    ratios are taken against, and the detached weight c that multiplies the surrogate.
+    ratios are taken against, and the detached weight c that multiplies the surrogate. Every driver calls it:
+    :func:`grpo_objective` (the loop, the TRL adapter), the closed-form bandit engine and
+    :func:`ratio_diagnostics`.
 
-    ============== ============ ============================= =============================================
-    is_correction  base         c                             surrogate, maximised
-    ============== ============ ============================= =============================================
-    ``ratio``      log α        1                             f_ε(π_θ/α, π_k/α, A)          (the paper)
-    ``truncated``  log π_k      min(r′, C), r′ = π_k/α        c · f_ε(π_θ/π_k, 1, A)  (TRL/verl ``token_truncate``)
-    ``none``       log π_k      1                             f_ε(π_θ/π_k, 1, A)      (α ignored: treated as on-policy)
-    ============== ============ ============================= =============================================
+    c is a function of ρ = exp(``log_ratio``): the token's r′ = π_k/α, or at ``level="sequence"`` the whole
+    sequence's Π_t r′_t (:func:`sequence_log_ratio`, TRL's sum), on every token of the sequence.
 
-    At the first pass (π_θ = π_k) the gradient is c·r·A·∇log π with r = π_k/base: r′·A·∇log π,
-    min(r′, C)·A·∇log π and A·∇log π. With r′ = 1 both bands are PPO's [1 − ε_low, 1 + ε_high].
-    The same base weights the KL term when ``kl_importance_weighted`` (π_θ/base, detached) or
-    ``kl_weight_differentiable`` (π_θ/base with its gradient: TRL's ``coef_1`` times k3 under
-    ``use_bias_correction_kl``, π_θ/π_old, where π_old is the weights that sampled); :func:`kl_weight`.
+    ============== ========= ================== =============================================================
+    is_correction  base      c                  what it weights or masks; what it costs
+    ============== ========= ================== =============================================================
+    ``ratio``      log α     1                  f_ε(π_θ/α, π_k/α, A), the paper: each token's full r′; no bias
+                                                per token, an unbounded weight (variance)
+    ``truncated``  log π_k   min(ρ, C)          TIS: caps ρ at C; biased on what α under-samples by more than C
+    ``mask``       log π_k   ρ·1[1/C ≤ ρ ≤ C]   drops what leaves the log-symmetric band [1/C, C], the rest
+                                                keeps ρ; biased: a dropped token loses its whole gradient
+    ``icepop``     log π_k   ρ·1[a ≤ ρ ≤ C]     IcePop's band, both bounds knobs (a = ``is_floor``; None: no
+                                                floor, so C = 3 at level sequence is TRL's default mode)
+    ``none``       log π_k   1                  f_ε(π_θ/π_k, 1, A): α ignored, the samples treated as
+                                                on-policy; biased by the whole lag
+    ============== ========= ================== =============================================================
+
+    ``grpo_lab.scale.knobs.TRL_IS_MODES`` gives each value's TRL 1.16 arguments (``vllm_importance_sampling_mode``
+    ``token_*`` / ``sequence_*``, ``…_clip_max`` = C, ``…_clip_min``).
+    Under every value but ``ratio`` the surrogate is c · f_ε(π_θ/π_k, 1, A), TRL's ``per_token_loss *
+    importance_sampling_ratio``. Each costs one exp per token or sequence; the masks also return 0 weights
+    that :func:`ratio_diagnostics` counts (``drop_frac``). At the first pass (π_θ = π_k) the gradient is
+    c·r·A·∇log π with r = π_k/base: r′·A·∇log π under ``ratio``, c·A·∇log π under the others.
+    With r′ = 1 both bands are PPO's [1 − ε_low, 1 + ε_high]. The same base weights the KL term when
+    ``kl_importance_weighted`` (π_θ/base, detached) or ``kl_weight_differentiable`` (π_θ/base with its gradient:
+    TRL's ``coef_1`` times k3 under ``use_bias_correction_kl``, π_θ/π_old, where π_old is the weights that
+    sampled); :func:`kl_weight`.
+
+    Not values of the knob: a geometric-mean sequence weight exp(mean_t log r′) (verl's geometric rejection;
+    GSPO's geometric mean is already what ``level="sequence"`` clips, π_θ/π_k and under ``ratio`` the band
+    around r′), which would be a second way of forming a sequence's ratio beside TRL's sum; and M2PO's
+    second-moment mask, which drops the tokens of largest |log r′| until the *batch's* mean (log r′)² is under
+    a threshold: not a function of one token's ρ, so no micro-batch could apply it alone.
 
     ============== ========== ===============================================
     symbol         shape      meaning
     ============== ========== ===============================================
     log π_k        ``[B, T]`` ``logp_k``, detached
     log α          ``[B, T]`` ``logp_alpha``
-    C              scalar     ``is_cap`` > 1 (read by ``truncated`` only)
+    C              scalar     ``is_cap`` > 1 (read by truncated, mask, icepop)
+    a              scalar     ``is_floor`` in (0, 1) or None (read by icepop)
+    log ρ          ``[B, T]`` ``log_ratio``: None means log π_k − log α per
+                   /``[B, 1]``  token; at level sequence :func:`sequence_log_ratio`
     base           ``[B, T]`` returned: log of the ratios' denominator
-    c              ``[B, T]`` returned: the detached weight; None means c = 1
+    c              as log ρ   returned: the detached weight; None means c = 1
     ============== ========== ===============================================
     """
     require_choice("is_correction", is_correction, IS_CORRECTIONS)
     is_cap = require_number_in("is_cap", is_cap, 1.0, low_open=True)
+    is_floor = require_is_floor(is_floor)
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha)
     if is_correction == "ratio":
         return logp_alpha, None
     logp_k = logp_k.detach()
     if is_correction == "none":
         return logp_k, None
-    return logp_k, torch.exp(logp_k - logp_alpha).clamp(max=is_cap)
+    rho = torch.exp((logp_k - logp_alpha) if log_ratio is None else log_ratio.detach())
+    if is_correction == "truncated":
+        return logp_k, rho.clamp(max=is_cap)
+    floor = 1.0 / is_cap if is_correction == "mask" else is_floor
+    kept = rho <= is_cap if floor is None else (rho >= floor) & (rho <= is_cap)  # TRL's comparison, on ρ itself
+    return logp_k, torch.where(kept, rho, torch.zeros_like(rho))
 
 
 def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_mask: torch.Tensor,
-                      is_correction: str = "ratio", is_cap: float = 2.0, level: str = "token") -> dict[str, float]:
+                      is_correction: str = "ratio", is_cap: float = 2.0, is_floor: float | None = 0.5,
+                      level: str = "token") -> dict[str, float]:
     """Statistics of the importance weights over the sampled tokens, raw and as applied (docs/metrics.md).
 
     Raw: w = r′ = π_k/α, before any clip, cap or mask. Applied: the weight the first pass puts on the token's
-    A·∇log π under ``is_correction`` (:func:`is_correction_terms`): r′ (``ratio``), min(r′, C) (``truncated``),
-    1 (``none``). Under ``level="sequence"`` the correction acts on the sequence's ratio, as in
-    :func:`grpo_objective`: r′_b = exp(mean_t log r′_{b,t}) over its sampled tokens, so each sampled token's applied
-    weight is its sequence's r′_b, min(r′_b, C) or 1, and ``cap_frac`` counts the tokens of sequences with
-    r′_b > C. The raw values stay per token. Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence
-    b's sampled tokens)::
+    A·∇log π under ``is_correction`` (:func:`is_correction_terms`): r′ (``ratio``), min(ρ, C) (``truncated``),
+    ρ or 0 (``mask``, ``icepop``), 1 (``none``); ρ the token's r′, or at ``level="sequence"`` its sequence's
+    Π_t r′_t, on each of its tokens. Under ``ratio`` at ``level="sequence"`` the applied weight is the sequence's
+    length-normalised r′_b = exp(mean_t log r′_{b,t}), the ratio :func:`grpo_objective` clips around. The raw
+    values stay per token. Equations (n tokens or sequences; w_b = Π_t r′_{b,t} over sequence b's sampled tokens)::
 
         ess_token         = (Σ_t w_t)² / (n_tok · Σ_t w_t²)     of the raw weights; ess_seq likewise over w_b
-        ess_token_applied = the same of the applied weights
+        ess_token_applied = the same of the applied weights (a dropped token counts in n with w = 0)
         log_ratio_k_min / _p50 / _p99 / _max = min / median / 99th percentile / max of log r′ (raw)
-        log_weight_min / _p50 / _p99 / _max  = the same of the applied weights' logs
-        cap_frac          = share of sampled tokens whose applied ratio r′ (r′_b at level="sequence") exceeds C
-                            under ``truncated`` (the cap binds; r′ < 1/C is not counted); else 0
+        log_weight_min / _p50 / _p99 / _max  = the same of the applied weights' logs, over the tokens kept
+        cap_frac          = share of sampled tokens whose ρ (the token's r′, or its sequence's at level sequence)
+                            exceeds C, under the values that read C (``truncated``, ``mask``, ``icepop``); else 0
+        drop_frac         = share of sampled tokens whose applied weight is 0: the band of ``mask`` / ``icepop``
+                            dropped the token (or, at level sequence, its sequence); else 0
 
-    ESS/n lies in (0, 1] and is a dispersion diagnostic of the weights: 1 exactly when all are equal (on-policy and
-    bit-identical log-probs: every r′ = 1), smaller the more a few weights dominate. n/ESS is Kish's variance
-    inflation only for a self-normalised weighted mean whose weights are independent of the values; the token
-    gradient estimator is neither (it is not self-normalised, and A and ∇log π depend on the token), so read ESS
-    as how uneven the weights are, not as a variance ratio.
+    ESS/n lies in [0, 1] and is a dispersion diagnostic of the weights: 1 exactly when all are equal (on-policy and
+    bit-identical log-probs: every r′ = 1), smaller the more a few weights dominate, 0 when a mask drops every
+    token (then the log_weight values are 0). n/ESS is Kish's variance inflation only for a self-normalised
+    weighted mean whose weights are independent of the values; the token gradient estimator is neither (it is not
+    self-normalised, and A and ∇log π depend on the token), so read ESS as how uneven the weights are, not as a
+    variance ratio.
 
     ================= ========== =================================================
     argument          shape      meaning
@@ -161,35 +219,39 @@ def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_ma
     ``logp_alpha``    ``[B, T]`` log α of the same tokens
     ``sampled_mask``  ``[B, T]`` the tokens α sampled (padding False), every group
     ``is_correction`` str        the correction (``GRPOConfig.is_correction``)
-    ``is_cap``        scalar     C > 1, read under ``truncated`` only
-    ``level``         str        ``token`` or ``sequence`` (``GRPOConfig.level``): what the applied weights are
+    ``is_cap``        scalar     C > 1 (``truncated``, ``mask``, ``icepop``)
+    ``is_floor``      scalar     a in (0, 1) or None (``icepop``)
+    ``level``         str        ``token`` or ``sequence`` (``GRPOConfig.level``)
     ================= ========== =================================================
 
-    With no sampled token the values are an on-policy batch's: ESS 1, logs 0, cap_frac 0.
+    With no sampled token the values are an on-policy batch's: ESS 1, logs 0, cap_frac and drop_frac 0.
     """
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, sampled_mask=sampled_mask)
     require_choice("level", level, LEVELS)
+    logp_k, logp_alpha = logp_k.detach().to(torch.float64), logp_alpha.detach().to(torch.float64)
     sampled = sampled_mask.bool()
-    logp_k, logp_alpha = (x.detach().to(torch.float64) for x in (logp_k, logp_alpha))
-    if level == "sequence":  # the sequences' length-normalised log-probs on each token, as grpo_objective uses
-        counts = sampled.sum(dim=1, keepdim=True).clamp(min=1)
-        applied_k, applied_alpha = ((torch.where(sampled, x, torch.zeros_like(x)).sum(dim=1, keepdim=True) / counts)
-                                    .expand_as(x) for x in (logp_k, logp_alpha))
-    else:
-        applied_k, applied_alpha = logp_k, logp_alpha
-    base, weight = is_correction_terms(applied_k, applied_alpha, is_correction, is_cap)
+    sequence = sequence_log_ratio(logp_k, logp_alpha, sampled) if level == "sequence" else None
+    base, weight = is_correction_terms(logp_k, logp_alpha, is_correction, is_cap, is_floor, sequence)
     if not sampled.any():
         return {**dict.fromkeys(RATIO_DIAGNOSTICS, 0.0), "ess_token": 1.0, "ess_seq": 1.0, "ess_token_applied": 1.0}
     log_ratio = logp_k - logp_alpha
-    log_applied = (applied_k - base) + (0.0 if weight is None else weight.log())
+    if sequence is not None and is_correction == "ratio":   # the sequence's mean log r′, as grpo_objective clips
+        log_applied = (sequence / sampled.sum(dim=1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+    else:
+        log_applied = (logp_k - base) + (0.0 if weight is None else weight.expand_as(log_ratio).log())
     tokens, applied = log_ratio[sampled], log_applied[sampled]
-    sequences = torch.where(sampled, log_ratio, torch.zeros_like(log_ratio)).sum(dim=1)[sampled.any(dim=1)]
+    sequences = sequence_log_ratio(logp_k, logp_alpha, sampled)[:, 0][sampled.any(dim=1)]
+    dropped = torch.isneginf(applied) if is_correction in IS_MASKS else torch.zeros_like(applied, dtype=torch.bool)
+    kept = applied[~dropped]
     levels = torch.tensor([0.5, 0.99], dtype=torch.float64)
-    applied_ratio = (applied_k - applied_alpha)[sampled]
-    capped = (applied_ratio > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
-    values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences), _normalised_ess(applied),
-                          tokens.min(), *torch.quantile(tokens, levels), tokens.max(),
-                          applied.min(), *torch.quantile(applied, levels), applied.max(), capped])
+    rho = (log_ratio if sequence is None else sequence.expand_as(log_ratio))[sampled]
+    capped = (rho > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
+    kept_stats = ([kept.min(), *torch.quantile(kept, levels), kept.max()] if kept.numel()
+                  else [tokens.new_zeros(())] * 4)
+    values = torch.stack([_normalised_ess(tokens), _normalised_ess(sequences),
+                          _normalised_ess(applied) if kept.numel() else tokens.new_zeros(()),
+                          tokens.min(), *torch.quantile(tokens, levels), tokens.max(), *kept_stats, capped,
+                          dropped.to(torch.float64).mean()])
     return dict(zip(RATIO_DIAGNOSTICS, values.tolist(), strict=True))
 
 
@@ -394,8 +456,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    logp_ref: torch.Tensor | None = None, beta: float = 0.0, eps_low: float = 0.2,
                    eps_high: float | None = None, band: str = "additive", kl_kind: str = "k3",
                    kl_importance_weighted: bool = False, kl_weight_differentiable: bool = False,
-                   level: str = "token", is_correction: str = "ratio",
-                   is_cap: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
+                   level: str = "token", is_correction: str = "ratio", is_cap: float = 2.0,
+                   is_floor: float | None = 0.5) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
     Equation::
@@ -431,8 +493,9 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     micro-batch passes its rows ``weights[rows]`` and the losses add up.
 
     ``level="sequence"`` (GSPO-style) replaces per-token ratios by the ratio of
-    length-normalised sequence log-probabilities, broadcast to the tokens; the correction
-    (``is_correction``, ``is_cap``) then acts on those sequence ratios.
+    length-normalised sequence log-probabilities, broadcast to the tokens; the correction's weight
+    c (``is_correction``, ``is_cap``, ``is_floor``) is then one per sequence, of the whole-sequence ratio
+    Π_t π_k/α (:func:`sequence_log_ratio`: a sum of the token log-ratios, TRL's ``sequence_*`` modes).
 
     Metrics (floats, over counted tokens): ``clip_low_frac`` (r below the band
     with A < 0), ``clip_high_frac`` (r above with A > 0), ``ratio_k_mean`` /
@@ -459,9 +522,11 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
             return (torch.where(mask, x, torch.zeros_like(x)).sum(dim=1, keepdim=True) / lengths).expand_as(x)
 
         ratio_logp, ratio_logp_k, ratio_logp_alpha = seq_mean(logp), seq_mean(logp_k), seq_mean(logp_alpha)
+        weight_log_ratio = sequence_log_ratio(logp_k, logp_alpha, mask).expand_as(logp)
     else:
-        ratio_logp, ratio_logp_k, ratio_logp_alpha = logp, logp_k, logp_alpha
-    base, correction = is_correction_terms(ratio_logp_k, ratio_logp_alpha, is_correction, is_cap)
+        ratio_logp, ratio_logp_k, ratio_logp_alpha, weight_log_ratio = logp, logp_k, logp_alpha, None
+    base, correction = is_correction_terms(ratio_logp_k, ratio_logp_alpha, is_correction, is_cap, is_floor,
+                                           weight_log_ratio)
     token_base = base if level == "token" else is_correction_terms(logp_k, logp_alpha, is_correction, is_cap)[0]
     adv = advantages[:, None].to(logp.dtype)
     surrogate = clipped_surrogate(ratio_logp, ratio_logp_k, base, adv, eps_low, eps_high, band)

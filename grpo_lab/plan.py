@@ -37,6 +37,7 @@ class ObjectiveArgs:
     level: str
     is_correction: str
     is_cap: float
+    is_floor: float | None
 
     @classmethod
     def of(cls, config: GRPOConfig) -> ObjectiveArgs:
@@ -44,7 +45,7 @@ class ObjectiveArgs:
         return cls(beta=config.beta, eps_low=eps_low, eps_high=eps_high, band=config.band, kl_kind=config.kl_kind,
                    kl_importance_weighted=config.kl_importance_weighted,
                    kl_weight_differentiable=config.kl_weight_differentiable, level=config.level,
-                   is_correction=config.is_correction, is_cap=config.is_cap)
+                   is_correction=config.is_correction, is_cap=config.is_cap, is_floor=config.is_floor)
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``grpo_objective``."""

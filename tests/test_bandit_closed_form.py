@@ -1,5 +1,6 @@
 """The closed-form engine (the live panel's) against the loop: the same curves for every knob."""
 
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from grpo_lab import kl_estimate
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.exact.closed_form import kl_gradient, run_bandit_closed_form
 from grpo_lab.exact.studies import lab_cost_model, mean_grad_norm, wall_clock
-from grpo_lab.objective import KL_KINDS
+from grpo_lab.objective import IS_CORRECTIONS, KL_KINDS
 
 PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)
 
@@ -46,6 +47,11 @@ KNOBS = {
     "beta k3, differentiable KL weight (TRL's), v = 4, i = 2": dict(beta=0.3, kl_weight_differentiable=True, v=4, i=2),
     "truncated, beta k2, differentiable KL weight, v = 3": dict(is_correction="truncated", beta=0.3, kl_kind="k2",
                                                                  kl_weight_differentiable=True, v=3),
+    "mask correction, C = 1.2, v = 8, i = 2": dict(is_correction="mask", is_cap=1.2, v=8, i=2),
+    "icepop correction, a = 0.9, C = 1.3, beta k3 weighted, v = 8": dict(
+        is_correction="icepop", is_floor=0.9, is_cap=1.3, beta=0.3, kl_importance_weighted=True, v=8),
+    "icepop correction, no floor, C = 1.2, v = 8, i = 2": dict(is_correction="icepop", is_floor=None, is_cap=1.2,
+                                                             v=8, i=2),
 }
 
 
@@ -105,14 +111,16 @@ def test_runs_below_one_is_rejected():
 
 
 def test_the_corrections_agree_on_policy_and_part_under_lag():
-    """At v = 1, α = π_k: r′ = 1, so ratio, truncated and none take the same steps. At v = 8 they differ,
-    and in both engines alike (the parametrised test above)."""
+    """At v = 1, α = π_k: r′ = 1, so every correction takes the same steps (a band holds 1, so the masks drop
+    nothing). At v = 8 they differ (icepop's floor 0.9 against mask's 1/C), and in both engines alike (the
+    parametrised test above)."""
     curves = {}
     for v in (1, 8):
-        for correction in ("ratio", "truncated", "none"):
-            config = bandit_config(steps=60, lr=1.0, v=v, i=2, seed=4, is_correction=correction, is_cap=1.2)
+        for correction in IS_CORRECTIONS:
+            config = bandit_config(steps=60, lr=1.0, v=v, i=2, seed=4, is_correction=correction, is_cap=1.2,
+                                   is_floor=0.9)
             curves[v, correction] = run_bandit_closed_form(PROBLEM, config, runs=3).J
-    np.testing.assert_allclose(curves[1, "truncated"], curves[1, "ratio"], rtol=0, atol=1e-12)
-    np.testing.assert_allclose(curves[1, "none"], curves[1, "ratio"], rtol=0, atol=1e-12)
-    for a, b in (("ratio", "truncated"), ("ratio", "none"), ("truncated", "none")):
+    for correction in IS_CORRECTIONS:
+        np.testing.assert_allclose(curves[1, correction], curves[1, "ratio"], rtol=0, atol=1e-12)
+    for a, b in itertools.combinations(IS_CORRECTIONS, 2):
         assert np.abs(curves[8, a] - curves[8, b]).max() > 1e-3, (a, b)

@@ -1,6 +1,7 @@
 """Primitives of docs/theory.md §2–§3: hand-computed cases, plain-loop references, properties."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -496,7 +497,7 @@ def test_truncated_is_trls_token_truncate():
     torch.testing.assert_close(grad, trl_grad, rtol=1e-5, atol=1e-7)
 
 
-def test_bad_correction_and_cap_are_named():
+def test_bad_correction_cap_and_floor_are_named():
     from grpo_lab.objective import is_correction_terms
     with pytest.raises(ValueError, match="is_correction must be one of .* got 'tis'"):
         GRPOConfig(is_correction="tis")
@@ -505,6 +506,87 @@ def test_bad_correction_and_cap_are_named():
             GRPOConfig(is_cap=bad)
     with pytest.raises(ValueError, match="is_correction must be one of"):
         is_correction_terms(PI_K.log(), ALPHA.log(), "clipped")
+    for bad in (0, 0.0, -0.5, 1.0, 3.0, float("nan"), "0.5", True):  # ≤ 0, ≥ 1 (so ≥ any floor the cap allows)
+        with pytest.raises(ValueError, match=rf"is_floor must be None .* got {re.escape(repr(bad))}"):
+            GRPOConfig(is_correction="icepop", is_floor=bad)
+        with pytest.raises(ValueError, match="is_floor"):
+            is_correction_terms(PI_K.log(), ALPHA.log(), "icepop", 2.0, bad)
+    assert GRPOConfig(is_correction="icepop", is_floor=None).is_floor is None  # no floor: TRL's clip_min None
+
+
+def plain_weight(rho: float, is_correction: str, cap: float, floor: float | None) -> float | None:
+    """c of one ratio ρ, written out for each value (None: c = 1 against α, ``ratio``)."""
+    if is_correction == "ratio":
+        return None
+    if is_correction == "none":
+        return 1.0
+    if is_correction == "truncated":
+        return min(rho, cap)
+    low = 1 / cap if is_correction == "mask" else (0.0 if floor is None else floor)
+    return rho if low <= rho <= cap else 0.0
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("is_correction, cap, floor", [("ratio", 2.0, 0.5), ("truncated", 1.5, 0.5),
+                                                        ("mask", 1.5, 0.5), ("icepop", 2.5, 0.7),
+                                                        ("icepop", 3.0, None), ("none", 2.0, 0.5)])
+def test_every_correction_loss_against_a_plain_loop(is_correction, cap, floor, level):
+    """grpo_objective's loss off π_k (a second pass: π_θ ≠ π_k) equals a loop over sequences and tokens in plain
+    Python floats: loss = Σ_{b,t} w_{b,t} · (−c · min(r·A, clip(r)·A)), with, per level,
+
+        token:    ρ_t = π_k/α of the token;               r, r′ the token's ratios
+        sequence: ρ_b = exp(Σ_t log π_k/α), TRL's sum;   r, r′ of the length-normalised log-probs (GSPO)
+
+    and c = ``plain_weight(ρ)``. The draws put ρ on both sides of every bound (asserted), so a wrong bound, a
+    mean in place of the sum, or a cap in place of a mask fails."""
+    from grpo_lab.objective import grpo_objective, loss_weights
+    g = torch.Generator().manual_seed(5)
+    B, T, eps = 12, 5, 0.2
+    logp_alpha = -1 - torch.rand(B, T, generator=g, dtype=torch.float64)
+    logp_k = logp_alpha + 0.9 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    logp = logp_k + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    lengths = [2 + b % 4 for b in range(B)]
+    mask = torch.tensor([[t < lengths[b] for t in range(T)] for b in range(B)])
+    weights = loss_weights(mask, "grpo", dtype=torch.float64)
+    loss, _ = grpo_objective(logp, logp_alpha, adv, weights, logp_k=logp_k, eps_low=eps, level=level,
+                             is_correction=is_correction, is_cap=cap, is_floor=floor)
+
+    expected, rhos = 0.0, []
+    for b in range(B):
+        toks = range(lengths[b])
+        lp, lk, la = ([float(x[b, t]) for t in toks] for x in (logp, logp_k, logp_alpha))
+        a = float(adv[b])
+        if level == "sequence":
+            rho_seq = math.exp(sum(k - al for k, al in zip(lk, la)))
+            mean = [sum(x) / lengths[b] for x in (lp, lk, la)]
+            lp, lk, la = ([m] * lengths[b] for m in mean)
+        for t in toks:
+            rho = rho_seq if level == "sequence" else math.exp(lk[t] - la[t])
+            rhos.append(rho)
+            c = plain_weight(rho, is_correction, cap, floor)
+            base = la[t] if c is None else lk[t]
+            r, r_k = math.exp(lp[t] - base), math.exp(lk[t] - base)
+            clipped = min(max(r, max(r_k - eps, 0.0)), r_k + eps)             # the additive band around r′
+            expected += float(weights[b, t]) * -(1.0 if c is None else c) * min(r * a, clipped * a)
+    assert float(loss) == pytest.approx(expected, rel=1e-10, abs=1e-12)
+    bounds = {"truncated": [cap], "mask": [1 / cap, cap], "icepop": [cap] + ([floor] if floor else [])}
+    for bound in bounds.get(is_correction, []):
+        assert min(rhos) < bound < max(rhos), (bound, min(rhos), max(rhos))   # the bound acts on this batch
+
+
+def test_a_sequence_weight_is_the_product_of_its_token_ratios_not_their_geometric_mean():
+    """TRL's ``sequence_*`` log-ratio is Σ_t (log π_old − log α): two tokens at r′ = 1.5 each give ρ = 2.25,
+    over C = 2 (masked, or capped to 2), where their geometric mean 1.5 would pass."""
+    from grpo_lab.objective import is_correction_terms, sequence_log_ratio
+    logp_alpha = torch.log(torch.tensor([[0.2, 0.2, 0.5]]))
+    logp_k = logp_alpha + math.log(1.5) * torch.tensor([[1.0, 1.0, 7.0]])   # a padded token, off the mask
+    mask = torch.tensor([[True, True, False]])
+    log_rho = sequence_log_ratio(logp_k, logp_alpha, mask)
+    assert log_rho.shape == (1, 1) and float(log_rho.exp()) == pytest.approx(2.25)
+    assert float(is_correction_terms(logp_k, logp_alpha, "mask", 2.0, log_ratio=log_rho)[1]) == 0.0
+    assert float(is_correction_terms(logp_k, logp_alpha, "truncated", 2.0, log_ratio=log_rho)[1]) == 2.0
+    assert float(is_correction_terms(logp_k, logp_alpha, "mask", 2.5, log_ratio=log_rho)[1]) == pytest.approx(2.25)
 
 
 def test_ratio_diagnostics_hand_computed():
@@ -531,14 +613,42 @@ def test_ratio_diagnostics_hand_computed():
     assert ratio_applied["log_weight_max"] == pytest.approx(math.log(4))
     none = ratio_diagnostics(logp_alpha + ratio.log(), logp_alpha, mask, "none")     # every applied weight 1
     assert none["ess_token_applied"] == pytest.approx(1.0) and none["log_weight_min"] == none["log_weight_max"] == 0
+    assert d["drop_frac"] == ratio_applied["drop_frac"] == none["drop_frac"] == 0       # only the masks drop
+
+
+def test_ratio_diagnostics_count_what_the_masks_drop_hand_computed():
+    """The tokens of test_ratio_diagnostics_hand_computed, r′ = [1, 2] and [0.5, 4, 1.5]; sequence ratios 2 and 3."""
+    from grpo_lab.objective import ratio_diagnostics
+    ratio = torch.tensor([[1.0, 2.0, 100.0], [0.5, 4.0, 1.5]], dtype=torch.float64)
+    logp_alpha = torch.full((2, 3), -2.0, dtype=torch.float64)
+    logp_k, mask = logp_alpha + ratio.log(), torch.tensor([[True, True, False], [True, True, True]])
+    masked = ratio_diagnostics(logp_k, logp_alpha, mask, "mask", 3.0)          # band [1/3, 3]: drops r′ = 4
+    assert masked["drop_frac"] == pytest.approx(1 / 5) and masked["cap_frac"] == pytest.approx(1 / 5)
+    assert masked["ess_token_applied"] == pytest.approx(5.0 ** 2 / (5 * 7.5))   # [1, 2, 0.5, 0, 1.5]
+    assert masked["log_weight_max"] == pytest.approx(math.log(2)) and masked["log_weight_min"] == pytest.approx(
+        math.log(0.5))                                                          # over the kept tokens
+    icepop = ratio_diagnostics(logp_k, logp_alpha, mask, "icepop", 3.0, 0.6)   # [0.6, 3]: drops 0.5 and 4
+    assert icepop["drop_frac"] == pytest.approx(2 / 5) and icepop["cap_frac"] == pytest.approx(1 / 5)
+    assert icepop["log_weight_min"] == 0.0 and icepop["ess_token_applied"] == pytest.approx(4.5 ** 2 / (5 * 7.25))
+    no_floor = ratio_diagnostics(logp_k, logp_alpha, mask, "icepop", 3.0, None)
+    assert no_floor["drop_frac"] == pytest.approx(1 / 5)
+    # level sequence: ρ_b = 2 and 3, so C = 2.5 drops sequence 1, three of the five tokens
+    sequences = ratio_diagnostics(logp_k, logp_alpha, mask, "mask", 2.5, level="sequence")
+    assert sequences["drop_frac"] == pytest.approx(3 / 5)
+    assert sequences["log_weight_min"] == sequences["log_weight_max"] == pytest.approx(math.log(2))
+    truncated = ratio_diagnostics(logp_k, logp_alpha, mask, "truncated", 2.5, level="sequence")
+    assert truncated["drop_frac"] == 0 and truncated["log_weight_max"] == pytest.approx(math.log(2.5))
+    everything = ratio_diagnostics(logp_k, logp_alpha, mask, "icepop", 1.1, 0.95, level="sequence")
+    assert everything["drop_frac"] == 1 and everything["ess_token_applied"] == 0 and everything["log_weight_max"] == 0
 
 
 def test_ratio_diagnostics_at_sequence_level_report_the_sequence_weights_applied():
-    """``level="sequence"``: the correction acts on r′_b = exp(mean_t log r′_{b,t}), so each sampled token's applied
-    weight is its sequence's. Sequence 0: r′ = [1, 4] (+ padding), r′_b = 2; sequence 1: r′ = [¼, 1, 64],
-    r′_b = 2^(4/3) ≈ 2.52. Raw values stay per token."""
+    """``level="sequence"``: ``truncated`` acts on the sequence's ρ_b = Π_t r′_{b,t} (TRL's sum of log-ratios) and
+    ``ratio`` on its length-normalised r′_b = exp(mean_t log r′_{b,t}), so each sampled token's applied weight is
+    its sequence's. Sequence 0: r′ = [1, 4] (+ padding), ρ_b = 4, r′_b = 2; sequence 1: r′ = [¼, 1, 64],
+    ρ_b = 16, r′_b = 2^(4/3) ≈ 2.52. Raw values stay per token."""
     from grpo_lab.objective import ratio_diagnostics
-    C = 2.2
+    C = 5.0
     ratio = torch.tensor([[1.0, 4.0, 100.0], [0.25, 1.0, 64.0]], dtype=torch.float64)
     logp_alpha = torch.full((2, 3), -3.0, dtype=torch.float64)
     mask = torch.tensor([[True, True, False], [True, True, True]])
@@ -553,12 +663,12 @@ def test_ratio_diagnostics_at_sequence_level_report_the_sequence_weights_applied
     seq = ratio_diagnostics(logp_k, logp_alpha, mask, "truncated", C, level="sequence")
     for raw in ("ess_token", "ess_seq", "log_ratio_k_min", "log_ratio_k_p50", "log_ratio_k_p99", "log_ratio_k_max"):
         assert seq[raw] == token[raw]
-    applied = [2.0, 2.0, C, C, C]                                          # min(r′_b, C) on each sampled token
+    applied = [4.0, 4.0, C, C, C]                                          # min(ρ_b, C) on each sampled token
     assert seq["ess_token_applied"] == pytest.approx(ess(applied))
-    assert seq["log_weight_min"] == pytest.approx(math.log(2)) and seq["log_weight_max"] == pytest.approx(math.log(C))
-    assert seq["cap_frac"] == pytest.approx(3 / 5)                          # sequence 1's three tokens: r′_b > C
-    assert token["cap_frac"] == pytest.approx(2 / 5)                        # per token: r′ = 4 and 64
-    assert token["ess_token_applied"] == pytest.approx(ess([1.0, C, 0.25, 1.0, C]))
+    assert seq["log_weight_min"] == pytest.approx(math.log(4)) and seq["log_weight_max"] == pytest.approx(math.log(C))
+    assert seq["cap_frac"] == pytest.approx(3 / 5)                          # sequence 1's three tokens: ρ_b > C
+    assert token["cap_frac"] == pytest.approx(1 / 5)                        # per token: only r′ = 64
+    assert token["ess_token_applied"] == pytest.approx(ess([1.0, 4.0, 0.25, 1.0, C]))
     ratio_seq = ratio_diagnostics(logp_k, logp_alpha, mask, "ratio", C, level="sequence")
     assert ratio_seq["ess_token_applied"] == pytest.approx(ess([2.0, 2.0, r1, r1, r1]))
     assert ratio_seq["log_weight_max"] == pytest.approx(math.log(r1)) and ratio_seq["cap_frac"] == 0.0
@@ -595,7 +705,7 @@ def test_ess_is_one_when_every_ratio_is_one_and_scale_free():
     assert d == {"ess_token": pytest.approx(1.0), "ess_seq": pytest.approx(1.0),
                  "ess_token_applied": pytest.approx(1.0),
                  **{f"{kind}_{q}": 0.0 for kind in ("log_ratio_k", "log_weight") for q in ("min", "p50", "p99", "max")},
-                 "cap_frac": 0.0}
+                 "cap_frac": 0.0, "drop_frac": 0.0}
     # a constant shift of every log r′ leaves ESS/n unchanged, even one that would overflow exp
     shifted = ratio_diagnostics(logp + 800.0, logp, torch.ones(6, 4, dtype=torch.bool))
     assert shifted["ess_token"] == pytest.approx(1.0) and shifted["ess_seq"] == pytest.approx(1.0)

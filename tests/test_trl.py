@@ -61,7 +61,10 @@ CASES += [dict(mask_normalize="unmasked"), dict(mask_normalize="unmasked", loss_
           dict(beta=0.0, zero_variance_mask=False), dict(is_correction="truncated", is_cap=1.3),
           dict(is_correction="truncated", clip_band="multiplicative", use_bias_correction_kl=True),
           dict(use_bias_correction_kl=True), dict(kl_importance_weighted=True),
-          dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence")]
+          dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence"),
+          dict(is_correction="mask", is_cap=1.3), dict(is_correction="truncated", is_cap=1.3,
+                                                       importance_sampling_level="sequence"),
+          dict(is_correction="icepop", is_cap=1.5, is_floor=0.9, importance_sampling_level="sequence")]
 
 
 def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):

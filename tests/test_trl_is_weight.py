@@ -7,6 +7,11 @@ log α plus a controlled offset δ: the engine's numerical mismatch. TRL itself 
 ``per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask``,
 summed per sequence in the default ``sequence_mask`` mode, then ``torch.exp``) and multiplies the clipped loss by it
 (``_compute_loss``: ``per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]``).
+
+Each value of the kit's ``is_correction`` is then run on TRL's side, through the arguments
+:func:`grpo_lab.scale.knobs.trl_is_arguments` maps it to (every ``vllm_importance_sampling_mode``, the two-sided
+``vllm_importance_sampling_clip_min`` and TRL's default), with an engine whose mismatch differs from token to token:
+TRL's weight and loss equal the kit's on the same batch.
 """
 
 import copy
@@ -17,7 +22,9 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from trl_two_process import TRAIN_PROMPTS, build_tiny_model
 
-from grpo_lab.objective import clipped_surrogate
+from grpo_lab.config import GRPOConfig as KitConfig
+from grpo_lab.objective import clipped_surrogate, grpo_objective, is_correction_terms, loss_weights, sequence_log_ratio
+from grpo_lab.scale.knobs import TRL_IS_MODES, trl_is_arguments
 
 S, STEPS, G = 2, 4, 4  # steps_per_generation = 2 optimiser steps per generation, so step 1 of each is lagged
 
@@ -25,10 +32,12 @@ S, STEPS, G = 2, 4, 4  # steps_per_generation = 2 optimiser steps per generation
 class Engine:
     """Stands in for TRL's ``VLLMGeneration``. ``sync_weights`` copies π_θ into α (TRL calls it before a generation
     whenever ``global_step`` moved: ``_generate_single_turn``); ``generate`` returns fixed completions of 3–5 tokens
-    and log α + ``mismatch`` for each token, as vLLM's ``logprobs`` (one per token)."""
+    and log α + δ for each token, as vLLM's ``logprobs`` (one per token): δ = ``mismatch``, plus ``spread`` times a
+    fixed pattern in [−1, 1] over completions j and tokens t (so r′ = e^−δ varies from token to token)."""
 
-    def __init__(self, model: torch.nn.Module, mismatch: float):
+    def __init__(self, model: torch.nn.Module, mismatch: float, spread: float = 0.0):
         self.model, self.alpha, self.mismatch, self.pushes = model, copy.deepcopy(model), mismatch, 0
+        self.spread = spread
 
     def sync_weights(self) -> None:
         self.alpha.load_state_dict(self.model.state_dict())
@@ -38,10 +47,11 @@ class Engine:
     def generate(self, prompts: list[list[int]], images, num_generations: int, profiler=None):
         completions = [[2 + (j + 3 * t) % 14 for t in range(3 + j % 3)] for j in range(len(prompts))]
         logprobs = []
-        for prompt, completion in zip(prompts, completions, strict=True):
+        for j, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             logits = self.alpha(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
             logp = logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
-            logprobs.append([[float(x) + self.mismatch] for x in logp])
+            pattern = [((5 * j + 3 * t) % 7 - 3) / 3 + (j % 5 - 2) / 2 for t in range(len(completion))]
+            logprobs.append([[float(x) + self.mismatch + self.spread * p] for x, p in zip(logp, pattern, strict=True)])
         return prompts, completions, logprobs, None
 
 
@@ -55,15 +65,17 @@ def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
 
 
-def trl_trainer(model_dir: str, out: str, mismatch: float) -> tuple[GRPOTrainer, Engine]:
-    """Stock GRPOTrainer, built without vLLM, then given the engine above: the vLLM branches of TRL's own code run."""
+def trl_trainer(model_dir: str, out: str, mismatch: float, spread: float = 0.0,
+                **trl_args) -> tuple[GRPOTrainer, Engine]:
+    """Stock GRPOTrainer, built without vLLM, then given the engine above: the vLLM branches of TRL's own code run.
+    ``trl_args``: more of TRL's own arguments (its importance-sampling mode and bounds)."""
     config = GRPOConfig(output_dir=out, per_device_train_batch_size=G, gradient_accumulation_steps=1,
                         steps_per_generation=S, num_generations=G, max_completion_length=8, learning_rate=0.05,
                         beta=0.0, loss_type="grpo", max_steps=STEPS, logging_steps=1, report_to="none",
-                        save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
+                        save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True, seed=0, **trl_args)
     trainer = GRPOTrainer(model=model_dir, reward_funcs=alternating_reward, args=config,
                           train_dataset=Dataset.from_dict({"prompt": list(TRAIN_PROMPTS)}))
-    engine = Engine(trainer.model, mismatch)
+    engine = Engine(trainer.model, mismatch, spread)
     trainer.use_vllm, trainer.vllm_mode, trainer.vllm_generation = True, "colocate", engine
     trainer._last_loaded_step = -1  # as TRL's __init__ sets it with vLLM: the first generation pushes
     return trainer, engine
@@ -79,14 +91,19 @@ def current_logps(trainer: GRPOTrainer, inputs: dict) -> torch.Tensor:
 
 
 def train_and_record(trainer: GRPOTrainer) -> list[dict]:
-    """Each optimiser step's TRL weight, π_old, log α as the engine returned it, π_k and the mask."""
+    """Each optimiser step's TRL weight (None with TRL's correction off), π_old, log α as the engine returned it,
+    π_k, the mask, TRL's advantages and the loss TRL's ``_compute_loss`` returned."""
     seen, compute_loss = [], trainer._compute_loss
 
     def recorded(model, inputs):
-        seen.append({"step": trainer.state.global_step, "weight": inputs["importance_sampling_ratio"].clone(),
+        weight = inputs.get("importance_sampling_ratio")
+        seen.append({"step": trainer.state.global_step, "weight": None if weight is None else weight.clone(),
                      "old": inputs["old_per_token_logps"].clone(), "engine": inputs["sampling_per_token_logps"].clone(),
-                     "pi_k": current_logps(trainer, inputs), "mask": inputs["completion_mask"].bool()})
-        return compute_loss(model, inputs)
+                     "pi_k": current_logps(trainer, inputs), "mask": inputs["completion_mask"].bool(),
+                     "advantages": inputs["advantages"].clone()})
+        loss = compute_loss(model, inputs)
+        seen[-1]["loss"] = float(loss.detach())
+        return loss
 
     trainer._compute_loss = recorded
     trainer.train()
@@ -142,3 +159,81 @@ def test_token_weights_on_one_token_responses_give_the_multiplicative_band(model
                              trainer.args.epsilon, band="multiplicative")
     assert torch.allclose(loss.detach(), -band.mean(), atol=1e-6)
     assert (log_rho.abs() > 0.2).any() and (log_w.exp() > 1.5).any()  # the clip and a weight far from 1 both act
+
+
+TRL_MODES = {  # TRL's mode (and bounds) → the kit's knobs that map to it
+    "token_truncate": dict(is_correction="truncated", is_cap=1.5),
+    "sequence_truncate": dict(is_correction="truncated", is_cap=2.0, level="sequence"),
+    "token_mask": dict(is_correction="mask", is_cap=1.5),
+    "sequence_mask": dict(is_correction="mask", is_cap=2.0, level="sequence"),
+    "token_mask, clip_min (IcePop)": dict(is_correction="icepop", is_cap=2.0, is_floor=0.7),
+    "sequence_mask, clip_min (IcePop)": dict(is_correction="icepop", is_cap=4.0, is_floor=0.4, level="sequence"),
+    "sequence_mask, clip_max 3, no clip_min (TRL's default)": dict(is_correction="icepop", is_cap=3.0, is_floor=None,
+                                                                   level="sequence"),
+    "token_mask, no bounds (ratio, multiplicative band)": dict(is_correction="ratio", band="multiplicative"),
+    "correction off (none)": dict(is_correction="none"),
+}
+SPREAD = 0.6  # the engine's δ ∈ [−1.2, 1.2]: token r′ ∈ [0.3, 3.3], sequence r′ over 3–5 tokens far wider
+
+
+def test_every_correction_value_has_a_trl_row_and_the_default_is_trls():
+    """One row per value; TRL 1.16's own defaults are ``sequence_mask``, clip_max 3, no clip_min (its docstring
+    says ``token_truncate``): the row of icepop at level sequence, C = 3, no floor."""
+    from grpo_lab.objective import IS_CORRECTIONS
+    assert [row.value for row in TRL_IS_MODES] == list(IS_CORRECTIONS)
+    stock = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
+    default = trl_is_arguments(KitConfig(**TRL_MODES["sequence_mask, clip_max 3, no clip_min (TRL's default)"]))
+    assert {name: getattr(stock, name) for name in default if name != "importance_sampling_level"} == {
+        name: value for name, value in default.items() if name != "importance_sampling_level"}
+    assert stock.vllm_importance_sampling_mode == "sequence_mask" and stock.vllm_importance_sampling_clip_min is None
+    with pytest.raises(ValueError, match="is_correction = 'ratio' with level = 'sequence'"):
+        trl_is_arguments(KitConfig(is_correction="ratio", level="sequence", band="multiplicative"))
+    with pytest.raises(ValueError, match="band = 'additive' has no TRL equal"):
+        trl_is_arguments(KitConfig(is_correction="ratio"))
+
+
+@pytest.mark.parametrize("mode", list(TRL_MODES))
+def test_trls_weight_and_loss_equal_the_kits_for_each_mode(model_dir, tmp_path, mode):
+    """Stock GRPOTrainer with the arguments the kit's knobs map to (``trl_is_arguments``) trains 4 optimiser steps
+    on an engine whose mismatch varies per token. At every step, TRL's ``importance_sampling_ratio`` is the kit's
+    c = ``is_correction_terms`` of π_old/α (per token, or per sequence from ``sequence_log_ratio``) and the loss
+    TRL's ``_compute_loss`` returns is ``grpo_objective``'s on the same batch: π_θ, π_old as π_k, the engine's
+    log-probs as log α, TRL's advantages, the grpo weights. At the lagged steps (every second one) π_θ ≠ π_old, so
+    the clip is in the comparison too. The batch has weights on both sides of each bound (asserted): a wrong bound,
+    a mean in place of TRL's sum, or a cap in place of a mask would fail."""
+    knobs = KitConfig(**TRL_MODES[mode])
+    arguments = trl_is_arguments(knobs)
+    trainer, _ = trl_trainer(model_dir, str(tmp_path / "out"), 0.0, SPREAD, **arguments)
+    seen = train_and_record(trainer)
+    assert len(seen) == STEPS
+    weights = []
+    for s in seen:
+        mask = s["mask"]
+        log_rho = sequence_log_ratio(s["old"], s["engine"], mask) if knobs.level == "sequence" else None
+        _, c = is_correction_terms(s["old"], s["engine"], knobs.is_correction, knobs.is_cap, knobs.is_floor, log_rho)
+        if s["weight"] is None:
+            assert not arguments["vllm_importance_sampling_correction"] and c is None
+        else:
+            kit = (s["old"] - s["engine"]).exp() if c is None else c  # ratio: c = 1 against α is r′ itself
+            assert s["weight"].shape == kit.shape
+            on = mask if kit.shape == mask.shape else torch.ones_like(kit, dtype=torch.bool)
+            torch.testing.assert_close(s["weight"][on], kit[on], rtol=1e-5, atol=1e-6)
+            weights.append(s["weight"][on])
+        loss, _ = grpo_objective(s["pi_k"], s["engine"], s["advantages"], loss_weights(mask), logp_k=s["old"],
+                                 eps_low=trainer.args.epsilon, eps_high=trainer.args.epsilon_high, band=knobs.band,
+                                 level=knobs.level, is_correction=knobs.is_correction, is_cap=knobs.is_cap,
+                                 is_floor=knobs.is_floor)
+        assert float(loss) == pytest.approx(s["loss"], rel=1e-5, abs=1e-6), s["step"]
+    if weights:
+        w = torch.cat(weights)
+        if knobs.is_correction == "truncated":
+            assert (w == knobs.is_cap).any() and (w < knobs.is_cap).any()  # the cap binds on some, not all
+        if knobs.is_correction in ("mask", "icepop"):
+            assert (w == 0).any() and (w > 0).any()  # the band drops some, keeps others
+            low = 1 / knobs.is_cap if knobs.is_correction == "mask" else knobs.is_floor
+            if low is not None:
+                raw = torch.cat([sequence_log_ratio(s["old"], s["engine"], s["mask"])[:, 0] if knobs.level == "sequence"
+                                 else (s["old"] - s["engine"])[s["mask"]] for s in seen]).exp()
+                assert (raw < low).any() and (raw > knobs.is_cap).any()  # both bounds drop something
+    lagged = [s for s in seen if s["step"] % S]
+    assert max(float((s["pi_k"] - s["old"])[s["mask"]].abs().max()) for s in lagged) > 0.02  # π_θ ≠ π_old

@@ -159,6 +159,24 @@ def test_panel_reruns_when_a_knob_changes():
     assert panel.figure not in panel.widget.children                   # a plain go.Figure is not a widget
 
 
+def test_panel_offers_every_correction_and_its_bounds():
+    """The correction dropdown lists every value of the knob; each trains the runs with it, and the cap and floor
+    sliders reach the config (under lag, icepop's floor 0.9 and mask's 1/C = 0.8 give different curves)."""
+    from grpo_lab.objective import IS_CORRECTIONS
+    panel = BanditPanel(BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=20, lr=1.0, v=8),
+                        runs=2, mode="none")
+    assert tuple(panel.controls["is_correction"].options) == IS_CORRECTIONS
+    panel.controls["is_cap"].value = 1.25
+    panel.controls["is_floor"].value = 0.9
+    curves = {}
+    for value in IS_CORRECTIONS:
+        panel.controls["is_correction"].value = value
+        assert (panel.last.config.is_correction, panel.last.config.is_cap, panel.last.config.is_floor) == (
+            value, 1.25, 0.9)
+        curves[value] = panel.last.J.copy()
+    assert np.abs(curves["mask"] - curves["icepop"]).max() > 1e-6
+
+
 def test_panel_optimiser_switch_brings_its_learning_rate_and_clip():
     panel = BanditPanel(studies.lab_problem(), studies.lab_config(steps=30), runs=2, mode="none")
     panel.controls["optimizer"].value = "AdamW, clipped"

@@ -17,10 +17,11 @@ draws, schedules, step plan of :func:`~grpo_lab.plan.plan_step`, clip band and o
 
 with r = π_θ/base, r′ = π_k/base and the weight c of ``is_correction``
 (:func:`~grpo_lab.objective.is_correction_terms`, called here as in the loop): ``ratio`` base = α,
-c = 1; ``truncated`` base = π_k, c = min(π_k/α, C); ``none`` base = π_k, c = 1. So at the
-first pass g_j = −w_j A_j times r′_j, min(r′_j, C) or 1. The KL weight q = π_θ/base
-(:func:`~grpo_lab.objective.kl_weight`) makes the KL's slope q·∂KL̂ (``kl_importance_weighted``, detached) or
-q·(KL̂ + ∂KL̂) (``kl_weight_differentiable``).
+c = 1; the others base = π_k and c of ρ = π_k/α: min(ρ, C) (``truncated``), ρ inside the band and 0
+outside (``mask`` [1/C, C], ``icepop`` [a, C]), 1 (``none``). So at the first pass g_j = −w_j A_j times
+r′_j or c_j. The KL weight q = π_θ/base (:func:`~grpo_lab.objective.kl_weight`) makes the KL's slope q·∂KL̂
+(``kl_importance_weighted``, detached) or q·(KL̂ + ∂KL̂) (``kl_weight_differentiable``). One-token responses: the
+sequence's ratio is the token's, so ``level`` changes nothing here.
 
 the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
@@ -161,7 +162,8 @@ def _train_passes(policy: TabularPolicy, theta: torch.Tensor, optimizer: torch.o
         logp = np.take_along_axis(logp_table, arms, 1)                # [N, G]
         if pass_index == 0:                                           # π_θ = π_k
             base, correction = is_correction_terms(torch.from_numpy(logp), torch.from_numpy(logp_alpha),
-                                                   objective.is_correction, objective.is_cap)
+                                                   objective.is_correction, objective.is_cap,
+                                                   objective.is_floor)
             base = base.numpy().copy()                                # log α, or log π_k
             minus_cwa = minus_wa if correction is None else correction.numpy() * minus_wa
             low, high = (b.numpy() for b in clip_bounds(torch.from_numpy(np.exp(logp - base)),

@@ -16,6 +16,12 @@ for):
 A GRPOConfig field with no TRL field of its own is listed in :data:`NOT_ONE_TO_ONE` with the reason;
 :func:`~.launch.trl_args` derives its TRL values explicitly. ``tests/test_knobs.py`` fails on a field in
 neither.
+
+:data:`TRL_IS_MODES` maps each value of ``is_correction`` to stock TRL's own importance-sampling arguments
+(:func:`trl_is_arguments`): the weight TRL puts on π_old/α_vLLM is the kit's c of π_k/α, so a stock
+``trl.GRPOTrainer`` with those arguments computes the kit's loss wherever π_old = π_k
+(``tests/test_trl_is_weight.py`` drives it). The adapter itself keeps TRL's correction off and applies c to
+r′ = π_k/α, which carries the lag.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("level", "importance_sampling_level"),
     KnobSpec("is_correction", "is_correction"),
     KnobSpec("is_cap", "is_cap"),
+    KnobSpec("is_floor", "is_floor"),
     KnobSpec("lr", "learning_rate"),
     KnobSpec("optimizer", "optim", TRL_OPTIMIZERS.__getitem__),
     KnobSpec("weight_decay", "weight_decay"),
@@ -101,6 +108,75 @@ NOT_ONE_TO_ONE: dict[str, str] = {
 """GRPOConfig fields :func:`~.launch.trl_args` maps by hand, and why no row can."""
 
 _BY_LAB = {knob.lab_name: knob for knob in KNOBS}
+
+
+@dataclass(frozen=True)
+class ISModeSpec:
+    """``is_correction`` = ``value`` is stock TRL's vLLM importance sampling with
+    ``vllm_importance_sampling_mode`` = ``f"{level}_{constraint}"`` (``level`` the kit's ``level``, also TRL's
+    ``importance_sampling_level``) and the bounds ``clip_min`` / ``clip_max`` of the config; ``constraint``
+    None means TRL's correction off. ``levels`` / ``bands``: where TRL has an equal (else no row applies)."""
+
+    value: str
+    constraint: str | None
+    clip_min: Callable[[GRPOConfig], float | None]
+    clip_max: Callable[[GRPOConfig], float | None]
+    levels: tuple[str, ...] = ("token", "sequence")
+    bands: tuple[str, ...] = ("additive", "multiplicative")
+
+
+def _no_bound(config: GRPOConfig) -> None:
+    return None
+
+
+def _cap(config: GRPOConfig) -> float:
+    return config.is_cap
+
+
+TRL_IS_MODES: tuple[ISModeSpec, ...] = (
+    # c = 1 against α is TRL's weight π_old/α, never dropped, times its clip around 1: the multiplicative band
+    ISModeSpec("ratio", "mask", _no_bound, _no_bound, levels=("token",), bands=("multiplicative",)),
+    ISModeSpec("truncated", "truncate", _no_bound, _cap),                                 # min(ρ, C)
+    ISModeSpec("mask", "mask", lambda config: 1.0 / config.is_cap, _cap),                 # ρ·1[1/C ≤ ρ ≤ C]
+    ISModeSpec("icepop", "mask", lambda config: config.is_floor, _cap),                   # ρ·1[a ≤ ρ ≤ C]
+    ISModeSpec("none", None, _no_bound, _no_bound),                                       # c = 1 against π_k
+)
+"""One row per value of ``GRPOConfig.is_correction`` (ρ = π_k/α per token, or Π_t per sequence at
+``level="sequence"``, TRL's sum of log-ratios):
+
+============= ==================================== ===================== ===================
+is_correction ``vllm_importance_sampling_mode``     ``…_clip_min``         ``…_clip_max``
+============= ==================================== ===================== ===================
+``ratio``     ``token_mask`` (band multiplicative) None                  None
+``truncated`` ``token_truncate`` / ``sequence_…``   None                  C
+``mask``      ``token_mask`` / ``sequence_mask``    1/C                   C
+``icepop``    ``token_mask`` / ``sequence_mask``    a (``is_floor``)      C
+``none``      correction off                        —                     —
+============= ==================================== ===================== ===================
+
+TRL 1.16's own default is ``sequence_mask`` with clip_max 3 and clip_min None (its docstring still calls
+``token_truncate`` the default; the field's default is ``sequence_mask``): the weight of ``icepop`` at
+``level="sequence"``, C = 3, ``is_floor=None``. TRL pairs it with ``importance_sampling_level="token"``, the
+kit's level with GSPO's sequence ratio: the first pass's gradient is the same, the clip of later passes is
+not."""
+
+
+def trl_is_arguments(config: GRPOConfig) -> dict[str, Any]:
+    """The stock ``trl.GRPOConfig`` arguments under which TRL's loss is the kit's for ``config``'s
+    ``is_correction``, ``is_cap``, ``is_floor`` and ``level`` (:data:`TRL_IS_MODES`). Raises a ValueError naming
+    the value where TRL has no equal (``ratio`` at level sequence, or with the additive band)."""
+    (row,) = (row for row in TRL_IS_MODES if row.value == config.is_correction)
+    if config.level not in row.levels or config.band not in row.bands:
+        raise ValueError(f"is_correction = {config.is_correction!r} with level = {config.level!r} and band = "
+                         f"{config.band!r} has no TRL equal: TRL offers it at level {row.levels} with band "
+                         f"{row.bands}")
+    arguments: dict[str, Any] = {"importance_sampling_level": config.level,
+                                 "vllm_importance_sampling_correction": row.constraint is not None}
+    if row.constraint is not None:
+        arguments |= {"vllm_importance_sampling_mode": f"{config.level}_{row.constraint}",
+                      "vllm_importance_sampling_clip_min": row.clip_min(config),
+                      "vllm_importance_sampling_clip_max": row.clip_max(config)}
+    return arguments
 
 
 def trl_values(config: GRPOConfig) -> dict[str, Any]:

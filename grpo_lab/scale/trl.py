@@ -63,10 +63,11 @@ Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
 whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
 :func:`grpo_lab.grpo_objective`), the ratio diagnostics raw and as applied (``ess_token``, ``ess_seq``,
 ``ess_token_applied``, ``log_ratio_k_min`` / ``_p50`` / ``_p99`` / ``_max``, ``log_weight_min`` / … / ``_max``,
-``cap_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and TRL's
-``kl``, ``entropy``. ``is_correction`` / ``is_cap`` choose the correction
-(docs/theory.md §3): ``truncated`` is TRL's ``vllm_importance_sampling_mode="token_truncate"`` with
-``vllm_importance_sampling_clip_max`` = C, applied by the adapter, so TRL's own switch still stays off.
+``cap_frac``, ``drop_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and
+TRL's ``kl``, ``entropy``. ``is_correction`` / ``is_cap`` / ``is_floor`` choose the correction
+(docs/theory.md §3), applied by the adapter to r′ = π_k/α, so TRL's own switch stays off: each value's weight is
+the one TRL's ``vllm_importance_sampling_mode`` computes from π_old/α_vLLM
+(:data:`grpo_lab.scale.knobs.TRL_IS_MODES`).
 Evaluation samples from α too and never syncs (it would move α off its schedule).
 """
 
@@ -134,6 +135,7 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     kl_importance_weighted: bool = lab_field("kl_importance_weighted")
     is_correction: str = lab_field("is_correction")
     is_cap: float = lab_field("is_cap")
+    is_floor: float | None = lab_field("is_floor")
     sync_audit: bool = lab_field("sync_audit")
     ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
     disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
@@ -584,7 +586,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
         diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.is_correction,
-                                        self._objective.is_cap, self._objective.level)
+                                        self._objective.is_cap, self._objective.is_floor, self._objective.level)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 

@@ -51,8 +51,11 @@ KNOBS: dict[str, tuple[str, str]] = {
     "empty_step": ("empty step", "empty_step: a step with no signal is skipped, or takes an optimiser step "
                                  "on a zero gradient (optimizer_step)"),
     "band": ("band", "band: the clip interval around r′, additive (the paper) or multiplicative (TRL)"),
-    "is_correction": ("correction", "is_correction: ratio (the paper's r′ = π_k/α), truncated (min(r′, C)) "
-                                    "or none (ignore α)"),
+    "is_correction": ("correction", "is_correction: ratio (the paper's r′ = π_k/α), truncated (min(r′, C)), "
+                                    "mask (r′, 0 outside [1/C, C]), icepop (r′, 0 outside [a, C]) or none "
+                                    "(ignore α)"),
+    "is_cap": ("cap C", "is_cap: the upper bound C on r′ of truncated, mask and icepop"),
+    "is_floor": ("floor a", "is_floor: the lower bound a on r′ of icepop (mask takes 1/C)"),
     "ref_period": ("ref period", "ref_period: steps between resets π_ref ← π_θ (0: never)"),
     "optimizer": ("optimiser", "optimizer and max_grad_norm: plain SGD, or AdamW with gradient clipping"),
     "lr": ("lr", "lr: the learning rate"),
@@ -97,6 +100,9 @@ def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
         "empty_step": knob("empty_step", W.Dropdown, config.empty_step, options=list(EMPTY_STEPS)),
         "band": knob("band", W.Dropdown, config.band, options=list(BANDS)),
         "is_correction": knob("is_correction", W.Dropdown, config.is_correction, options=list(IS_CORRECTIONS)),
+        "is_cap": knob("is_cap", W.FloatSlider, config.is_cap, min=1.05, max=5.0, step=0.05),
+        "is_floor": knob("is_floor", W.FloatSlider, 0.5 if config.is_floor is None else config.is_floor, min=0.05,
+                         max=0.95, step=0.05),
         "ref_period": knob("ref_period", W.IntSlider, config.ref_period, min=0, max=100, step=5),
         "optimizer": knob("optimizer", W.Dropdown, optimizer_setting(config), options=list(OPTIMIZER_SETTINGS)),
         "lr": knob("lr", W.FloatLogSlider, config.lr, base=10, min=-3, max=1.5, step=0.1),
