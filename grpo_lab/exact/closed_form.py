@@ -21,7 +21,7 @@ c = 1; ``truncated`` base = π_k, c = min(π_k/α, C); ``none`` base = π_k, c =
 first pass g_j = −w_j A_j times r′_j, min(r′_j, C) or 1. The KL weight (``kl_importance_weighted``) is
 π_θ/base.
 
-the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
+The gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
 inside [lo, hi], bounds included, and the min keeps the smaller branch. At the
 first pass r = r′ lies inside the band, so the clip only acts when i > 1.
