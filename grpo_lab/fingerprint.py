@@ -1,33 +1,31 @@
 """Proof that a sync took: fingerprints of the weights the sampler serves against π_θ's (docs/metrics.md).
 
 After α ← π_θ, every tensor the sampler *serves* — the ones its forward reads, as they are laid out there —
-must hold π_θ's weights as the sampler should hold them: cast to the sampler's dtype, fused as it fuses
-(vLLM's ``qkv_proj`` = [q; k; v] and ``gate_up_proj`` = [gate; up] along the output
-rows), with a tied LM head resolved (the served head must equal π_θ's embedding). Each side fingerprints its
-own tensors, and only the fingerprints are compared: no weight crosses.
+must hold π_θ's weights as the sampler should hold them: cast to its dtype, fused as it fuses
+(:data:`FUSIONS`), a tied LM head resolved. Each side fingerprints its own tensors and only the fingerprints
+are compared: no weight crosses.
 
-The fingerprint of a served tensor W at the sync of step k (its served name, a *kind*, a dtype)::
+The fingerprint of a served tensor W at the sync of step k::
 
-    samples  = m samples of W drawn afresh at each sync (seeded by k and W's size, so both sides draw
-               the same without talking): blocks of 16 consecutive elements of W's flat layout; or, where
-               the engine serves W only through its product y = x·Wᵀ, a block of 4 consecutive columns,
-               read as y of 4 one-hot x (exact: each output is one weight)
-    print    = CRC-32 of the samples' bytes in the sampler's dtype      (a tensor no larger: all of it)
+    samples = m blocks of W, drawn afresh at each sync, seeded by k and W's size (both sides draw alike)
+    print   = CRC-32 of the samples' bytes in the sampler's dtype      (a tensor no larger: all of it)
 
-π_θ's side picks the same samples from its own tensors (the fused parts' where the sampler fuses), casts
-them to the sampler's dtype, and takes the same CRC. False pass at one sync: a served tensor whose differing
-bytes lie in a fraction q of its blocks matches with probability ≤ (1 − q)^d, d the independent draws (m
-blocks of elements, one block of columns: they all miss them; q is at least the share of its elements that
-differ), plus 2⁻³² (a CRC collision). One optimiser step changes (nearly) every element in float32, so a
-stale tensor is caught with certainty; a fault that persists (rows a sync never writes, an untied
-embedding's unseen tokens, one shard's columns) is drawn afresh at every sync, so it passes n syncs with
-probability ≤ (1 − q)^{dn}. A proof reads a few blocks of a tensor, not its bytes. Where both sides live
-in this process (:func:`prove_local`: the in-process samplers) the samples themselves are compared, byte for
-byte, so the CRC's 2⁻³² drops out; only an engine in another process sends CRCs.
+========== ==========================================================================================
+symbol     meaning
+========== ==========================================================================================
+block      :data:`BLOCK` consecutive elements of W's flat layout; or, where the engine serves W only
+           through y = x·Wᵀ, :data:`COLUMNS` consecutive columns, read as y of one-hot x (:data:`KINDS`)
+m          :data:`SAMPLES`, the element blocks a tensor (a matrix read by columns: one block)
+d          independent draws a sync
+q          the share of W's blocks that hold differing bytes
+P(pass)    ≤ (1 − q)^d at one sync, ≤ (1 − q)^{dn} over n syncs, + 2⁻³² for a CRC collision
+========== ==========================================================================================
 
-What it cannot see: a fused tensor whose parts were loaded in the wrong order *and* equal (never in
-practice), or weights that are right but served through a wrong layout (a kernel reading a packed matrix
-the wrong way); the behavioural probe (:mod:`grpo_lab.sync_audit`) stays as a second line for those.
+π_θ's side picks the same samples from its own tensors (the fused parts' where the sampler fuses), casts them
+and takes the same CRC. In process (:func:`prove_local`) the samples are compared byte for byte; only an
+engine in another process sends CRCs. It cannot see a fused tensor whose parts were swapped *and* equal, nor
+right weights served through a wrong layout: :mod:`grpo_lab.sync_audit` is the second line for those. Why
+the bound holds and what it means for a stale tensor: docs/internals.md#fingerprint.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ consecutive columns, aligned (16 bytes of each float32 row of π_θ's matrix, in
 at each sync. π_θ's side reads a column as one element of every row, so m single columns cost m cache misses a
 row (a gather as slow as the engine's whole product) where one block costs one, and the engine's product costs
 less with fewer one-hot inputs. The price: one draw a sync (d = 1) for a fault that spares whole columns
-(docs/benchmarks.md has the costs)."""
+(docs/decisions.md has the costs)."""
 
 KINDS = ("elements", "columns")
 """How a served tensor is sampled: elements of its flat layout (a plain tensor), or columns through the

@@ -1,43 +1,35 @@
 """Did the sync take? The second line of the sync audit: α's behaviour on a probe (docs/metrics.md).
 
-The first line proves the weights (:mod:`grpo_lab.fingerprint`): every tensor the sampler serves against
-π_θ's. This module judges behaviour instead, which catches what fingerprints cannot (right bytes served
-through a wrong layout), but only conditionally: see the end of this docstring.
-
-A sync that silently does nothing (an engine asleep during the push, weights loaded under the wrong names,
-a tied LM head left behind, a sampler whose ``sync`` forgot a tensor) leaves α at old weights while the run
-goes on as if it were fresh: r′ = π_k/α still corrects for it, so training does not fail, it just runs at a
-lag nobody chose. The audit scores a small fixed probe — a few tokens of the first batch sampled right after a
-sync, after a few tokens of their prompt (:func:`probe_of`) — with π_θ and with the sampler, once when the probe
-is taken (the reference) and after every sync.
+The first line, :mod:`grpo_lab.fingerprint`, proves the weights; behaviour also catches right bytes served
+through a wrong layout. A sync that silently does nothing leaves α at old weights while r′ = π_k/α corrects
+for it: training goes on at a lag nobody chose. The audit scores a small fixed probe (:func:`probe_of`: a few
+tokens of the first batch sampled after a sync, after a few of their prompt's) with π_θ and with the sampler,
+once as the reference and after every sync.
 
 The rule (:meth:`SyncAudit.check`), on the probe's n tokens, against the reference r::
 
-    moved    = mean_t |log π_θ − log π_θ^(r)|        how far π_θ moved since the reference
-    followed = mean_t |log α − log α^(r)|            how far α moved since the reference
-    M        = the largest mean_t |log α − log π_θ| at the reference and at every audit passed since
-               (the engine's mismatch on the probe: its numerics at equal weights)
+    moved    = mean_t |log π_θ − log π_θ^(r)|
+    followed = mean_t |log α − log α^(r)|
     moved ≤ τ + 6·M            → not judged yet; the reference stays, so the moves add up
     followed < moved / 2       → SyncError
     otherwise                  → the sync took; this audit becomes the reference
 
-τ is :data:`AUDIT_TOLERANCE` of the dtype π_θ's forward computes in. Why movement and not closeness
-(|log α − log π_θ| after the sync against before it): an engine's numerics differ from the trainer's at equal
-weights, so right after a good sync α is *not* close to π_θ when π_θ moved little, and a closeness rule fires on
-mismatch alone. Why the margin 6·M: after a good sync, α's move differs from π_θ's by at most the mismatch now
-plus the mismatch at the reference (triangle inequality), so once π_θ moved by more than 6·M, α moved by more
-than half of it whenever the mismatch now is at most 2·M; after a sync that did nothing, α did not move at all.
-The mismatch need not be independent of the move: a bfloat16 engine fed a float32 trainer's weights rounds small updates
-away, so on a few tokens α's move can be a fraction of π_θ's at one sync and a multiple of it at the next
-(docs/benchmarks.md, sync audit); the margin covers that too, at the price of judging such a run only after
-π_θ moved by several mismatches. With a float32 engine M is tiny and a sync is judged as soon as π_θ moves.
-What the rule does not catch: a sync that moves α as far as π_θ moved, but elsewhere (wrong weights loaded
-in full), nor one that misses a tensor whose change is small (α still moves more than half as far). And its
-no-false-alarm argument needs the mismatch to stay within 2·M: a bfloat16 engine fed float32 weights moved
-the batch mismatch from 0.038 to 0.725 nats a token within two steps (``results/offpolicy_split``), and at
-M ≈ 0.7 a sync is judged only after π_θ moved τ + 4.2 nats a token on the probe, effectively never. There "no
-SyncError" from this rule is no evidence that a sync took: its verdict says ``"not judged yet"``, and only
-the weights' proof stands.
+========== ==========================================================================================
+symbol     meaning
+========== ==========================================================================================
+·^(r)      the probe's log-probs at the reference
+moved      how far π_θ moved on the probe since the reference
+followed   how far α moved since the reference
+M          the largest mean_t |log α − log π_θ| at the reference and at every audit passed since:
+           the engine's mismatch at equal weights (6: :data:`MISMATCH_MARGIN`)
+τ          :data:`AUDIT_TOLERANCE` of the dtype π_θ's forward computes in
+========== ==========================================================================================
+
+Movement, not closeness: an engine's numerics differ from the trainer's at equal weights. The rule misses a
+sync that moves α as far as π_θ but elsewhere, or one that skips a tensor whose change is small; and where the
+mismatch grows past 2·M (a bfloat16 engine fed float32 weights) it may never judge: its verdict then says
+``"not judged yet"``, and only the weights' proof stands. Why, and the measured mismatch:
+docs/internals.md#sync-audit.
 """
 
 from __future__ import annotations
@@ -66,7 +58,7 @@ same short input, which is all the audit compares, for a fraction of a whole pro
 
 MISMATCH_MARGIN = 6.0
 """A sync is judged once π_θ moved by more than τ + this × the largest mismatch seen on the probe (see the
-module docstring: safe while the mismatch stays within twice that largest)."""
+docs/internals.md#sync-audit: safe while the mismatch stays within twice that largest)."""
 
 CHECKS = ("the sampler's sync (does it copy every weight into the engine that samples?)",
           "the engine's weight loading (vLLM: reload_weights / load_weights, a tied LM head)",

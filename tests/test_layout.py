@@ -224,3 +224,41 @@ def test_each_study_readme_shows_its_summary():
     for study in readme.TABLES:
         path = ROOT / "studies" / study / "README.md"
         assert path.read_text() == readme.generated_readme(study), f"{path} is stale: run python -m studies.readme"
+
+
+# ----------------------------------------------------------------------------- module docstrings
+
+DOCSTRING_HISTORY = {
+    "an issue number": re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE),
+    "a date": re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),
+    "a library version": re.compile(r"\b(?:TRL|vLLM(?:-cpu)?|torch|PyTorch|transformers|accelerate|datasets|numpy|"
+                                    r"peft|deepspeed|math-verify|reasoning-gym|Python)\s+v?\d+(?:\.\d+)*\b",
+                                    re.IGNORECASE),
+}
+"""What a module docstring must not carry: history and versions live in git and docs/, not in the library."""
+
+
+def docstring_history(text: str) -> list[str]:
+    """The issue numbers, dates and library versions in ``text``, as ``"kind: match"``."""
+    return [f"{kind}: {match.group(0)!r}" for kind, pattern in DOCSTRING_HISTORY.items()
+            for match in pattern.finditer(text)]
+
+
+def test_docstring_history_finds_issues_dates_and_versions():
+    found = docstring_history("issue 38 §1; 2026-12-02; TRL 1.16, vLLM 0.32, torch 2.13, transformers 5; "
+                              "v = 4, 16 blocks, step 2, Pass@1 0.79")
+    assert found == ["an issue number: 'issue 38'", "a date: '2026-12-02'", "a library version: 'TRL 1.16'",
+                     "a library version: 'vLLM 0.32'", "a library version: 'torch 2.13'",
+                     "a library version: 'transformers 5'"]
+
+
+def test_no_module_docstring_carries_an_issue_a_date_or_a_version():
+    """Every module docstring under grpo_lab/ says what and why; issue numbers, dates and library versions live in
+    git and docs/ (docs/decisions.md, docs/benchmarks.md, docs/internals.md). Lists every offending module."""
+    offenders = {}
+    for path in sorted(ROOT.joinpath(PACKAGE).rglob("*.py")):
+        found = docstring_history(ast.get_docstring(ast.parse(path.read_text(), str(path))) or "")
+        if found:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}, "module docstrings with history or versions:\n" + "\n".join(
+        f"  {module}: {', '.join(found)}" for module, found in offenders.items())

@@ -23,7 +23,7 @@ r′_j or c_j. The KL weight q = π_θ/base (:func:`~grpo_lab.objective.kl_weigh
 (``kl_importance_weighted``, detached) or q·(KL̂ + ∂KL̂) (``kl_weight_differentiable``). One-token responses: the
 sequence's ratio is the token's, so ``level`` changes nothing here.
 
-the gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
+The gradient of logits[x] is Σ_{j: x_j = x} g_j (onehot(y_j) − π(·|x)). u is
 autograd's rule for min(r A, clamp(r, lo, hi) A): the clamp passes the gradient
 inside [lo, hi], bounds included, and the min keeps the smaller branch. At the
 first pass r = r′ lies inside the band, so the clip only acts when i > 1.

@@ -1,36 +1,26 @@
 """Theorem 1 exactly on a real language model (docs/theory.md §4, notebook 01b).
 
-The bandit makes every quantity of Theorem 1 exact because its responses are
-few. This module gives a real LM (SmolLM2-135M) the same property by making its
-response set finite and small:
+The bandit's responses are few, so every quantity of Theorem 1 is exact. This module gives a real LM
+(SmolLM2-135M) the same property by making its response set finite and small, so that with the whole table
+π(· | x) in hand :mod:`grpo_lab.exact.bandit`'s exact functions (J, σ_α, L_α, TV, the bound) apply unchanged,
+with "arms" = answers:
 
-* **Vocabulary.** At every position the next token is restricted to
-  V′ = (``"0"`` … ``"9"``, EOS) and the softmax is renormalised over V′::
+* **Vocabulary.** At every position the next token is restricted to V′ = (``"0"`` … ``"9"``, EOS) and the
+  softmax is renormalised over V′ (constrained decoding: every other logit set to −∞)::
 
-      π_θ(v | x, y_<t) = exp(z_v / T) / Σ_{u ∈ V′} exp(z_u / T),   v ∈ V′
+      π_θ(v | x, y_<t) = exp(z_v / T) / Σ_{u ∈ V′} exp(z_u / T),   v ∈ V′,   z the model's logits
 
-  where z are the model's logits. This is the model's own next-token
-  distribution conditioned on the next token lying in V′ (constrained
-  decoding: every other logit set to −∞). It is a legitimate policy: a
-  differentiable function of θ that assigns each answer a probability, the
-  probabilities sum to 1, and sampling it is ancestral sampling with a mask.
-* **Answers.** Y = the digit strings of length m < n followed by EOS, plus the
-  digit strings of length n cut at the token limit (no EOS):
-  |Y| = Σ_{m<n} 10^m + 10^n, i.e. 1,111 answers for n = 3 tokens.
-  π(y | x) = Π_t π(y_t | x, y_<t) over y's tokens; Σ_y π(y | x) = 1 exactly
-  (at each prefix the 11 next tokens share probability 1; at the limit the
-  string stops).
-* **Reward.** r(x, y) = :func:`grpo_lab.lm.rewards.answer_reward` of y's text, the
-  same reward the LLM route trains on (1 if y ends with EOS and is the right number, else 0).
-
-With the whole table π(· | x) in hand, :mod:`grpo_lab.exact.bandit`'s exact functions
-(J, σ_α, L_α, TV, the bound) apply unchanged, with "arms" = answers.
+* **Answers.** Y = the digit strings of length m < n followed by EOS, plus the digit strings of length n cut at
+  the token limit (no EOS), so |Y| = Σ_{m<n} 10^m + 10^n. π(y | x) = Π_t π(y_t | x, y_<t) over y's tokens, and
+  Σ_y π(y | x) = 1 exactly.
+* **Reward.** r(x, y) = :func:`grpo_lab.lm.rewards.answer_reward` of y's text, the same reward the LLM route
+  trains on (1 if y ends with EOS and is the right number, else 0).
 
 ====================== ================= ===========================================
 symbol                 shape             meaning
 ====================== ================= ===========================================
 V′ (``vocab_ids``)     ``[11]``          token ids of ``"0"``…``"9"`` then EOS
-n (``max_tokens``)     int               tokens per answer at most (3)
+n (``max_tokens``)     int               tokens per answer at most (3 by default)
 N                      int               |Y|, answers (1,111 for n = 3)
 ``tokens``/``mask``    ``[N, n]``        answers as indices into V′ / real tokens
 ``prefix``             ``[N, n]``        index of the prefix y_<t each token follows
@@ -38,6 +28,8 @@ cond                   ``[C, Π, 11]``    log π(v | x, prefix), Π = Σ_{m<n} 1
 log π(y | x)           ``[C, N]``        :func:`sequence_logprobs`
 r(x, y)                ``[C, N]``        reward table
 ====================== ================= ===========================================
+
+Why this is a legitimate policy and why the probabilities sum to 1: docs/internals.md#digits-lm.
 """
 
 from __future__ import annotations

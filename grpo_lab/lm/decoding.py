@@ -1,9 +1,9 @@
 """α's decoding forward behind one seam, :class:`Decoder`: prefill the P prompts, repeat each prompt's keys
 and values G times, then step one token per row. :class:`ModelDecoder` runs the model's own forward.
 
-A hand-written forward for Llama-family models (fused products, a C++ GEMM kernel, weights on 2 MiB
-pages) was measured and removed: it saved no more than 3 % of a whole loop step, measured alone
-(``benchmarks/decoding.py``; figures in docs/benchmarks.md).
+A hand-written forward for Llama-family models (fused products, a C++ GEMM kernel, packed weight pages) was
+measured and removed: it saved too little of a whole loop step (``benchmarks/decoding.py``; the figures:
+docs/internals.md#decoding).
 """
 
 from __future__ import annotations

@@ -1,64 +1,36 @@
 """Memory guard: estimate an LLM run's peak memory before it starts; plan a smaller micro-batch or refuse.
 
-A run that does not fit is killed by the kernel's OOM killer (CPU) or stops with
-CUDA out-of-memory — minutes into loading and sampling, often taking the
-notebook kernel with it. :func:`plan_memory` runs inside
-:func:`grpo_lab.lm.build.build_loop`, once π_θ is loaded and before anything
-else is allocated: it estimates the bytes the run will add, compares them with
-what the device has available, and either plans a smaller micro-batch (printing
-why) or raises a ValueError stating estimate vs available.
+:func:`plan_memory` runs inside :func:`grpo_lab.lm.build.build_loop`, once π_θ is loaded and before anything
+else is allocated: it estimates the bytes the run will add, compares them with what the device has available,
+and either plans a smaller micro-batch (printing why) or raises a ValueError stating estimate vs available,
+instead of an out-of-memory kill minutes into the run.
 
-What a run adds to π_θ's weights W (already resident when the guard runs)::
+What a run adds to π_θ's weights W (already resident), sampling and training added, not overlapped::
 
     new = α + π_ref + gradients + optimiser + autocast + overhead + sampling + training
 
-Sampling and training happen one after the other, but the measured CPU peaks
-exceed what a max() of the two allows (the allocator keeps freed memory), so
-their bytes are added, not overlapped.
+=========== ================================================== ==============================
+part        bytes                                              held
+=========== ================================================== ==============================
+α           W (HFSampler's deep copy)                          always
+π_ref       W                                                  β > 0
+gradients   W_train                                            from the first backward
+optimiser   2·W_train (AdamW's m and v, the parameters' dtype) AdamW (SGD keeps none)
+autocast    W_train·b_c/b (autocast's copies of the weights)   mixed precision (b_c < b)
+overhead    c_W·W (allocator slack, weights paged in,          always
+            gradient temporaries)
+sampling    2·L·B·S·n_kv·d_head·b (KV cache)                   while sampling
+            + P·Lp·(4H + 3I)·b (one prefill layer)
+            + (b + 20)·B·V (one decoding step's logits)
+            + :data:`HEAP_RETENTION`·B·T·V (the C heap's)
+training    m·S·L·((10H + 4I)·b + 2·n_head·S·b) (activations)  one micro-batch's forward
+            + 3·4·m·T·V (float32 logits, gradient, softmax)    and backward
+=========== ================================================== ==============================
 
-=============== ============================================== ==========================
-part            bytes                                          held
-=============== ============================================== ==========================
-α               W (HFSampler's deep copy)                      always
-π_ref           W                                              β > 0
-gradients       W_train                                        from the first backward
-optimiser       2·W_train: AdamW's m and v, kept by torch in   AdamW (SGD keeps none)
-                the parameters' dtype
-autocast        W_train·b_c/b: the b_c-byte copies of π_θ's    mixed precision (b_c < b),
-                weights ``torch.autocast`` keeps through a     one forward and backward
-                forward and its backward
-overhead        c_W·W (calibrated: allocator slack, weights    always
-                paged in, gradient temporaries)
-sampling        2·L·B·S·n_kv·d_head·b (KV cache)               while sampling
-                + P·Lp·(4H + 3I)·b (one prefill layer)
-                + (b + 20)·B·V (one decoding step: logits,
-                float32 log-softmax, float64 CDF and its copy)
-                + 8·B·T·V (the C heap's retention, below)
-training        m·S·L·((10H + 4I)·b + 2·n_head·S·b)            one micro-batch's forward
-                (activations kept for backward)                and backward
-                + 3·4·m·T·V (float32 logits, their gradient,
-                log-softmax temporaries)
-=============== ============================================== ==========================
-
-B = P·G sequences (P prompts), Lp the longest prompt (tokens), T = ``max_completion_length``,
-S = Lp + T, m the micro-batch, b bytes per weight element (activations and the KV cache are counted at b
-also under mixed precision, where they take b_c: an over-estimate); L, H, I, V, n_head,
-n_kv, d_head from the model's config. The activation count 10H + 4I per token
-and layer is a Llama-style decoder layer's saved tensors (two RMSNorms, q/k/v/o
-inputs, rotary copies, SwiGLU's four I-wide tensors).
-
-The sampler (:class:`~grpo_lab.lm.sampling.HFSampler`) prefills each prompt once, repeats its cache G
-times and decodes one token per forward, keeping only the drawn tokens and their log α: the tensors it
-holds at once are the cache and one step's vocabulary-wide ones, whatever T (``generate`` kept every
-step's scores). Its resident memory on a CPU can still grow with T: glibc's heap serves each step's
-B·V-sized tensors below its adaptive mmap threshold and keeps what they leave: up to 4.75 bytes per
-B·V entry and decoded step beyond the tensors in seven fresh processes (docs/benchmarks.md), as much as
-``generate``'s kept float32 scores (4·B·T·V), so the estimate budgets 8·B·T·V for it. With
-``MALLOC_MMAP_THRESHOLD_`` set (say to 1 MiB) the heap keeps none and the measured peak is the tensors
-alone; ``tests/test_memory_guard.py`` checks both.
-Calibration: see CALIBRATION (re-measure the whole run with ``tests/reliability_report.py``;
-docs/benchmarks.md has the figures). On a GPU the caching allocator wastes less, so the CPU-fitted
-overhead makes the estimate conservative there.
+B = P·G sequences (P prompts), Lp the longest prompt, T = ``max_completion_length``, S = Lp + T, m the
+micro-batch, b bytes per weight element (b_c under autocast), c_W = :data:`C_OVERHEAD_W`; L, H, I, V,
+n_head, n_kv, d_head from the model's config (:class:`ModelShape`). Why each term, the heap's retention and
+the calibration (:data:`CALIBRATION`): docs/internals.md#memory-guard.
 """
 
 from __future__ import annotations
@@ -77,7 +49,7 @@ C_OVERHEAD_W = 2.45
 """What the measured peaks exceed the other parts by, at most, in units of W (see CALIBRATION)."""
 HEAP_RETENTION = 8
 """Bytes per B·V entry and decoded step that the C heap may keep from the sampler's per-step tensors: above
-the most measured, 4.75 (the module docstring; docs/benchmarks.md has the measurements)."""
+the most measured, 4.75 (docs/internals.md#memory-guard; docs/decisions.md, Memory)."""
 BUDGET_FRACTION = 0.9
 """Plan to use at most this share of the available memory (other processes, estimate error)."""
 CALIBRATION = (
@@ -277,8 +249,8 @@ def gib(n: int) -> str:
 def return_freed_memory() -> None:
     """Collect garbage, then hand the C heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op
     where there is none): what a notebook cell calls after dropping a finished run, so its RSS falls before
-    the next run allocates. Without it glibc keeps the freed tensors' pages (the retention in the module
-    docstring), and a later run's peak lands on top of them."""
+    the next run allocates. Without it glibc keeps the freed tensors' pages (:data:`HEAP_RETENTION`;
+    docs/internals.md#memory-guard), and a later run's peak lands on top of them."""
     import ctypes
     import ctypes.util
     import gc

@@ -5,35 +5,31 @@ Definitions (precise, because the reward is the experiment):
 * **extracted answer** of a completion: the contents of its last well-formed
   ``\\boxed{...}``; if it has none, its last number (``-?`` digits, thousands
   groups ``1,234`` allowed, optional decimals); if neither, no answer.
-* **plain number**: after removing spaces and ``$``, a decimal such as
-  ``-12``, ``3.50``, ``1,234`` or a ratio of two such as ``1/2``.
+* **plain number**: after removing spaces and ``$``, a decimal or a ratio of two (``1/2``).
 * **answers match** when both are plain numbers with the same exact value
-  (``Fraction`` arithmetic: ``0.5 == 1/2``, ``72 == 72.0``, no rounding), or
-  they are the same string, or otherwise ``math_verify.verify`` says so
-  (``\\frac{1}{2}`` vs ``0.5``, ``(x+1)^2`` vs ``x^2+2x+1``), given at most
-  ``timeout`` seconds; a timeout or an answer over MAX_VERIFY_CHARS is a
-  mismatch.
+  (``Fraction`` arithmetic, no rounding), or they are the same string, or otherwise
+  ``math_verify.verify`` says so, given at most ``timeout`` seconds; a timeout or an
+  answer over MAX_VERIFY_CHARS is a mismatch.
 * **finished**: the completion ended with a stop (EOS) token within its token
   budget; one cut at the budget is **truncated** (:func:`finished_completions`).
 * **strict answer**, in the form the prompt asks for
   (:data:`grpo_lab.lm.tasks.ANSWER_INSTRUCTIONS`): ``number``: the whole
   completion, stripped of surrounding whitespace and of one trailing period,
   is one number (``-?`` digits, thousands groups, optional decimals, optional
-  ``/`` and a second such number), so ``"8"``, ``"8."``, ``" 8\\n"``, ``"1,234"``
-  pass and ``"6 + 2 = 8"``, ``"8 apples"``, ``"The answer is 8"``, ``"6 2"``,
-  ``"8.."``, ``"$8"``, ``"\\boxed{8}"`` do not; ``boxed``: the contents of the
-  last ``\\boxed{...}``, with no fallback to the last number.
+  ``/`` and a second such number); ``boxed``: the contents of the last
+  ``\\boxed{...}``, with no fallback to the last number.
 * **strict reward** (:func:`strict_reward`) = 1 if the completion finished and
   its strict answer matches the gold, else 0. **lenient reward**
   (:func:`lenient_reward`) = 1 if its extracted answer matches, finished or
-  not. Lenient credits run-ons (``"6 + 2 = 8 +"``), operand echoes and wrong
-  equations whose last number happens to be the gold; strict does not.
+  not: it also credits run-ons, operand echoes and wrong equations whose last
+  number happens to be the gold.
 * **format reward** = 1 if the completion has a strict answer (the requested form).
   :func:`answer_reward` = 1 if correct under ``scoring`` (``"strict"`` or
   ``"lenient"``), else ``format_weight`` × format (under strict, only if finished).
 
 Where math-verify is needed, :func:`answers_match` asks the process's worker (:mod:`grpo_lab.lm.verifier_pool`:
-why a worker process, its timeouts and its counts).
+why a worker process, its timeouts and its counts). Worked examples of each definition:
+docs/internals.md#rewards.
 """
 
 from __future__ import annotations

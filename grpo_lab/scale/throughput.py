@@ -12,8 +12,9 @@ lag 0           :func:`log_ratio_at_lag0`: log r′ right after a sync, α ≠ �
 split           staleness log(π_k/π_sync) vs mismatch log(π_sync/α) along short runs,
                 vLLM in bf16 / fp32 and HF (``experiments/offpolicy_split.py`` writes
                 :func:`split_path`; :func:`split_summary`, :func:`split_table`)
-paper           the same model fitted to the 7B colocate run (0.02828 vs 0.03828
-                iter/s, PAPER): predicted speed-up against v and against model size
+paper           the same model fitted to the paper's 7B colocate rates
+                (:data:`~grpo_lab.scale.costmodel.PAPER_ITERS_PER_SECOND`): predicted
+                speed-up against v and against model size
 full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.scale.launch`
                 (8 GPUs); :func:`colocate_table` sets their iter/s beside the PAPER's
 figures         :mod:`grpo_lab.viz.throughput` draws these numbers

@@ -1,50 +1,29 @@
-"""First-passage times to a target, and how two arms' times compare (issue 38 §1). Pure functions, no I/O.
+"""First-passage times to a target, and how two arms' times compare. Pure functions, no I/O.
 
-A unit's curve is exact J (:mod:`grpo_lab.exact.strict_j`) at its evaluations, keyed by training seconds: the
-untrained J at 0, then one evaluation at the first step boundary at or after every mark (30 s, 60 s, … up to the
-budget B), with the clock paused while it runs. Per target level:
+A unit's curve maps training seconds to J at its evaluations (exact J, :mod:`grpo_lab.exact.strict_j`, in the
+study that uses it). A unit that misses a target trains on to the budget B, so the censoring is administrative:
+min(T, B) is observed for every seed, reached or not. Per target level:
 
-**First passage** (:func:`first_passage`): the training seconds of the first evaluation with J ≥ the target;
-None if no evaluation reaches it (censored: the unit ran to the budget without reaching it). No interpolation
-between evaluations: J is only known where it was evaluated, and interpolating noisy curves is what decided the
-old statistic by rounding. So a time is the end of the interval in which the target was first met: every arm's
-times are quantised by the same 30 s grid (plus at most one step: an evaluation waits for the step in flight).
+=============== ===========================================================================================
+symbol          meaning
+=============== ===========================================================================================
+T               first passage (:func:`first_passage`): the training seconds of the first evaluation with
+                J ≥ the target, no interpolation; None (censored) if none reaches it
+min(T, B)       restricted time (:func:`restricted_times`): a miss counts as B
+ratio           :func:`time_ratio`: mean min(T, B) over the arm's seeds / the same over the reference's
+bound           what the ratio is against the ratio of mean times (:func:`censoring_bound`): ``exact`` (no
+                seed censored), ``upper`` (only the reference has censored seeds), ``lower`` (only the
+                arm), ``neither`` (both)
+interval        percentile bootstrap over seeds, each arm resampled on its own: :data:`RESAMPLES` draws
+                seeded by :data:`BOOTSTRAP_SEED`, at least :data:`MIN_SEEDS` seeds an arm, level :data:`LEVEL`
+S(t), median    Kaplan–Meier survival and median (:func:`kaplan_meier`, :func:`km_median`), reported per arm
+                beside the ratio with :func:`reached_share`
+=============== ===========================================================================================
 
-**Censoring is administrative.** A unit that does not reach a target trains to the budget (only a unit that has
-reached every target may stop early), so every censored seed is followed to B. Then min(T, B) is *observed*
-for every seed, reached or not, and needs neither imputation nor a model of the censoring.
-
-**The time ratio** (:func:`time_ratio`) of an arm against the reference (TRL) is the ratio of **restricted
-mean** first-passage times at the budget, mean(min(T, B)) over the arm's seeds / the same over the reference's
-(a censored seed enters as B). Why this rule, not the mean or the median:
-
-* the mean of T is undefined once a seed is censored; the restricted mean is defined for every set of seeds;
-* the ratio of Kaplan–Meier medians is undefined whenever half an arm's seeds miss the target (TRL's ~21 s steps
-  make that likely within 600 s), and a bootstrap of medians of 5 seeds takes only a handful of values;
-* it is exact under administrative censoring (above) and uses every seed;
-* it is a statement about the budget only: "mean training seconds to the target, a miss counted as B". Where
-  the reference misses in some seeds, its restricted mean is smaller than its unrestricted mean would be; the
-  ratio is reported with both arms' reached shares beside it so that a reader sees this.
-
-**What the ratio bounds** (``bound``): the restricted mean of an arm with a censored seed is below its mean
-first-passage time (that seed's T is over B), so against the ratio of mean times the restricted ratio is
-``"exact"`` when no seed of either arm is censored, an ``"upper"`` bound when only the reference has censored
-seeds (the arm is at least this much faster), a ``"lower"`` bound when only the arm has, and ``"neither"`` when
-both have. The table prints ``≤`` / ``≥`` before a bound.
-
-It is **not resolved** (None) when neither arm reached the target in any seed (both restricted means are B by
-construction: "1.0" would be invented), or when the reference's restricted mean is 0 (a target at or below the
-untrained J). The Kaplan–Meier median (:func:`km_median`) and the share reached (:func:`reached_share`) are
-reported per arm beside the ratio.
-
-**The interval** (:func:`time_ratio`): a percentile bootstrap over seeds, resampling each arm's seeds with
-replacement on its own (the arms share seed numbers, not randomness: nothing pairs them), :data:`RESAMPLES`
-resamples from a generator seeded with :data:`BOOTSTRAP_SEED` (the same stream for every comparison, so one
-ratio does not depend on which others were computed). It is not resolved (None) with fewer than
-:data:`MIN_SEEDS` seeds in either arm (too few distinct resamples: 3 seeds give 10), or when at least
-(1 − level)/2 of the resamples drew no reached seed in either arm: such a resample's ratio is 1 by construction,
-so an end of the interval could be that artefact. With 5 seeds a percentile interval covers less than its
-nominal 95 %; it is a description of the spread over seeds, not a test.
+The ratio is not resolved (None) when neither arm reached the target in any seed, or when the reference's
+restricted mean is 0; its interval, with fewer than :data:`MIN_SEEDS` seeds in an arm or when at least
+(1 − level)/2 of the resamples drew no reached seed in either arm. Why the restricted mean and not the mean or
+the median, and what the interval is and is not: docs/internals.md#first-passage.
 """
 
 from __future__ import annotations
@@ -58,7 +37,7 @@ import numpy as np
 RESAMPLES = 10_000
 """Bootstrap resamples per ratio."""
 BOOTSTRAP_SEED = 38
-"""The bootstrap generator's seed (the issue's number), fixed before any unit ran."""
+"""The bootstrap generator's seed, fixed before any unit ran: the same stream for every comparison."""
 LEVEL = 0.95
 MIN_SEEDS = 3
 """Seeds each arm needs for an interval."""
@@ -66,7 +45,7 @@ MIN_SEEDS = 3
 
 def first_passage(curve: Mapping[float, float], target: float) -> float | None:
     """The training seconds of the first evaluation of ``curve`` (training seconds → J) with J ≥ ``target``;
-    None if none reaches it. No interpolation (module docstring)."""
+    None if none reaches it. No interpolation (docs/internals.md#first-passage)."""
     for seconds in sorted(curve):
         if curve[seconds] >= target:
             return float(seconds)

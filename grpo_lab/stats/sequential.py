@@ -1,12 +1,9 @@
 """Group-sequential tests over seeds: look at the data at a few fixed seed counts, stop a comparison once it is
 decided, and keep the overall error at α.
 
-A study that adds seeds and looks after each batch tests the same hypothesis several times; at a fixed
-level each look would add its own chance of a false verdict. An **α-spending function** a(t) fixes in advance
-how much of the level is spent by the information fraction t = n / n_max; the boundary c_k of look k is the
-z for which the chance, under the null, of first crossing at look k is a(t_k) − a(t_{k−1}). Lan and DeMets'
-O'Brien–Fleming-type function spends almost nothing early (c_1 ≈ 3.7 at t = 0.4 for α = 0.05, two-sided) and
-leaves the last look near the fixed-n value (≈ 2.0).
+An α-spending function a(t) (:func:`obf_spending`, Lan and DeMets' O'Brien–Fleming type) fixes in advance how
+much of the level is spent by the information fraction t; the boundary c_k of look k is the z for which the
+chance, under the null, of first crossing at look k is a(t_k) − a(t_{k−1}) (:func:`boundaries`, on a grid).
 
 =========== ===================================================================================
 symbol      meaning
@@ -15,17 +12,15 @@ t_k         information fraction of look k: n_k / n_max (seeds in / the maximum)
 a(t)        level spent by t: 2 (1 − Φ(z_{1 − a/2} / √t)), a(1) = a
 c_k         look k's z boundary (one-sided: Z_k ≥ c_k; two-sided: |Z_k| ≥ c_k)
 c_k^t       the same tail probability on Student's t with n_k − 1 df: t_{n_k − 1}^{-1}(Φ(c_k))
+            (:func:`t_boundary`)
 d̄, se       the paired differences' mean and standard error over n_k seeds
 RCI_k       repeated confidence interval d̄ ± c_k^t · se (two-sided level a): it covers the true
             difference at every look at once with probability ≥ 1 − a
 =========== ===================================================================================
 
-The boundaries come from the joint law of the z statistics under the null (a Brownian motion observed at
-t_1 < t_2 < …), integrated on a grid (:func:`boundaries`); the t conversion is the usual small-sample
-correction (Jennison & Turnbull, *Group Sequential Methods*, §3.8), checked against simulation in the tests.
 An equivalence test (TOST) at level a rejects |d| ≥ m at look k when both one-sided statistics
 (d̄ + m)/se and (m − d̄)/se reach the one-sided boundary: equivalently, when the (1 − 2a) RCI lies inside
-(−m, m).
+(−m, m). Why spend α, the boundaries' shape and their computation: docs/internals.md#group-sequential-tests.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def whitening_figure(batch: GroupBatch) -> go.Figure:
 
 def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float) -> go.Figure:
     """f_ε(r, r′, A) against r for several r′: rows A = +1 / A = −1, columns additive / multiplicative band;
-    dashed in the multiplicative column, TRL 1.16 as it applies that band (zero when r′ > its cap of 3)."""
+    dashed in the multiplicative column, TRL as it applies that band (zero when r′ > its cap of 3; the release
+    checked: :data:`grpo_lab.scale.trl_surface.VERIFIED_TRL`)."""
     fig = make_subplots(rows=2, cols=2, shared_xaxes=True, horizontal_spacing=0.08, vertical_spacing=0.1,
                         subplot_titles=["additive band, A = +1", "multiplicative band (dashed: TRL), A = +1",
                                         "additive band, A = −1", "multiplicative band (dashed: TRL), A = −1"])
