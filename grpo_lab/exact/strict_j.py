@@ -6,53 +6,14 @@ so the probability of drawing it is computed, not sampled::
 
     J(x) = Σ_{y accepted} α′(y | x),   α′(y | x) = Π_t α′(y_t | x, y_<t)
 
-where α′ is the run's sampling distribution: softmax(logits / T) cut by top-k, then top-p, and
-renormalised (:func:`grpo_lab.lm.sampling.truncate_logprobs`, the sampler's own cut).
-
-**The walk.** The token tree of completions is walked from the prompt, depth by depth, every question of a
-batch at once, each node a row of one KV cache (a node's children reuse its keys and values). A node is a
-token prefix y_<t with probability p and decoded text s (and pending bytes, below). At each node:
-
-* stop: p · Σ_{e ∈ stop ids} α′(e | x, y_<t) is added to J_low if s is accepted and no byte is pending
-  (every stop id counts);
-* children: only tokens whose text can appear in an accepted completion (:class:`AnswerTokens`): digits,
-  whitespace, ``.,-``, merged ones such as ``" 1"`` or ``"1."``, special tokens, which decoding drops, and
-  bytes of a multi-byte space.
-  A child s + text that no continuation can make accepted is dropped (its mass is rejected mass);
-  a child whose probability p · α′ is below ``threshold`` is **pruned**: its mass is added to ``pruned``;
-  the others are expanded at the next depth (until depth T_max − 1: a stop must fit within T_max);
-* a token that holds part of a multi-byte character is read as bytes (the tokenizer's byte-level alphabet,
-  :func:`token_bytes`; decoding joins the bytes of consecutive tokens). A node carries, besides its text s,
-  its pending bytes: a proper prefix of a multi-byte Unicode space's UTF-8 (``str.strip`` removes those,
-  :data:`MULTI_BYTE_SPACES`). A child's bytes, after the pending ones, must decode to whole characters, then
-  leave at most such a prefix pending (:func:`extend_bytes`); if the text can still become accepted (with a
-  space that completes what is pending), it is a child like any other. Any other token (a lone continuation
-  byte, a byte that breaks the pending character or completes a character that is no space) puts U+FFFD or a
-  non-answer character into the text: its mass is rejected. A stop at a node with pending bytes decodes to
-  U+FFFD, so it is never accepted. A token whose bytes cannot be read is pruned at every node (the bound
-  stays certified).
-
-So J_low ≤ J ≤ J_low + pruned, per question: ``pruned`` is a certified bound, not an estimate. Every
-tokenization of an accepted string is counted, because the walk is over tokens, not strings.
-
-**What the certificate is relative to.** Three conditions, none of which the bound itself covers:
-
-* α′ is the walk's own forward: the model in its loaded dtype (float32 for the kit's CPU runs), batched over the
-  walk's nodes with a KV cache. The sampler's forwards (other batch shapes, other kernels, vLLM, bfloat16) give
-  log-probabilities that differ in the last bits or more, so J is certified for the walk's α′, not bit for bit
-  for the distribution a sampler draws from.
-* The top-p cut keeps whole ties (:func:`grpo_lab.lm.sampling.truncate_logprobs`: a token equal to the last kept
-  one is kept), where vLLM's and Hugging Face's keep only the part of a tie that their sort put last; where the
-  cut falls inside a tie, the walk's α′ is not those engines'.
-* "Decoding is concatenation" (the walk scores a node by the concatenation of its tokens' texts) is checked on
-  every pair of candidate tokens of one or two characters (:func:`answer_tokens`) and on the tokens of every
-  accepted leaf (``check_decoding``), not on every node: a tokenizer whose decoding of longer or rejected
-  sequences departs from concatenation would go unnoticed there.
-
-**Refinement.** A question whose pruned mass exceeds ``max_pruned`` (default 1e-3) is walked again at τ/10,
-and again, down to τ = :data:`THRESHOLD_FLOOR`: a confident trained policy spreads its leftover mass over
-hundreds of viable tokens (whitespace, ``.``) each below τ, so one τ cannot suit every policy, and re-walking
-only those questions costs little. The τ each question ended at is returned.
+where α′ is the run's sampling distribution: softmax(logits / T) cut by top-k, then top-p, and renormalised
+(:func:`grpo_lab.lm.sampling.truncate_logprobs`). The token tree of completions is walked from the prompt, every
+question of a batch at once, each node a row of one KV cache; a branch that can no longer be accepted is rejected
+mass, a branch below the threshold τ is **pruned**, so J_low ≤ J ≤ J_low + pruned per question: a certified
+bound, relative to the walk's own float32 forward, its tie-keeping top-p cut and "decoding is concatenation"
+(checked on short pairs and accepted leaves). A question whose pruned mass exceeds ``max_pruned`` is walked again
+at τ/10, down to :data:`THRESHOLD_FLOOR`. The walk, the multi-byte rules and the three conditions of the
+certificate in full: docs/internals.md#exact-j.
 
 ===================== ============ =================================================================
 name                  shape        meaning

@@ -1,74 +1,26 @@
-"""Off-policy GRPO at scale (docs/theory.md §5): TRL's ``GRPOTrainer`` with a lagged sampler α.
+"""Off-policy GRPO at scale: TRL's ``GRPOTrainer`` with a lagged sampler α and the kit's maths.
 
-TRL 1.16 pushes π_θ to vLLM before *every* generation, clips π/π_old around
-the detached ratio multiplicatively, keeps zero-variance groups in the loss and,
-by default, zeroes whole sequences whose π_old/α exceeds 3. This adapter runs
-Algorithm 1 instead, with the lab's maths (:func:`grpo_lab.grpo_objective`):
+Stock TRL pushes π_θ to vLLM before every generation; :class:`OffPolicyGRPOTrainer` runs Algorithm 1 instead:
+α ← π_θ only when the kit's sync schedule says so, the loss is :func:`grpo_lab.grpo_objective` with the step plan
+of :func:`grpo_lab.plan.plan_step` (whitening, zero-variance mask, empty steps), and every sync is proved by the
+sync audit. Without vLLM an in-process frozen copy of the model is α, so v works on a CPU.
 
-* α ← π_θ when the lab's sync schedule (:func:`grpo_lab.schedules.make_sync_schedule`)
-  says so: at steps k with k % v == 0 (``vllm_sync_interval`` = v), or with
-  ``sync="adaptive"`` when the drift of the last step passed ``sync_threshold``, and at
-  least every v steps; in one place, :meth:`OffPolicyGRPOTrainer._sync_sampler`.
-  vLLM's prefix cache is reset only by real syncs. Without vLLM, generation comes from an in-process frozen
-  copy α of the model, refreshed by the same schedule (so v works on a CPU);
-  log α of the sampled tokens costs one extra no-grad forward of the copy.
-* ``top_p`` / ``top_k`` (TRL's fields) truncate α's sampling, and log α is then the truncated,
-  renormalised α′: vLLM's processed log-probs, or without vLLM the copy's logits cut as ``generate``
-  cut them (:meth:`OffPolicyGRPOTrainer._alpha_logps`). log π_θ and log π_k stay the full
-  distribution's, so r′ ≠ 1 even at lag 0 (docs/theory.md §3, *Truncated sampling*).
-* ``clip_band``: ``additive`` [max(r′−ε, 0), r′+ε] (paper) or ``multiplicative``
-  r′(1±ε) (TRL), r′ = π_k/α. The ratio r = π_θ/α already corrects for the lag,
-  so TRL's ``vllm_importance_sampling_correction`` must stay off.
-* ``zero_variance_mask``: groups whose G rewards agree drop out of the loss's
-  terms (surrogate and KL) and, with ``mask_normalize="unmasked"``, of its
-  denominator too (``"batch"``, the default, keeps them there as zeros: the paper's
-  E_x[m(x)·(…)]). The mask and the advantages come from the rewards gathered
-  over all processes, so a group split between processes is handled whole; the
-  loss weights are normalised over the whole generation batch of every process,
-  so micro-batching and data parallelism give the one-process loss exactly.
-* The KL term (β > 0): TRL's ``use_bias_correction_kl`` is the kit's ``kl_weight_differentiable``, k3 times
-  π_θ/base *with* its gradient (TRL's non-detached ``coef_1``), whose gradient is the reverse KL's,
-  ∇KL(π_θ ‖ π_ref); off (the default here, where TRL's is on), k3's own gradient, the forward KL's.
-  ``kl_importance_weighted`` (the detached weight, same gradient as unweighted on-policy) has no TRL field and
-  keeps its name (docs/theory.md §3, *The KL's weight and TRL*).
-* Advantages are the paper's whitening (:func:`grpo_lab.whiten`), not TRL's
-  ``std + 1e-4``; rewards (weighted sum over reward functions) must lie in [0, 1]
-  (docs/theory.md §1). π_ref is reset by TRL's ``sync_ref_model`` with mix-up 1.
-* One step plan (:func:`grpo_lab.plan.plan_step`, the loop's and the bandit engine's) over the
-  gathered batch decides the advantages, the mask, the loss weights and what a step with no
-  signal does (``empty_step``): ``"skip"`` drops its gradients before the optimiser step
-  (under DeepSpeed it is only recorded, see ``_SkipEmptyStep``), ``"optimizer_step"`` steps.
-* After every sync, the sync audit (``sync_audit``) proves that α took π_θ's weights: fingerprints of every
-  tensor α serves against π_θ's (:mod:`grpo_lab.fingerprint`, on every process, where it can run: see
-  :meth:`OffPolicyGRPOTrainer._prove_sync`); then, as a second line (:mod:`grpo_lab.sync_audit`), a few
-  tokens of the first training batch, scored by π_θ and by α (the copy, or the colocated engine), one small
-  forward each; a sync that did not take raises ``SyncError``. Not with a vLLM server or sleep mode (a
-  warning says so). ``offpolicy_split`` is not offered here
-  (:data:`grpo_lab.scale.knobs.NOT_ONE_TO_ONE` says why).
+================================== =====================================================================
+TRL side                           the kit's
+================================== =====================================================================
+``vllm_sync_interval``             v (k % v == 0), or ``sync="adaptive"``
+``clip_band``                      additive (paper) or multiplicative (TRL) band around r′ = π_k/α
+``zero_variance_mask``             groups whose G rewards agree leave the loss
+``is_correction``, ``is_cap``,     the correction on r′ (:data:`grpo_lab.scale.knobs.TRL_IS_MODES` maps each value
+``is_floor``                       to TRL's ``vllm_importance_sampling_*``, which stays off here)
+``use_bias_correction_kl``         ``kl_weight_differentiable``: the reverse-KL gradient of k3
+``sync_audit``                     fingerprints of every tensor α serves, then a few tokens scored twice
+================================== =====================================================================
 
-Step k is one generation batch: ``global_step = k · num_iterations`` when it is
-drawn (``steps_per_generation`` must equal ``gradient_accumulation_steps``).
-The adapter overrides ``_last_loaded_step`` (a property: TRL's own per-step vLLM push never fires),
-``_generate`` (the entry of every generation: sync when due; without vLLM, generate with α),
-``_calculate_rewards``, ``_generate_and_score_completions`` and ``_compute_loss``. Every private TRL
-member it overrides, calls, reads or patches is listed, with what it relies on, in
-:data:`grpo_lab.scale.trl_surface.SURFACE` (checked by ``tests/test_trl_surface.py``). The knobs are
-spelled once, in :data:`grpo_lab.scale.knobs.KNOBS`.
-
-Logged (prefix ``off_policy/``): ``lag`` (k − k0), ``synced``, ``sync_count``,
-``sync_seconds``, ``audit_seconds``, ``sync_proved`` (1 at a sync whose weights were proved),
-``masked_frac`` (groups with zero reward variance, masked or not), ``skipped``, ``ratio_k_mean`` /
-``ratio_k_max`` (r′ over counted tokens),
-``log_ratio_k_abs``, ``tv_estimate`` (½·mean |r′_b − 1| over sequences, r′_b the
-whole-sequence ratio), ``clip_low_frac``, ``clip_high_frac`` (as in
-:func:`grpo_lab.grpo_objective`), the ratio diagnostics raw and as applied (``ess_token``, ``ess_seq``,
-``ess_token_applied``, ``log_ratio_k_min`` / ``_p50`` / ``_p99`` / ``_max``, ``log_weight_min`` / … / ``_max``,
-``cap_frac``, ``drop_frac``: :data:`grpo_lab.objective.RATIO_DIAGNOSTICS`, per micro-batch of all processes); and
-TRL's ``kl``, ``entropy``. ``is_correction`` / ``is_cap`` / ``is_floor`` choose the correction
-(docs/theory.md §3), applied by the adapter to r′ = π_k/α, so TRL's own switch stays off: each value's weight is
-the one TRL's ``vllm_importance_sampling_mode`` computes from π_old/α_vLLM
-(:data:`grpo_lab.scale.knobs.TRL_IS_MODES`).
-Evaluation samples from α too and never syncs (it would move α off its schedule).
+Step k is one generation batch (``global_step = k · num_iterations``). The private TRL members the adapter
+overrides or reads are listed in :data:`grpo_lab.scale.trl_surface.SURFACE`; the knobs are spelled once, in
+:data:`grpo_lab.scale.knobs.KNOBS`; the logged ``off_policy/*`` metrics are docs/metrics.md's. How each part works
+(truncated α, the mask's normalisation over processes, the KL weight, what is logged): docs/internals.md#trl-adapter.
 """
 
 from __future__ import annotations
