@@ -98,16 +98,21 @@ def task_for(args: argparse.Namespace, tokens: int) -> str:
     return args.task
 
 
+def recipe_config(args: argparse.Namespace, tokens: int) -> Any:
+    """The recipe both sides run (a speed benchmark: lr 1e-6, T = 1, so little changes step to step)."""
+    from grpo_lab.lm.train_config import TrainConfig
+
+    return TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
+                       temperature=1.0, max_completion_length=tokens, train_problems=200, steps=10**6,
+                       mask_zero_variance=args.mask == "on", task=task_for(args, tokens),
+                       micro_batch_size=args.micro_batch, seed=0)
+
+
 def lab_side(args: argparse.Namespace, tokens: int) -> Side:
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
-    from grpo_lab.lm.train_config import TrainConfig
 
-    config = TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
-                         temperature=1.0, max_completion_length=tokens, train_problems=200, steps=10**6,
-                         mask_zero_variance=args.mask == "on", task=task_for(args, tokens),
-                         micro_batch_size=args.micro_batch)
-    loop = build_loop(config)
+    loop = build_loop(recipe_config(args, tokens))
     side = Side(step=lambda: None)
     n_body, n_head = weight_counts(loop.policy.model)
     rewards: list[float] = []
@@ -141,34 +146,19 @@ def lab_side(args: argparse.Namespace, tokens: int) -> Side:
 
 
 def trl_side(args: argparse.Namespace, tokens: int) -> Side:
-    from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
     from grpo_lab.lm.models import bundled_model_dir
-    from grpo_lab.lm.rewards import lenient_reward
-    from grpo_lab.lm.tasks import build_prompt, load_problems
+    from grpo_lab.lm.text_task import train_problems
+    from grpo_lab.scale.launch import stock_trl_config, stock_trl_trainer
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
-    problems = load_problems(task_for(args, tokens), 200, seed=0)
-    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer) for p in problems],
-                              "gold": [p.answer for p in problems]})
-
-    def reward(completions: list[str], gold: list[str], **kwargs: Any) -> list[float]:
-        return [lenient_reward(c, g) for c, g in zip(completions, gold, strict=True)]
-
-    rows = args.G * args.prompts
-    micro = args.micro_batch or rows       # rows per forward; the step's rows are generated at once either way
-    accumulation = rows // micro
-    config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro,
-                        gradient_accumulation_steps=accumulation,
-                        gradient_checkpointing=args.trl_checkpointing == "on",
-                        num_generations=args.G, max_completion_length=tokens, beta=args.beta,
-                        learning_rate=1e-6, num_iterations=1, use_cpu=True, bf16=False, report_to="none",
-                        save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=10**6, seed=0,
-                        temperature=1.0)
-    trainer = GRPOTrainer(model=str(bundled_model_dir()), reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer)
+    config = recipe_config(args, tokens)
+    trl_args = stock_trl_config(config, extras=dict(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, save_strategy="no", disable_tqdm=True,
+        activation_checkpointing=args.trl_checkpointing == "on"))
+    accumulation, rows = trl_args.gradient_accumulation_steps, config.G * config.prompts_per_step
+    trainer = stock_trl_trainer(config, str(bundled_model_dir()), tokenizer, train_problems(config), trl_args)
     trainer.create_optimizer_and_scheduler(num_training_steps=10**6)
     batches = iter(trainer.get_train_dataloader())
     trainer.model.train()

@@ -126,3 +126,23 @@ def test_rules_joining_knobs_apply_too(tmp_path, monkeypatch):
     off_policy_config(tmp_path, sync="adaptive", vllm_sync_interval=2)
     with pytest.raises(ValueError, match="needs v > 1"):
         off_policy_config(tmp_path, sync="adaptive", vllm_sync_interval=1)
+
+
+def test_stock_trl_config_is_built_from_the_same_values_as_the_adapters():
+    """Stock TRL's config (the studies' and the benchmarks' peer) takes every value the adapter's has a stock field
+    for, from one builder; what stock TRL is told where its defaults differ is the kit's recipe."""
+    from grpo_lab.scale.launch import STOCK_TRL_SETTINGS, stock_trl_config, trl_values_of_run
+
+    config = TrainConfig(G=4, prompts_per_step=3, lr=3e-6, beta=0.02, temperature=0.9, max_completion_length=12,
+                         loss_type="grpo", seed=7, micro_batch_size=6, output_dir="/tmp/unused")
+    stock = stock_trl_config(config)
+    shared = {f.name for f in dataclasses.fields(trl.GRPOConfig)} & set(trl_values_of_run(config, 1))
+    assert {"num_generations", "learning_rate", "beta", "epsilon", "loss_type", "optim", "temperature",
+            "per_device_train_batch_size", "gradient_accumulation_steps", "use_bias_correction_kl"} <= shared
+    for name in shared - {"report_to"}:      # TrainingArguments turns report_to = "none" into []
+        assert getattr(stock, name) == trl_values_of_run(config, 1)[name], name
+    assert stock.report_to == []
+    assert (stock.per_device_train_batch_size, stock.gradient_accumulation_steps) == (6, 2)
+    assert stock.optim == "adamw_torch" and not stock.use_bias_correction_kl      # the kit's AdamW and KL gradient
+    assert all(getattr(stock, k) == v for k, v in STOCK_TRL_SETTINGS.items()) and stock.data_seed == 7
+    assert stock_trl_config(config, extras={"max_steps": 5}).max_steps == 5

@@ -55,7 +55,63 @@ def read_result(v: int) -> dict[str, float] | None:
 
 
 def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int) -> OffPolicyGRPOConfig:
-    """The :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` of a recipe, then ``extras`` on top.
+    """The :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` of a recipe (:func:`trl_values_of_run`), then ``extras``
+    on top."""
+    from .trl import OffPolicyGRPOConfig
+
+    return OffPolicyGRPOConfig(**{**trl_values_of_run(config, num_processes), **extras})
+
+
+STOCK_TRL_SETTINGS = {"scale_rewards": "group", "disable_dropout": True}
+"""What stock TRL must be told to train as the kit does where its defaults differ: rewards whitened per group,
+dropout off (the kit's π_θ runs without dropout)."""
+
+
+def stock_trl_config(config: TrainConfig, extras: Mapping[str, Any] | None = None, num_processes: int = 1) -> Any:
+    """Stock ``trl.GRPOConfig`` for a recipe: every value of :func:`trl_values_of_run` that stock TRL has a field
+    for, :data:`STOCK_TRL_SETTINGS`, then ``extras``. The kit's own fields (v, the band, the zero-variance mask,
+    the correction, ``eps_std``, …) have no stock field, so stock TRL runs v = 1 with its own whitening and loss
+    terms: the peer the studies and the benchmarks compare against, built in this one place."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    values = {k: v for k, v in trl_values_of_run(config, num_processes).items() if k in names}
+    return GRPOConfig(**{**values, **STOCK_TRL_SETTINGS, "data_seed": config.seed, **(extras or {})})
+
+
+def stock_trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any], args: Any,
+                      callbacks: Sequence[Any] = ()) -> Any:
+    """Stock ``trl.GRPOTrainer`` on a recipe's ``problems`` (text prompts) with the strict reward, where a completion
+    has finished if it ends in one of the trainer's EOS ids; ``args``: its :func:`stock_trl_config`. ``model``: a
+    loaded model or a name TRL loads. The peer the studies and the benchmarks time and train against."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from ..lm.rewards import strict_reward
+    from ..lm.tasks import build_prompt
+
+    if config.scoring != "strict":
+        raise ValueError(f"stock TRL here scores strictly, so the recipe must too, got scoring={config.scoring!r}")
+    stop_ids: set[int] = set()
+
+    def reward(completions: list[str], completion_ids: list[list[int]], answer: list[str],
+               answer_format: list[str], **kwargs: Any) -> list[float]:
+        return [strict_reward(text, bool(ids) and ids[-1] in stop_ids, gold, form)
+                for text, ids, gold, form in zip(completions, completion_ids, answer, answer_format, strict=True)]
+
+    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
+                              "answer": [p.answer for p in problems],
+                              "answer_format": [p.answer_format for p in problems]})
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer,
+                          callbacks=list(callbacks))
+    stop_ids.update(trainer.eos_token_ids)
+    return trainer
+
+
+def trl_values_of_run(config: TrainConfig, num_processes: int) -> dict[str, Any]:
+    """A recipe's values under TRL's names: the knobs (:data:`~grpo_lab.scale.knobs.KNOBS`) and what is derived.
 
     Every knob with a TRL field comes from :data:`~grpo_lab.scale.knobs.KNOBS` (G → num_generations,
     v → vllm_sync_interval, …). The rest (:data:`~grpo_lab.scale.knobs.NOT_ONE_TO_ONE`) is derived here:
@@ -77,7 +133,6 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
     truncation, docs/theory.md §3); a constant learning rate, a log every step.
     """
     from .knobs import NOT_ONE_TO_ONE, trl_values
-    from .trl import OffPolicyGRPOConfig
 
     require_choice("kl_kind", config.kl_kind, ("k3",))
     if config.offpolicy_split:
@@ -89,7 +144,7 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
         raise ValueError(f"prompts_per_step·G = {rows} must be a multiple of micro_batch_size·processes = "
                          f"{micro}·{num_processes}")
     accumulation = rows // (micro * num_processes)
-    values = dict(
+    return dict(
         trl_values(config), per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation, max_steps=config.steps * config.i, sync_ref_model=config.ref_period > 0,
         ref_model_sync_steps=max(config.ref_period, 1) * config.i, output_dir=config.output_dir,
@@ -98,7 +153,6 @@ def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int)
         save_steps=max(config.checkpoint_every, 1) * config.i, report_to=list(config.report_to) or "none",
         top_p=config.top_p, top_k=config.top_k,
         lr_scheduler_type="constant", logging_steps=1)
-    return OffPolicyGRPOConfig(**{**values, **extras})
 
 
 def training_dataset(launch_recipe: LaunchRecipe) -> Any:

@@ -1,9 +1,9 @@
-"""TRL's ``GRPOTrainer`` on the time-to-accuracy recipe (issues 25 §5 and 38): its config, the recipe's empty-batch
+"""TRL's ``GRPOTrainer`` on the time-to-accuracy recipe: its config, the recipe's empty-batch
 rule as a callback, the trainer, and a run driven by the study's clock.
 
-``trl_config`` sets every default of TRL that differs from the recipe (loss type, constant lr, temperature,
-dropout off, gradient checkpointing off: memory does not bind here, and on it recomputes the forward), one
-batch of P·G completions per step. Stock TRL takes an AdamW step on every batch, also on a zero gradient; the
+``trl_config`` is the recipe's stock TRL config (built once, in :func:`grpo_lab.scale.launch.stock_trl_config`),
+gradient checkpointing off (memory does not bind here, and on it recomputes the forward), one batch of P·G
+completions per step. Stock TRL takes an AdamW step on every batch, also on a zero gradient; the
 ``trl`` arm drops the step of a batch with no signal (:func:`skip_empty_batch`), the loop's ``empty_step="skip"``
 rule, after TRL has run that batch's forward and backward; ``trl_every_batch`` is stock TRL.
 """
@@ -18,18 +18,14 @@ from grpo_lab.lm.train_config import TrainConfig
 
 
 def trl_config(config: TrainConfig, output_dir: str) -> Any:
-    """``trl.GRPOConfig`` for the recipe in ``config``: every default of TRL that differs is set."""
-    from trl import GRPOConfig
+    """``trl.GRPOConfig`` for the recipe in ``config`` (:func:`~grpo_lab.scale.launch.stock_trl_config`, the one
+    builder of stock TRL's config): one micro-batch of P·G completions a step, on the CPU, until the study's clock
+    stops it, with no checkpoint and gradient checkpointing off."""
+    from grpo_lab.scale.launch import stock_trl_config
 
-    return GRPOConfig(
-        output_dir=output_dir, per_device_train_batch_size=config.prompts_per_step * config.G,
-        gradient_accumulation_steps=1, num_generations=config.G, max_completion_length=config.max_completion_length,
-        learning_rate=config.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm, beta=config.beta, epsilon=config.eps_low, loss_type=config.loss_type,
-        num_iterations=config.i, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-        scale_rewards="group", disable_dropout=True, activation_checkpointing=False, use_cpu=True, bf16=False,
-        seed=config.seed, data_seed=config.seed, max_steps=10**6, report_to="none", save_strategy="no",
-        disable_tqdm=True)
+    return stock_trl_config(config.replace(micro_batch_size=None), extras=dict(
+        output_dir=output_dir, use_cpu=True, max_steps=10**6, save_strategy="no", activation_checkpointing=False,
+        disable_tqdm=True))
 
 
 def skip_empty_batch() -> Any:
@@ -53,30 +49,11 @@ def skip_empty_batch() -> Any:
 
 def trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any], output_dir: str,
                 callbacks: Sequence[Any] = ()) -> Any:
-    """``trl.GRPOTrainer`` on the recipe (:func:`trl_config`): ``problems`` as text prompts and the strict reward,
-    where a completion has finished if it ends in one of the trainer's EOS ids."""
-    from datasets import Dataset
-    from trl import GRPOTrainer
+    """``trl.GRPOTrainer`` on the recipe (:func:`trl_config`), strict reward
+    (:func:`~grpo_lab.scale.launch.stock_trl_trainer`)."""
+    from grpo_lab.scale.launch import stock_trl_trainer
 
-    from grpo_lab.lm.rewards import strict_reward
-    from grpo_lab.lm.tasks import build_prompt
-
-    if config.scoring != "strict":
-        raise ValueError(f"the TRL arm scores strictly, so the recipe must too, got scoring={config.scoring!r}")
-    stop_ids: set[int] = set()
-
-    def reward(completions: list[str], completion_ids: list[list[int]], answer: list[str],
-               answer_format: list[str], **kwargs: Any) -> list[float]:
-        return [strict_reward(text, bool(ids) and ids[-1] in stop_ids, gold, form)
-                for text, ids, gold, form in zip(completions, completion_ids, answer, answer_format, strict=True)]
-
-    data = Dataset.from_dict({"prompt": [build_prompt(p, tokenizer, config.system_prompt) for p in problems],
-                              "answer": [p.answer for p in problems],
-                              "answer_format": [p.answer_format for p in problems]})
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(config, output_dir), train_dataset=data,
-                          processing_class=tokenizer, callbacks=list(callbacks))
-    stop_ids.update(trainer.eos_token_ids)
-    return trainer
+    return stock_trl_trainer(config, model, tokenizer, problems, trl_config(config, output_dir), callbacks)
 
 
 def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
