@@ -72,3 +72,22 @@ def test_the_summary_reads_only_the_looks_that_are_due(tmp_path):
     for seed in design.SEEDS[:9]:
         (units / f"v1_s{seed}.json").unlink()
     assert rebuild_summary(tmp_path, write=False)["arms"] == {}
+
+
+def test_the_drift_picture_pairs_each_lagged_unit_with_v1_at_its_seed():
+    from studies.lag_decided.plots import drift_cost_figure, drift_points
+
+    def unit(arm, seed, j_auc, drift, correction="ratio", beta=0.0):
+        return {"arm": arm, "seed": seed, "j_auc": j_auc, "is_correction": correction, "beta": beta,
+                "records": [{"skipped": False, "lag": 1, "log_ratio_k_abs": drift},
+                            {"skipped": True, "lag": 2, "log_ratio_k_abs": 99.0}]}
+
+    units = [unit("v1", 0, 0.5, 0.0), unit("v1", 1, 0.6, 0.0), unit("v4_ratio", 0, 0.45, 0.1),
+             unit("v4_ratio", 1, 0.5, 0.3), unit("v4_none", 2, 0.1, 0.2, "none"), unit("mask", 0, 0.4, 0.0, beta=0.04)]
+    points = drift_points(units, "frontier (lr 1e-5)")
+    assert [(p["arm"], p["seed"], round(p["cost"], 6), p["drift"]) for p in points] == \
+        [("v4_ratio", 0, -0.05, 0.1), ("v4_ratio", 1, -0.1, 0.3)]   # no v1 at seed 2; β > 0 arms left out
+    fig = drift_cost_figure(points)
+    means = [t for t in fig.data if t.error_y is not None and t.error_y.array is not None]
+    assert len(means) == 1 and means[0].x[0] == pytest.approx(0.2) and means[0].y[0] == pytest.approx(-0.075)
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text

@@ -20,8 +20,10 @@ from studies.lag_decided import design
 
 
 def load(folder: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """(arm, seed) → unit, for the unit files in ``folder`` (none if it does not exist)."""
-    return {(u["arm"], u["seed"]): u for u in (json.loads(p.read_text()) for p in sorted(folder.glob("*.json")))}
+    """(arm, seed) → unit, for the unit files in ``folder`` (none if it does not exist; a file that is no arm's
+    unit, such as the frontier's ``untrained.json``, is not one)."""
+    units = (json.loads(p.read_text()) for p in sorted(folder.glob("*.json")))
+    return {(u["arm"], u["seed"]): u for u in units if "arm" in u}
 
 
 def held_out_auc(unit: Mapping[str, Any]) -> float:

@@ -1,0 +1,84 @@
+"""The drift picture: what a lag costs in J_auc against how far the policy moved while the server waited.
+
+One point per arm (mean over its seeds, 95 % t intervals both ways) and a faint point per seed: x is the unit's
+mean |log r′| per token over its trained steps (the drift across the lag window), y its J_auc minus ``v1``'s at the
+same seed and lr. Colour is the correction, the marker the study (the 5-seed frontier at lr 1e-5, this study's
+confirmatory arms at 1e-5, its second regime at 3e-6). The claim it lets a learner see: the cost of lag follows
+the drift, not v alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from grpo_lab.stats.paired import mean_ci
+from grpo_lab.viz.plots import HEIGHT
+from studies.lag_decided.summary import drift, load
+
+CORRECTION_COLORS = {"ratio": "#1f77b4", "truncated": "#2ca02c", "none": "#d62728", "mask": "#9467bd",
+                     "icepop": "#8c564b"}
+STUDY_MARKERS = {"frontier (lr 1e-5)": "circle", "decided (lr 1e-5)": "diamond", "decided (lr 3e-6)": "square"}
+
+
+def drift_points(units: Iterable[Mapping[str, Any]], study: str) -> list[dict[str, Any]]:
+    """Per unit of a lagged arm: its study, arm, correction, seed, drift and J_auc − ``v1``'s at the same seed
+    (units without a ``v1`` partner, and the β > 0 mask arms, are left out)."""
+    units = [u for u in units if u.get("beta", 0.0) == 0.0]
+    v1 = {u["seed"]: u["j_auc"] for u in units if u["arm"] == "v1"}
+    return [{"study": study, "arm": u["arm"], "correction": u["is_correction"], "seed": u["seed"],
+             "drift": drift(u), "cost": u["j_auc"] - v1[u["seed"]]}
+            for u in units if u["arm"] != "v1" and u["seed"] in v1]
+
+
+def study_points(frontier_units: Path, decided: Path) -> list[dict[str, Any]]:
+    """The points of every study that has units: the frontier's, this study's at 1e-5 (only once a look is due,
+    as the summary reads them) and its second regime's."""
+    from studies.lag_decided import design
+    from studies.lag_decided.summary import rebuild_summary
+
+    points = drift_points(load(frontier_units).values(), "frontier (lr 1e-5)")
+    summary = rebuild_summary(decided, write=False)
+    if summary["looks_reached"]:
+        seeds = set(summary["arms"]["v1"]["seeds"])
+        units = [u for (arm, seed), u in load(decided / "units").items() if seed in seeds]
+        points += drift_points(units, "decided (lr 1e-5)")
+    if summary["regime2"]["arms"]:
+        lr = summary["regime2"]["lr"]
+        units = [u for (arm, seed), u in load(decided / f"units_lr{lr}").items() if seed in design.REGIME2_SEEDS]
+        points += drift_points(units, f"decided (lr {lr})".replace("3e-06", "3e-6"))
+    return points
+
+
+def drift_cost_figure(points: list[dict[str, Any]]) -> go.Figure:
+    """J_auc − v1 against the window drift: per arm a mean with 95 % t intervals, per seed a faint point."""
+    fig = go.Figure()
+    arms = sorted({(p["study"], p["arm"], p["correction"]) for p in points})
+    shown: set[str] = set()
+    for study, arm, correction in arms:
+        rows = [p for p in points if (p["study"], p["arm"]) == (study, arm)]
+        x, y = np.array([p["drift"] for p in rows]), np.array([p["cost"] for p in rows])
+        color, symbol = CORRECTION_COLORS.get(correction, "black"), STUDY_MARKERS.get(study, "x")
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(color=color, symbol=symbol, size=6),
+                                 opacity=0.25, showlegend=False, legendgroup=correction, hoverinfo="text",
+                                 text=[f"{arm} seed {p['seed']} ({study})" for p in rows]))
+        (mx, hx), (my, hy) = mean_ci(x), mean_ci(y)
+        fig.add_trace(go.Scatter(
+            x=[float(mx)], y=[float(my)], mode="markers+text", text=[arm], textposition="top center",
+            name=correction, legendgroup=correction, showlegend=correction not in shown,
+            marker=dict(color=color, symbol=symbol, size=12, line=dict(color="black", width=1)),
+            error_x=dict(type="data", array=[0.0 if np.isnan(hx) else float(hx)]),
+            error_y=dict(type="data", array=[0.0 if np.isnan(hy) else float(hy)]),
+            hovertext=f"{arm} ({study}): drift {float(mx):.2f}, J_auc − v1 {float(my):+.3f}, {len(rows)} seeds"))
+        shown.add(correction)
+    fig.add_hline(y=0.0, line=dict(color="grey", dash="dot", width=1))
+    fig.update_xaxes(title_text="drift over the lag window: mean |log r′| per token", type="log")
+    fig.update_yaxes(title_text="J_auc − v1's (same seed, same lr)")
+    markers = ", ".join(f"{m}: {s}" for s, m in STUDY_MARKERS.items())
+    fig.update_layout(title=f"What a lag costs follows the drift<br><sup>markers: {markers}</sup>",
+                      height=HEIGHT, legend_title="correction")
+    return fig
