@@ -19,8 +19,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -34,27 +32,7 @@ if str(ROOT) not in sys.path:   # run as a script from any folder
 
 from studies.lag_decided import design  # noqa: E402
 from studies.lag_decided.summary import rebuild_summary  # noqa: E402
-
-
-def provenance() -> dict[str, Any]:
-    """Where a unit ran: the commit and whether the tree had changes outside the units, the CPU's model and
-    vector extensions, the libraries' versions, torch's threads and the load average."""
-    import torch
-    import transformers
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")),
-                 platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in cpu.splitlines() if line.startswith("flags")), [])
-    dirty = [line for line in git("status", "--porcelain").splitlines() if "studies/lag_decided/units" not in line]
-    return {"git_commit": git("rev-parse", "HEAD"), "tree_dirty": bool(dirty), "cpu_model": model,
-            "cpu_vector": sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
-            "load_start": list(os.getloadavg())}
+from studies.provenance import provenance  # noqa: E402
 
 
 class UnitLock:
@@ -103,7 +81,7 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
         if not held or path.exists():
             return None
         unit: dict[str, Any] = {"arm": arm, **design.ARMS[arm], "seed": seed, "lr": lr, "steps": steps,
-                                **provenance()}
+                                **provenance(ROOT, ignore="studies/lag_decided/units")}
         wall, cpu, eval_seconds = time.perf_counter(), time.process_time(), 0.0
         config = base_config(lr, steps).replace(seed=seed, **design.ARMS[arm])
         questions = all_questions(config.task)

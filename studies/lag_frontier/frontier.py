@@ -269,18 +269,10 @@ def constant_answer(questions: Sequence[Any]) -> dict[str, Any]:
 
 
 def provenance(root: Path) -> dict[str, Any]:
-    """What a unit records of where it ran: the commit (and whether grpo_lab/ had changes on top), torch's
-    threads and the load average."""
-    import os
-    import subprocess
+    """What a unit records of where it ran (:func:`studies.provenance.provenance`)."""
+    from studies.provenance import provenance as where
 
-    import torch
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
-
-    return {"git_commit": git("rev-parse", "HEAD"), "grpo_lab_dirty": bool(git("status", "--porcelain", "grpo_lab")),
-            "torch_threads": torch.get_num_threads(), "load_start": list(os.getloadavg())}
+    return where(root)
 
 
 def exact_j(model: Any, tokenizer: Any, questions: Sequence[Any], config: Any) -> Any:

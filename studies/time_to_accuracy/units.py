@@ -10,7 +10,7 @@ this module only trains and evaluates. A unit file ``units/<arm>_s<seed>.json`` 
   so J per second and J per optimiser step both come from the file;
 * ``step_log``: per step the training seconds at its end and whether AdamW stepped; the loop's arms also keep
   every :class:`~grpo_lab.loop.StepRecord` (``records``);
-* provenance as the frontier's units (:func:`~studies.lag_frontier.frontier.provenance`: commit, torch threads, load
+* provenance as every study's units (:func:`studies.provenance.provenance`: commit, CPU, versions, threads, load
   at the start) plus the load at the end, wall, CPU and evaluation seconds, and ``design_sha``, which ties the
   unit to the design it was run under.
 """
@@ -115,12 +115,13 @@ def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[A
 
 def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: MarkClock,
               evaluate: Callable[[Any, Any], tuple], skip_empty: bool) -> dict[str, Any]:
-    """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`) until the clock says stop."""
-    from studies.time_to_accuracy.trl_side import run_trl
+    """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`) until the clock says stop; the unit
+    records TRL's resolved ``GRPOConfig`` (``trl_config``), not only the kit's config it was built from."""
+    from studies.time_to_accuracy.trl_side import run_trl, trl_config
 
     run_trl(config, model, tokenizer, problems, clock.start,
             lambda stepped, trained: clock.after_step(stepped, lambda: evaluate(trained, tokenizer)), skip_empty)
-    return {}
+    return {"trl_config": json.loads(trl_config(config, "<temporary folder>").to_json_string())}
 
 
 def write_json(path: Path, content: dict[str, Any]) -> None:
