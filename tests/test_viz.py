@@ -405,7 +405,7 @@ def test_findings_and_wall_clock_draw_each_run_in_one_style_and_name_curves_that
     same = gap < plots.COINCIDE_ATOL
     assert (("v = 10", "on-policy + mask") in pairs) == same
     subtitles = [a.text for a in findings.layout.annotations]
-    assert ("v = 10 lies on on-policy + mask" in subtitles[1]) == same
+    assert ("v = 10<br>lies on on-policy + mask" in subtitles[1]) == same
     assert plots.coinciding(results, ["on-policy, no mask", "sample reuse i = 10"]) == []
     v10 = next(t for t in findings.data if t.name == "v = 10" and t.fill is None)
     assert v10.line.width > 2 and v10.opacity < 1            # wide and translucent: v = 1's dashes show through it

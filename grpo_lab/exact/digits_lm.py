@@ -299,8 +299,8 @@ def bound_figure(runs: dict[str, list[ExactStep]], prompts: Sequence[str]) -> An
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    titles = [f"{run}: {what}" for what in ("improvement and its bound", "distance to α") for run in runs]
-    fig = make_subplots(rows=2, cols=len(runs), subplot_titles=titles, vertical_spacing=0.16)
+    titles = [f"{run}: {what}" for what in ("ΔJ and its bound", "distance to α") for run in runs]
+    fig = make_subplots(rows=2, cols=len(runs), subplot_titles=titles, vertical_spacing=0.16, horizontal_spacing=0.15)
     for col, steps in enumerate(runs.values(), start=1):
         k = [s.k for s in steps]
         for c, prompt in enumerate(prompts):
@@ -312,5 +312,6 @@ def bound_figure(runs: dict[str, list[ExactStep]], prompts: Sequence[str]) -> An
         fig.update_yaxes(title_text="J(π_k+1) − J(π_k)", row=1, col=col)
         fig.update_yaxes(title_text="total variation", row=2, col=col)
     fig.update_xaxes(title_text="step k", tick0=0, dtick=1)
-    fig.update_layout(height=640, title="Theorem 1 on SmolLM2-135M (digits + EOS, ≤ 3 tokens): exact")
+    fig.update_layout(height=760, title="Theorem 1 on SmolLM2-135M (digits + EOS, ≤ 3 tokens): exact",
+                      legend=dict(orientation="h", y=-0.12))
     return fig

@@ -58,17 +58,24 @@ def whitening_figure(batch: GroupBatch) -> go.Figure:
                                x=[f"y{j + 1}" for j in range(r.shape[1])],
                                colorscale="RdBu", zmid=0, colorbar=dict(title="A_α")))
     fig.update_layout(title=f"One batch from α: whitened advantages, ε_std = {batch.eps_std:g}",
-                      yaxis=dict(autorange="reversed"), height=120 + 60 * r.shape[0])
+                      yaxis=dict(autorange="reversed", title="group: context x, μ, σ, mask"),
+                      xaxis_title="response y_j", height=120 + 60 * r.shape[0])
     return fig
+
+
+TRL_EVERY = 25
+"""TRL's curves are drawn as open markers every this many points of r: they lie on the multiplicative band's
+lines up to TRL's cap, and a line drawn on a line would hide."""
 
 
 def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float) -> go.Figure:
     """f_ε(r, r′, A) against r for several r′: rows A = +1 / A = −1, columns additive / multiplicative band;
-    dashed in the multiplicative column, TRL as it applies that band (zero when r′ > its cap of 3; the release
-    checked: :data:`grpo_lab.scale.trl_surface.VERIFIED_TRL`)."""
-    fig = make_subplots(rows=2, cols=2, shared_xaxes=True, horizontal_spacing=0.08, vertical_spacing=0.1,
-                        subplot_titles=["additive band, A = +1", "multiplicative band (dashed: TRL), A = +1",
-                                        "additive band, A = −1", "multiplicative band (dashed: TRL), A = −1"])
+    in the multiplicative column TRL as it applies that band (zero when r′ > its cap of 3; the release checked:
+    :data:`grpo_lab.scale.trl_surface.VERIFIED_TRL`), as open circles in the line's colour, so that where the two
+    coincide both show."""
+    fig = make_subplots(rows=2, cols=2, shared_xaxes=True, horizontal_spacing=0.14, vertical_spacing=0.1,
+                        subplot_titles=["additive band, A = +1", "multiplicative (○ TRL), A = +1",
+                                        "additive band, A = −1", "multiplicative (○ TRL), A = −1"])
     x = ratio.numpy()
     for row, a in ((1, 1.0), (2, -1.0)):
         for col, band in ((1, "additive"), (2, "multiplicative")):
@@ -81,11 +88,12 @@ def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float)
             if band == "multiplicative":
                 trl = trl_surrogate_curves(ratio, list(ratio_ks), a, eps).numpy()
                 for n, (rk, y) in enumerate(zip(ratio_ks, trl, strict=True)):
-                    fig.add_trace(go.Scatter(x=x, y=y, name=f"TRL, r′ = {rk:g}", showlegend=False,
-                                             line=dict(color=COLORS[n], dash="dash"), legendgroup=str(rk)),
-                                  row=row, col=col)
+                    fig.add_trace(go.Scatter(x=x[::TRL_EVERY], y=y[::TRL_EVERY], name=f"TRL 1.16, w = r′ = {rk:g}",
+                                             mode="markers", marker=dict(color=COLORS[n], symbol="circle-open",
+                                                                         size=8, line_width=2),
+                                             showlegend=row == 1, legendgroup=f"TRL {rk}"), row=row, col=col)
     fig.update_xaxes(title_text="r = π_θ/α", row=2)
-    fig.update_yaxes(title_text="f_ε", col=1)
+    fig.update_yaxes(title_text="f_ε")
     fig.update_layout(title=f"Clipped surrogate f_ε(r, r′, A), ε = {eps:g}", height=2 * HEIGHT - 100)
     return fig
 
@@ -93,8 +101,9 @@ def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float)
 def kl_figure(study: KLStudy) -> go.Figure:
     """Left: each estimator's mean under y ~ α = π_{k−lag} against the exact KL (importance
     weighting removes the bias). Right: per-sample standard deviation."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["mean of the estimate (exact KL dashed)",
-                                                        "per-sample std"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["mean of the estimate", "per-sample std"],
+                        horizontal_spacing=0.16)
+    weighted = ("circle-open", "square-open", "diamond-open")     # the weighted means coincide with the exact KL
     for n, kind in enumerate(study.mean):
         c = COLORS[n]
         fig.add_trace(go.Scatter(x=study.lags, y=study.mean[kind], name=kind, mode="lines+markers",
@@ -102,28 +111,41 @@ def kl_figure(study: KLStudy) -> go.Figure:
         fig.add_trace(go.Scatter(x=study.lags, y=study.std[kind], name=kind, mode="lines+markers",
                                  line=dict(color=c), legendgroup=kind, showlegend=False), row=1, col=2)
         fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.iw_mean[kind]),
-                                 name=f"{kind} × π/α", line=dict(color=c, dash="dot"), legendgroup=kind), row=1, col=1)
-    fig.add_hline(y=study.exact, line=dict(color="black", dash="dash"), row=1, col=1)
-    fig.update_xaxes(title_text="lag of α behind π (steps); 0 = on-policy samples")
+                                 name=f"{kind} × π/α", mode="lines+markers", line=dict(color=c, dash="dot"),
+                                 marker=dict(symbol=weighted[n % 3], size=8 + 4 * n, line_width=2),
+                                 legendgroup=f"{kind} × π/α"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.exact), name="exact KL(π ‖ π_ref)",
+                             mode="lines", line=dict(color="black", dash="dash", width=1)), row=1, col=1)
+    fig.update_xaxes(title_text="lag of α behind π (steps)")
+    fig.update_yaxes(title_text="estimate of KL(π ‖ π_ref)", row=1, col=1)
+    fig.update_yaxes(title_text="std of one sample's estimate", row=1, col=2)
     fig.update_layout(title=f"KL(π ‖ π_ref) = {study.exact:.4f} estimated from samples of α", height=HEIGHT)
     return fig
 
 
 def kl_gradient_figure(study: KLGradientStudy) -> go.Figure:
     """Left: cosine of each estimator's expected gradient to ∇KL(π ‖ π_ref) against the lag of α
-    (solid unweighted, dotted weighted by π/α; dashed: the forward KL's gradient). Right: their norms."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["cos to ∇KL(π ‖ π_ref)", "norm of the expected gradient"])
+    (solid unweighted, dotted weighted by π/α; black dashed: the forward KL's gradient). Right: their norms
+    (black: the norm of ∇KL(π ‖ π_ref))."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["direction", "size"], horizontal_spacing=0.18)
+    symbols = ("circle", "square", "diamond")
     for n, kind in enumerate(("k1", "k2", "k3")):
-        for key, dash in ((kind, None), (f"{kind} × π/α", "dot")):
+        for key, dash, symbol in ((kind, None, symbols[n]), (f"{kind} × π/α", "dot", f"{symbols[n]}-open")):
             for col, values in ((1, study.cosine[key]), (2, study.norm[key])):
                 fig.add_trace(go.Scatter(x=study.lags, y=values, name=key, mode="lines+markers",
                                          line=dict(color=COLORS[n], dash=dash), legendgroup=key,
-                                         showlegend=col == 1), row=1, col=col)
-    fig.add_hline(y=study.forward_cosine, line=dict(color="black", dash="dash"), row=1, col=1,
-                  annotation_text="∇KL(π_ref ‖ π)")
-    fig.add_hline(y=study.reverse_norm, line=dict(color="black", dash="dash"), row=1, col=2,
-                  annotation_text="‖∇KL(π ‖ π_ref)‖")
-    fig.update_xaxes(title_text="lag of α behind π (steps); 0 = on-policy samples")
+                                         marker=dict(symbol=symbol, size=7 + 3 * n), showlegend=col == 1),
+                              row=1, col=col)
+    # the references as legend entries, not labels on the lines: a label on a line hides what it labels
+    fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.forward_cosine), mode="lines",
+                             name="∇KL(π_ref ‖ π), the forward KL", line=dict(color="black", dash="dash", width=1)),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.reverse_norm), mode="lines",
+                             name="‖∇KL(π ‖ π_ref)‖", line=dict(color="black", dash="longdash", width=1)),
+                  row=1, col=2)
+    fig.update_xaxes(title_text="lag of α behind π (steps)")
+    fig.update_yaxes(title_text="cosine to ∇KL(π ‖ π_ref)", row=1, col=1)
+    fig.update_yaxes(title_text="norm of the expected gradient", row=1, col=2)
     fig.update_layout(title="KL estimators as loss terms: the force each one exerts (exact expectations)",
                       height=HEIGHT)
     return fig
@@ -141,6 +163,7 @@ def bound_figure(runs: Mapping[str, BanditRun], run: int = 0, steps: int | None 
         fig.add_trace(go.Scatter(x=k, y=r.bound[:n, run].mean(-1), name="Theorem 1 lower bound",
                                  line=dict(color=COLORS[1]), showlegend=row == 1), row=row, col=1)
     fig.update_xaxes(title_text="step k", row=len(runs))
+    fig.update_yaxes(title_text="change of J per step")
     fig.update_layout(title=f"Theorem 1 per step (run {run}, mean over contexts)", height=HEIGHT * len(runs) * 0.7)
     return fig
 
@@ -172,10 +195,15 @@ def timeline_figure(timelines: Mapping[str, Sequence[TimelineStep]], steps: int 
     fig = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", x=[f"t = {t}" for t in range(steps)], y=names,
                                zmin=0, zmax=1, showscale=False, xgap=2, ygap=2,
                                colorscale=[[0, "#c6dbef"], [0.5, "#c6dbef"], [0.5, "#fdae6b"], [1, "#fdae6b"]]))
-    fig.update_layout(title="Optimiser steps t (θ_t → θ_{t+1}): who sampled the batch, where the clip band sits; "
-                            "orange = the clip can act, ⟳ = sync", yaxis=dict(autorange="reversed"),
-                      height=120 + 70 * len(names))
+    fig.update_layout(title="Who sampled each batch, where the clip band sits<br><sub>orange: the clip can act; "
+                            "⟳: sync; each column one optimiser step θ_t → θ_{t+1}</sub>",
+                      yaxis=dict(autorange="reversed", title="schedule"), height=120 + 70 * len(names))
     return fig
+
+
+ARM_LINES = (dict(line_width=7, opacity=0.45), dict(line_dash="dash"), dict(line_dash="dot", line_width=3))
+"""The (a′) arms' line styles, one each: where two took the same steps (a flat 0), the wide translucent line,
+the dashes and the dots all show."""
 
 
 def mask_optimizer_figure(study: MaskOptimizerStudy, reference: str = "mask, batch") -> go.Figure:
@@ -187,18 +215,22 @@ def mask_optimizer_figure(study: MaskOptimizerStudy, reference: str = "mask, bat
         base = study.J[setting, reference]
         for n, arm in enumerate(a for a in MASK_ARMS if a != reference):
             diff = study.J[setting, arm] - base
-            for trace in band_traces(np.arange(len(diff)), diff, f"{arm} − {reference}", COLORS[n + 1],
-                                     showlegend=col == 1):
-                fig.add_trace(trace, row=1, col=col)
+            band, line = band_traces(np.arange(len(diff)), diff, f"{arm} − {reference}", COLORS[n + 1],
+                                     showlegend=col == 1)
+            line.update(**ARM_LINES[n % len(ARM_LINES)])     # arms that took the same steps lie on one line
+            fig.add_trace(band, row=1, col=col)
+            fig.add_trace(line, row=1, col=col)
     fig.update_xaxes(title_text="step k")
     fig.update_yaxes(title_text="ΔJ, paired by seed", col=1)
-    fig.update_layout(title="The same knobs under two optimisers (runs trained alone)", height=HEIGHT)
+    fig.update_layout(title="The same knobs under two optimisers (runs trained alone)", height=HEIGHT + 60,
+                      legend=dict(orientation="h", y=-0.3))
     return fig
 
 
 def lag_figure(study: LagStudy) -> go.Figure:
     """Left: the two TV terms against v. Right: mean bound and mean true improvement against v."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["TV terms of the bound", "per-step means"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["TV terms of the bound", "per-step means"],
+                        horizontal_spacing=0.16)
     for n, (y, name) in enumerate([(study.tv_pi_alpha, "TV(π_{k+1}, α)"), (study.tv_pik_alpha, "TV(π_k, α)")]):
         fig.add_trace(go.Scatter(x=study.v, y=y, name=name, mode="lines+markers", line=dict(color=COLORS[n + 2])),
                       row=1, col=1)
@@ -207,6 +239,8 @@ def lag_figure(study: LagStudy) -> go.Figure:
     fig.add_trace(go.Scatter(x=study.v, y=study.bound, name="lower bound", mode="lines+markers",
                              line=dict(color=COLORS[1])), row=1, col=2)
     fig.update_xaxes(title_text="sync period v")
+    fig.update_yaxes(title_text="total variation", row=1, col=1)
+    fig.update_yaxes(title_text="change of J per step", row=1, col=2)
     fig.update_layout(title="What a lag costs the guarantee", height=HEIGHT)
     return fig
 
@@ -249,10 +283,17 @@ COINCIDE_ATOL = 1e-3
 
 
 def run_styles(results: Mapping[str, BanditRun]) -> dict[str, dict[str, object]]:
-    """One colour and line style per run of ``results``, shared by the findings and wall-clock figures."""
+    """One colour and line style per run of ``results``, shared by the findings and wall-clock figures. A run
+    whose curve lies on an earlier one's (:func:`coinciding`) and would be drawn in the same dash and width is
+    dotted, so that both show."""
     plain = {"dash": None, "width": 2, "opacity": 1.0}
-    return {name: {"color": COLORS[n % len(COLORS)], **plain, **RUN_LINES.get(name, {})}
-            for n, name in enumerate(results)}
+    styles = {name: {"color": COLORS[n % len(COLORS)], **plain, **RUN_LINES.get(name, {})}
+              for n, name in enumerate(results)}
+    for later, earlier in coinciding(results, list(results)):
+        a, b = styles[earlier], styles[later]
+        if (a["dash"], a["width"]) == (b["dash"], b["width"]):
+            b["dash"] = "dot" if a["dash"] != "dot" else "dashdot"
+    return styles
 
 
 def coinciding(results: Mapping[str, BanditRun], names: Sequence[str]) -> list[tuple[str, str]]:
@@ -278,13 +319,12 @@ def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
               ["on-policy + mask", "v = 10", "sample reuse i = 10"],
               [LONG_ON_POLICY, "sample reuse i = 10"],
               ["β = 1, fixed π_ref", "β = 1, π_ref reset every 20", "on-policy + mask"]]
-    titles = ["(a) zero-variance mask and its normalisation, v = 1", "(b) per step: lag v vs reuse i",
+    titles = ["(a) the mask and its normalisation", "(b) per step: lag v vs reuse i",
               "(c) per optimiser pass", "(d) KL to π_ref: fixed vs reset"]
-    titles = [title + "".join(f"<br><sub>{b} lies on {a} (mean J within {COINCIDE_ATOL:g} at every step)</sub>"
-                              for b, a in coinciding(results, names))
+    titles = [title + "".join(f"<br><sub>{b}<br>lies on {a}</sub>" for b, a in coinciding(results, names))
               for title, names in zip(titles, panels, strict=True)]
     styles = run_styles(results)
-    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.18)
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, horizontal_spacing=0.12, vertical_spacing=0.2)
     seen: set[str] = set()
     for n, names in enumerate(panels):
         row, col = divmod(n, 2)
@@ -298,8 +338,9 @@ def findings_figure(results: Mapping[str, BanditRun]) -> go.Figure:
     fig.update_xaxes(title_text="step k")
     fig.update_xaxes(title_text="optimiser passes", row=2, col=1)
     fig.update_yaxes(title_text="J(π_θ)")
-    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)", height=2 * HEIGHT,
-                      margin=dict(t=130))
+    fig.update_layout(title=f"The paper's findings in the bandit (mean ± std over {runs} runs)<br><sub>a curve that "
+                            f"lies on another: mean J within {COINCIDE_ATOL:g} at every step</sub>",
+                      height=2 * HEIGHT + 160, margin=dict(t=200), legend=dict(orientation="h", y=-0.1))
     return fig
 
 
@@ -310,8 +351,8 @@ def wall_clock_figure(results: Mapping[str, BanditRun], names: Sequence[str], mo
     for name in names:
         hours = wall_clock(results[name], model) / 3600
         fig.add_traces(run_traces(hours, results[name], name, styles[name]))
-    fig.update_layout(title=(f"J against time modelled from the paper's 7B rates (central values, not measured): "
+    fig.update_layout(title=(f"J against time modelled from the paper's 7B rates<br><sub>not measured: "
                              f"gen {model.gen:.1f} s + i × train {model.train:.1f} s"
-                             f" + sync {model.sync:.1f} s every v steps"),
+                             f" + sync {model.sync:.1f} s every v steps</sub>"),
                       xaxis_title="modelled hours (paper's 7B cost model)", yaxis_title="J(π_θ)", height=HEIGHT)
     return fig
