@@ -262,3 +262,21 @@ def test_no_module_docstring_carries_an_issue_a_date_or_a_version():
             offenders[str(path.relative_to(ROOT))] = found
     assert offenders == {}, "module docstrings with history or versions:\n" + "\n".join(
         f"  {module}: {', '.join(found)}" for module, found in offenders.items())
+
+
+TABLE_CELL_CHARS = 160
+"""The longest table cell README and docs/benchmarks.md may hold, in visible characters (a link counts its text):
+a longer one is a paragraph, which belongs in a docs page."""
+
+
+def test_no_table_cell_in_the_readme_or_the_benchmarks_is_a_paragraph():
+    long = []
+    for name in ("README.md", "docs/benchmarks.md"):
+        for number, line in enumerate(ROOT.joinpath(name).read_text().splitlines(), start=1):
+            if not line.startswith("|") or set(line) <= set("|-: "):
+                continue
+            for cell in line.strip().strip("|").split("|"):
+                visible = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).strip()
+                if len(visible) > TABLE_CELL_CHARS:
+                    long.append(f"{name}:{number}: {len(visible)} characters: {visible[:60]}…")
+    assert not long, "\n".join(long)
