@@ -79,25 +79,41 @@ def test_the_run_folder_is_removed_when_the_process_ends_unless_kept(tmp_path):
     assert script_leaves(tmp_path, keep=True) == sorted(RUN_FILES)
 
 
+def test_what_a_killed_process_left_is_removed_by_the_next_run_in_the_folder(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in RUN_FILES:
+        (folder / name).write_text("x")
+    BackgroundRun(folder, [], keep=True)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(RUN_FILES)      # kept: a run told to keep its folder
+    BackgroundRun(folder, [])
+    assert not folder.exists()
+
+
 def test_a_real_kernel_removes_the_run_folder_when_it_shuts_down(tmp_path):
     """A notebook's kernel ends by a shutdown request (closing the notebook, restarting the kernel): the folder
     goes with it. Files the run did not write are left, and so is the folder that holds them."""
     from jupyter_client.manager import start_new_kernel
 
     folders = [tmp_path / "only_run_files", tmp_path / "with_a_note"]
-    for folder in folders:
-        folder.mkdir()
-        for name in RUN_FILES:
-            (folder / name).write_text("x")
-    (folders[1] / "note.txt").write_text("mine")
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
     try:
         reply = kc.execute_interactive(
-            "from grpo_lab.lm.background import BackgroundRun\n"
-            + "".join(f"BackgroundRun({str(f)!r}, [])\n" for f in folders), timeout=120)
+            "from pathlib import Path\nfrom grpo_lab.lm.background import RUN_FILES, BackgroundRun\n"
+            f"folders = [Path(f) for f in {[str(f) for f in folders]!r}]\n"
+            "runs = [BackgroundRun(f, []) for f in folders]\n"                  # then the run writes its files
+            "for f in folders:\n    f.mkdir()\n    [(f / name).write_text('x') for name in RUN_FILES]\n"
+            "(folders[1] / 'note.txt').write_text('mine')\n", timeout=120)
         assert reply["content"]["status"] == "ok", reply["content"]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)
     assert not folders[0].exists()
     assert sorted(p.name for p in folders[1].iterdir()) == ["note.txt"]
+
+
+def test_a_run_that_saves_nothing_writes_no_checkpoint(tmp_path):
+    run = runner(tmp_path, save=False)
+    assert run.run(BASE).loop.k == 3
+    assert not (run.out_dir / CHECKPOINT_FILE).exists() and run.saved_step(BASE) is None
+    assert (run.out_dir / "metrics.jsonl").is_file()

@@ -6,7 +6,9 @@ A widget that draws a run should only draw; this module holds the rest. It build
 untrained model (a copy of one it was given, or one it loads), keeps it while the config stays the same (a
 second sitting continues the run), resumes from its own checkpoint when a failed step dropped the loop, and
 frees it all on :meth:`BackgroundRun.release`. A SmolLM2-135M checkpoint holds π_θ, α and AdamW's moments
-(about 2 GB), so the folder is not left behind: an ``atexit`` hook removes the files the run wrote.
+(about 2 GB), so the folder is not left behind: an ``atexit`` hook removes the files the run wrote when the
+process exits (a kernel's shutdown or restart); what a killed process left is removed when the next run in that
+folder is created.
 
 =======================  ==================================================================================
 :class:`BackgroundRun`   one run folder: :meth:`~BackgroundRun.run` (caller's thread), :meth:`~BackgroundRun.start`
@@ -22,6 +24,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import fcntl
+import os
 import threading
 import time
 import weakref
@@ -79,6 +83,21 @@ def _remove_run_files(folder: Path) -> None:
         folder.rmdir()                                       # only if nothing else is in it
 
 
+def _in_use(folder: Path) -> bool:
+    """Whether a live process is training in ``folder`` (it holds the run lock's flock)."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @atexit.register
 def _clean_at_exit() -> None:
     for folder in list(_CLEAN_AT_EXIT):
@@ -89,16 +108,17 @@ class BackgroundRun:
     """One run at a time in ``out_dir``, trained on ``problems``.
 
     ``model`` / ``tokenizer``: the untrained model, of which each new run trains a copy (the caller keeps it);
-    None: each new run loads ``config.model`` and trains it (one model in memory, not two). ``keep``: leave the
-    run folder when the process ends (default: remove its files).
+    None: each new run loads ``config.model`` and trains it (one model in memory, not two). ``save=False``: no
+    checkpoint (a run drawn once and dropped; after a failed step the next sitting starts over). ``keep``: leave
+    the run folder when the process ends (default: remove its files).
 
     State: ``loop`` (the current run's :class:`~grpo_lab.loop.GRPOLoop`, None before the first run or after
     :meth:`release`), ``saved`` (the key and step of the checkpoint in ``out_dir``), ``running`` (a thread
     is training)."""
 
     def __init__(self, out_dir: str | Path, problems: list[Any], model: Any = None, tokenizer: Any = None,
-                 keep: bool = False) -> None:
-        self.out_dir, self.problems = Path(out_dir), problems
+                 save: bool = True, keep: bool = False) -> None:
+        self.out_dir, self.problems, self.save = Path(out_dir), problems, save
         self.checkpoint = self.out_dir / CHECKPOINT_FILE
         self._given = model is not None
         self.model, self.tokenizer = model, tokenizer
@@ -109,6 +129,8 @@ class BackgroundRun:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if not keep:
+            if self.out_dir not in _CLEAN_AT_EXIT and not _in_use(self.out_dir):
+                _remove_run_files(self.out_dir)            # left by a process that was killed: never resumed
             _CLEAN_AT_EXIT.add(self.out_dir)
 
     # ------------------------------------------------------------------------- the loop
@@ -169,14 +191,14 @@ class BackgroundRun:
             return sitting
         try:
             train(config.replace(steps=last, output_dir=str(self.out_dir), checkpoint_every=0), loop,
-                  progress=False, resume=False, stop=self._stop, on_step=on_step)
+                  progress=False, resume=False, stop=self._stop, on_step=on_step, save=self.save)
         except (DiskError, RunDirInUse) as exc:
             sitting.error = str(exc)
             return sitting
         except Exception:
             self.loop = None
             raise
-        if loop.k > sitting.first:
+        if self.save and loop.k > sitting.first:
             self.saved = run_key(config), loop.k
         if loop.k < last:
             sitting.stopped_by = self.stopped_by or "an interrupt"

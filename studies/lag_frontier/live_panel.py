@@ -153,6 +153,23 @@ def load_pilot(paths: Sequence[str | Path] = PILOT_UNITS) -> Pilot:
                  seconds_per_step=float(np.mean([u["wall_seconds"] / u["steps"] for u in units])))
 
 
+def exact_j(loop: GRPOLoop, questions: Sequence[Problem], threads: int | None = EVAL_THREADS) -> ExactEvaluation:
+    """Exact J of ``loop``'s π_θ on ``questions``, as the frontier's units take it: the run's sampling (T,
+    top-p/top-k, T_max) and system prompt, the model's stop ids; with ``threads`` torch threads (None: torch's
+    setting), put back after."""
+    model, config = loop.policy.model, loop.config
+    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_tokens=config.max_completion_length)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return exact_evaluate(model, loop.task.tokenizer, questions, sampling, system_prompt=config.system_prompt,
+                              eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0])
+    finally:
+        torch.set_num_threads(before)
+
+
 @dataclass(frozen=True)
 class JPoint:
     """One live evaluation: exact J of π_θ after ``step`` steps on the panel's questions."""
@@ -347,24 +364,9 @@ class LivePanel:
         """The steps at which the live run is evaluated: 0, every ``eval_every``, and the last."""
         return sorted({*range(0, self.steps + 1, self.eval_every), self.steps})
 
-    def sampling(self, config: TrainConfig) -> Sampling:
-        """The sampling distribution the live J is taken under: the run's T, top-p/top-k and T_max."""
-        return Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                        max_tokens=config.max_completion_length)
-
     def evaluate(self, loop: GRPOLoop) -> ExactEvaluation:
-        """Exact J of ``loop``'s π_θ on the panel's questions (as the frontier's units take it: the config's
-        sampling and system prompt, the model's stop ids), with ``eval_threads`` torch threads."""
-        model, config = loop.policy.model, loop.config
-        threads = torch.get_num_threads()
-        if self.eval_threads is not None:
-            torch.set_num_threads(self.eval_threads)
-        try:
-            return exact_evaluate(model, loop.task.tokenizer, self.questions, self.sampling(config),
-                                  system_prompt=config.system_prompt,
-                                  eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0])
-        finally:
-            torch.set_num_threads(threads)
+        """Exact J of ``loop``'s π_θ on the panel's questions (:func:`exact_j`) with ``eval_threads`` torch threads."""
+        return exact_j(loop, self.questions, self.eval_threads)
 
     def _measure(self, loop: GRPOLoop) -> None:
         """Evaluate ``loop`` at its step if that is an evaluation step without a J yet; draw it."""
