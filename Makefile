@@ -96,7 +96,7 @@ setup-vllm: $(VLLM_STAMP)
 test-vllm: setup-vllm
 	$(VLLM_ENV) $(VLLM_TEST_KV) $(VLLM_PY) -m pytest -q -m vllm tests --ignore=tests/test_trl_vllm.py
 	$(VLLM_ENV) $(VLLM_TEST_KV) $(VLLM_PY) -m pytest -q -m vllm tests/test_trl_vllm.py
-	$(VLLM_ENV) GRPO_LAB_SMOKE=1 $(VLLM_PY) -m pytest -q --nbval-lax notebooks/03_colocate_throughput_7b.ipynb
+	$(VLLM_ENV) GRPO_LAB_SMOKE=1 $(VLLM_PY) -m pytest -q --nbval-lax notebooks/03_what_v_buys.ipynb
 
 binder-check:
 	scripts/check_binder.sh

@@ -26,8 +26,8 @@ released and the KV cache sized to a step (``grpo_lab.lm.build.vllm_sampler``) i
 laptop target: the engine's packed float32 weights, its tied head's own copy and vLLM's imports (~1 GiB) and
 the sampler's copy of α (0.5 GiB) come on top of what the in-process sampler needs (docs/benchmarks.md,
 *Notebook memory*). This budget holds it there, with room for run-to-run variation."""
-KERNEL_PEAK_BUDGET = {"01_bandit.ipynb": LAPTOP, "01b_theorem1_smollm2.ipynb": LAPTOP, "02_gsm8k_qwen05b.ipynb": LAPTOP,
-                      "03_colocate_throughput_7b.ipynb": VLLM_ENGINE if find_spec("vllm") else LAPTOP}
+KERNEL_PEAK_BUDGET = {"01_bandit.ipynb": LAPTOP, "01b_theorem1_smollm2.ipynb": LAPTOP, "02_lag_frontier.ipynb": LAPTOP,
+                      "03_what_v_buys.ipynb": VLLM_ENGINE if find_spec("vllm") else LAPTOP}
 """Peak kernel RSS allowed per notebook, whatever the mode (docs/benchmarks.md, *Notebook memory*, has each one's
 measured peak)."""
 _STARTED: dict[str, float] = {}

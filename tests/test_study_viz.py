@@ -24,13 +24,14 @@ from reliability_runs import even_length, problems, rows_of, tiny_model, tokeniz
 from test_viz import title_clears_toolbar
 
 from grpo_lab.exact.strict_j import Sampling, exact_evaluate
+from grpo_lab.lm import background
+from grpo_lab.lm.background import BackgroundRun
 from grpo_lab.lm.sampling import stop_and_pad_ids
 from grpo_lab.lm.tasks import all_questions
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics
 from grpo_lab.viz.study_plots import token_ratio_figure
 from studies.lag_frontier import frontier
-from studies.lag_frontier import live_panel as study_panel
 from studies.lag_frontier.live_panel import LivePanel, eval_subset
 
 RUN_FOLDER = ["checkpoint.pt", "config.json", "metrics.jsonl", "run.lock"]
@@ -172,14 +173,14 @@ def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_part
 
 def rewarded_build(monkeypatch):
     """build_loop with a reward that varies within groups: the steps train, π_θ moves."""
-    real = study_panel.build_loop
+    real = background.build_loop
 
     def rewarded(*args, **kwargs):
         loop = real(*args, **kwargs)
         loop.task.reward_fn = even_length
         return loop
 
-    monkeypatch.setattr(study_panel, "build_loop", rewarded)
+    monkeypatch.setattr(background, "build_loop", rewarded)
 
 
 def test_the_live_j_is_exact_j_of_the_loops_policy_at_its_steps(panel_parts, tmp_path, monkeypatch):
@@ -226,7 +227,7 @@ def test_the_live_j_is_exact_j_of_the_loops_policy_at_its_steps(panel_parts, tmp
 def test_release_frees_the_run_and_the_loaded_model_and_the_next_run_resumes(panel_parts, tmp_path, monkeypatch):
     base, problems, _, _ = panel_parts
     loads = []
-    monkeypatch.setattr(LivePanel, "_load_untrained", staticmethod(lambda b: loads.append(b) or (tiny_model(),
+    monkeypatch.setattr(BackgroundRun, "load_untrained", staticmethod(lambda b: loads.append(b) or (tiny_model(),
                                                                                                tokenizer())))
     panel = LivePanel(base, problems, steps=3, eval_questions=1, out_dir=tmp_path / "live", mode="none")
     first = panel.run(steps=2)
@@ -250,15 +251,15 @@ def test_release_frees_the_run_and_the_loaded_model_and_the_next_run_resumes(pan
 
 def test_a_stop_pressed_while_run_sets_up_is_kept(panel_parts, tmp_path, monkeypatch):
     panel = make_panel(panel_parts, tmp_path)
-    real = study_panel.build_loop
+    real = background.build_loop
 
     def slow_build(*args, **kwargs):                 # Stop arrives while the model is copied and the loop built
         panel.stop_button.click()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(study_panel, "build_loop", slow_build)
+    monkeypatch.setattr(background, "build_loop", slow_build)
     panel.run_button.click()
-    panel._thread.join(timeout=120)
+    panel.runner.join(timeout=120)
     assert panel.loop.k == 0 and "stopped by Stop at step 0" in status(panel)
     assert not (tmp_path / "live" / "checkpoint.pt").exists()              # nothing trained: nothing saved
 
@@ -329,16 +330,16 @@ def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
 
     panel._draw = draw_then_interrupt
     threads = torch.get_num_threads()
-    previous = signal.signal(signal.SIGINT, study_panel._stop_running)
+    previous = signal.signal(signal.SIGINT, background._stop_running)
     try:
         panel.start()
-        while panel._thread.is_alive():          # the main thread runs the handler between these waits
-            panel._thread.join(timeout=0.05)
+        while panel.runner.running:              # the main thread runs the handler between these waits
+            panel.runner.join(timeout=0.05)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert signalled.is_set() and panel.loop.k < 50 and "stopped by Kernel > Interrupt" in status(panel)
     assert sorted(panel.j) == [0] and torch.get_num_threads() == threads   # J at 0, in the run's thread
-    assert not list(study_panel._RUNNING)                               # a finished run is not stopped again
+    assert not list(background._RUNNING)                               # a finished run is not stopped again
 
 
 def test_hook_interrupt_in_a_real_ipykernel(tmp_path):
@@ -366,14 +367,14 @@ def test_hook_interrupt_in_a_real_ipykernel(tmp_path):
 
         outputs = []
         hooked = execute("""
-from studies.lag_frontier import live_panel as study_panel
+from grpo_lab.lm import background
 class Run:
     def __init__(self): self.by = None
     def stop(self, by):
         self.by = by
         print("stopped by", by, flush=True)
-run = Run(); study_panel._RUNNING.add(run)
-print(study_panel.hook_interrupt())""")
+run = Run(); background._RUNNING.add(run)
+print(background.hook_interrupt())""")
         assert hooked.strip() == "True"
         km.interrupt_kernel()                                            # the kernel is idle: SIGINT between messages
         try:

@@ -5,6 +5,7 @@ kind of arm, TRL's GRPOTrainer included); the committed targets and design."""
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -316,6 +317,10 @@ def test_the_summary_of_made_up_units(tmp_path):
     assert ratios.data[1].x[0] == pytest.approx(ratio["ratio"]) and list(ratios.data[1].y) == ["grpo_lab_v1"]
     assert list(ratios.data[1].marker.symbol) == ["triangle-left"] and "upper bound" in ratios.data[1].hovertext[0]
     decomposition = tta_ratio_figure(summary, to_v1=True)                 # TRL's time over the loop's
+    for fig in (curves, ratios, decomposition):      # every title line fits the figure; no "here" for a study's data
+        title = fig.layout.title.text
+        assert "not re-run here" in title
+        assert max(len(re.sub("<[^>]+>", "", line)) for line in title.split("<br>")) <= 80
     assert list(decomposition.data[1].y) == ["trl"] and "grpo_lab_v1" in decomposition.layout.xaxis.title.text
     assert decomposition.data[1].x[0] == pytest.approx(summary["time_ratios_to_v1"]["trl"]["80%"]["ratio"])
     with pytest.raises(ValueError, match="another design"):

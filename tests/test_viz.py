@@ -1,6 +1,9 @@
 """grpo_lab.viz: the exercise checks catch wrong answers, the display switch, the live panel (its knobs' labels, its
 title clear of the toolbar, the restart hint), the run dashboard's gaps, the studies."""
 
+import json
+import math
+
 import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
@@ -364,7 +367,8 @@ def test_a_panel_in_a_kernel_prints_the_restart_hint_above_its_widget(monkeypatc
 
 
 def test_dashboard_leaves_a_gap_where_a_step_counted_no_token():
-    """A ratio cannot be 0: on a step whose groups were all masked the r′, clip and KL panels show nothing."""
+    """A ratio cannot be 0: on a step whose groups were all masked the r′, clip and KL panels show nothing. The gap
+    is None, not NaN (a NaN is out of range for the JSON a widget sends); two panels a row, each half the width."""
     loop = build_bandit_loop(BanditProblem.random(contexts=4, arms=3, seed=0),
                              bandit_config(steps=12, G=2, prompts_per_step=1, beta=0.1), runs=1)
     records = list(loop.run())
@@ -380,6 +384,9 @@ def test_dashboard_leaves_a_gap_where_a_step_counted_no_token():
     assert {"ratio_k_max", "clip_low_frac", "kl"} <= OVER_COUNTED_TOKENS
     ratio_max = np.asarray(fig.data[3].y, dtype=float)
     assert np.nanmin(ratio_max) > 0                                      # no 0 plotted for max r′
+    assert all(y is None or math.isfinite(y) for trace in fig.data for y in trace.y)
+    json.dumps(fig.to_plotly_json()["data"], allow_nan=False, default=list)     # raises on a NaN
+    assert all(axis.domain[1] - axis.domain[0] > 0.35 for axis in (fig.layout.xaxis, fig.layout.xaxis2))
 
 
 def line_styles(fig: go.Figure) -> dict[str, set[tuple]]:

@@ -14,6 +14,7 @@ import torch
 
 from ..loop import GRPOLoop
 from ..objective import tv_terms
+from .rewards import finished_completions
 
 
 def token_ratios(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -35,6 +36,13 @@ class GroupView:
     tv: float                          # TV(π_k, α) estimated from these G samples
     lag: int                           # steps since α was synced
     trained: int                       # optimiser steps π_θ took since α was synced (skipped steps take none)
+    finished: list[bool]               # whether each completion ended with a stop token within its budget
+
+    @property
+    def end_ratios(self) -> list[float]:
+        """r′ on the stop token of each finished completion: how much less (or more) π_k ends there than α."""
+        return [float(row[len(tokens) - 1]) for row, tokens, done in zip(self.ratios, self.tokens, self.finished,
+                                                                          strict=True) if done]
 
     @property
     def note(self) -> str:
@@ -69,4 +77,5 @@ def group_view(loop: GRPOLoop, seed: int = 0, tries: int = 8) -> GroupView:
                      advantages=plan.advantages.float(), kept=bool(plan.informative[0]),
                      ratios=token_ratios(logp_k, rollout.logp_alpha, mask),
                      tv=float(tv_terms(logp_k, rollout.logp_alpha, mask).mean()), lag=loop.schedule.lag(loop.k),
-                     trained=sum(not r.skipped for r in loop.history[max(loop.schedule.last_sync, 0):]))
+                     trained=sum(not r.skipped for r in loop.history[max(loop.schedule.last_sync, 0):]),
+                     finished=finished_completions(rollout.completions, mask, loop.task.eos_token_ids).tolist())

@@ -29,8 +29,8 @@ from .train_config import TrainConfig
 
 
 def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = True, resume: bool = True,
-          stop: threading.Event | None = None, on_step: Callable[[GRPOLoop, StepRecord], None] | None = None
-          ) -> GRPOLoop:
+          stop: threading.Event | None = None, on_step: Callable[[GRPOLoop, StepRecord], None] | None = None,
+          save: bool = True) -> GRPOLoop:
     """Run (or continue) a training run up to step ``config.steps``: progress bar, ``metrics.jsonl``, checkpoints.
 
     A given ``loop`` stops at ``config.steps`` even if it was built for more (the study scores
@@ -38,6 +38,7 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
 
     With ``resume`` and a checkpoint in ``output_dir``, continues from it exactly.
     ``on_step(loop, record)`` runs after each step is logged (a live figure redraws there).
+    ``save=False`` writes no checkpoint (``checkpoint_every`` included): a run that is drawn and then dropped.
     Interrupting (Ctrl-C), or setting ``stop`` (from another thread: a notebook's Stop button),
     finishes the current step, saves a checkpoint and returns the loop, ready to continue; a ``stop``
     set before the first step runs none. A sitting that ran no step leaves the checkpoint it found.
@@ -56,13 +57,13 @@ def train(config: TrainConfig, loop: GRPOLoop | None = None, progress: bool = Tr
     with hold_run_dir(out):
         if loop is None:  # build_loop's disk guard runs before α is copied
             loop = build_loop(config, checkpoint=out / CHECKPOINT_FILE)
-        else:
+        elif save:
             guard_disk(config, estimate_checkpoint(loop, config.steps), out / CHECKPOINT_FILE)
-        return _train(config, loop, out, progress, resume, stop or threading.Event(), on_step)
+        return _train(config, loop, out, progress, resume, stop or threading.Event(), on_step, save)
 
 
 def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resume: bool, stop: threading.Event,
-           on_step: Callable[[GRPOLoop, StepRecord], None] | None) -> GRPOLoop:
+           on_step: Callable[[GRPOLoop, StepRecord], None] | None, save: bool) -> GRPOLoop:
     ckpt = out / CHECKPOINT_FILE
     if resume and ckpt.is_file() and loop.k == 0:
         load_checkpoint(loop, ckpt)
@@ -76,14 +77,14 @@ def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resum
         while loop.k < config.steps and not stop.is_set():  # up to config.steps, whatever the loop's own
             record = loop.step()
             _log(record, out, loggers, bar)
-            if config.checkpoint_every and loop.k % config.checkpoint_every == 0:
+            if save and config.checkpoint_every and loop.k % config.checkpoint_every == 0:
                 save_checkpoint(loop, ckpt)
             if on_step is not None:
                 on_step(loop, record)
     except KeyboardInterrupt:
         # a step that deferred_interrupt let finish is in the history but was never logged
         _write_metrics(out, loop.history)
-        print(f"interrupted: saving a checkpoint at step {loop.k} in {ckpt}" if loop.k > first else
+        print(f"interrupted: saving a checkpoint at step {loop.k} in {ckpt}" if save and loop.k > first else
               f"interrupted at step {loop.k}: no step finished, the checkpoint stays as it was")
     finally:
         bar.close()
@@ -92,7 +93,7 @@ def _train(config: TrainConfig, loop: GRPOLoop, out: Path, progress: bool, resum
     # Not after any other exception: a failed step (e.g. FloatingPointError at pass 2 of i > 1) may
     # have left π_θ half-updated while k stayed, a failed write (DiskError) would fail again; the last
     # checkpoint written stays the one to resume from.
-    if loop.k > first:
+    if save and loop.k > first:
         save_checkpoint(loop, ckpt)
     return loop
 

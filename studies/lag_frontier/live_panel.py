@@ -22,32 +22,19 @@ Each point is J_low with its certified bound, J_low ≤ J ≤ J_low + pruned (dr
 and given in the status line). The evaluation runs between steps, off the training clock: the status line's time
 per step leaves it out, and gives its own seconds.
 
-The run trains through :func:`grpo_lab.lm.training.train`, like any other: its stop event is the
-**Stop** button, its per-step callback evaluates and redraws; this module only draws and keeps the knobs.
-In a kernel with a front end, **Run** trains in a background thread (the notebook stays
-responsive); **Stop**, or **Kernel > Interrupt** while no cell is executing, ends the run after the
-step (and any evaluation) in progress (:func:`hook_interrupt`). The loop and the figure keep everything done so
-far, and **Run** with the same knobs continues it; changing a knob starts a new run from the untrained
-model. Without a front end, :meth:`LivePanel.run` trains synchronously; a kernel interrupt
-(Ctrl-C) there also finishes the step, saves the checkpoint and returns (an evaluation it cuts short is not
-drawn).
-
-Each panel keeps one run folder, ``<out_dir>`` (``checkpoint.pt``, ``metrics.jsonl``, ``config.json``),
-whose checkpoint is replaced whenever a run stops or ends (a SmolLM2-135M checkpoint holds π_θ, α and
-AdamW's moments: its size is in the status line). A step that fails (a non-finite gradient at pass 2
-of i = 2, after pass 1 moved π_θ) saves nothing: the panel drops that loop, and **Run** with the same
-knobs resumes from the last checkpoint (with the J points up to it). A disk too full (or read-only) for the
-checkpoint stops the run with one line in the status, and the kernel stays usable.
+The run itself is a :class:`~grpo_lab.lm.background.BackgroundRun`: it trains through
+:func:`~grpo_lab.lm.training.train` in a background thread (**Run**) or in the cell's (:meth:`LivePanel.run`),
+continues with the same knobs, starts over from the untrained model when a knob changes, resumes from its
+checkpoint after a failed step, and removes its run folder (``checkpoint.pt``, about 2 GB for SmolLM2-135M)
+when the kernel ends. **Stop**, or **Kernel > Interrupt** while no cell is executing, ends a run after the
+step (and any evaluation) in progress. This module keeps the knobs, evaluates, and draws.
 """
 
 from __future__ import annotations
 
-import copy
 import html
 import json
-import threading
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,14 +47,11 @@ import torch
 from plotly.subplots import make_subplots
 
 from grpo_lab.exact.strict_j import ExactEvaluation, Sampling, exact_evaluate
-from grpo_lab.files import DiskError
-from grpo_lab.lm.build import build_loop
-from grpo_lab.lm.checkpoint import load_checkpoint
+from grpo_lab.lm.background import BackgroundRun, Sitting, hook_interrupt
 from grpo_lab.lm.recipes import recipe, run_dir
 from grpo_lab.lm.sampling import stop_and_pad_ids
 from grpo_lab.lm.tasks import Problem, all_questions
 from grpo_lab.lm.train_config import TrainConfig
-from grpo_lab.lm.training import CHECKPOINT_FILE, RunDirInUse, train
 from grpo_lab.loop import GRPOLoop
 from grpo_lab.objective import IS_CORRECTIONS
 from grpo_lab.viz.display import display_mode, show_panel, title_below_toolbar
@@ -169,6 +153,23 @@ def load_pilot(paths: Sequence[str | Path] = PILOT_UNITS) -> Pilot:
                  seconds_per_step=float(np.mean([u["wall_seconds"] / u["steps"] for u in units])))
 
 
+def exact_j(loop: GRPOLoop, questions: Sequence[Problem], threads: int | None = EVAL_THREADS) -> ExactEvaluation:
+    """Exact J of ``loop``'s π_θ on ``questions``, as the frontier's units take it: the run's sampling (T,
+    top-p/top-k, T_max) and system prompt, the model's stop ids; with ``threads`` torch threads (None: torch's
+    setting), put back after."""
+    model, config = loop.policy.model, loop.config
+    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_tokens=config.max_completion_length)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return exact_evaluate(model, loop.task.tokenizer, questions, sampling, system_prompt=config.system_prompt,
+                              eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0])
+    finally:
+        torch.set_num_threads(before)
+
+
 @dataclass(frozen=True)
 class JPoint:
     """One live evaluation: exact J of π_θ after ``step`` steps on the panel's questions."""
@@ -196,38 +197,6 @@ def make_knobs(config: TrainConfig) -> dict[str, W.ValueWidget]:
     }
 
 
-# ----------------------------------------------------------------------------- Kernel > Interrupt
-
-_RUNNING: weakref.WeakSet[LivePanel] = weakref.WeakSet()
-"""Panels whose background run is going: what an interrupt stops."""
-
-
-def _stop_running(signum: int, frame: Any) -> None:
-    """SIGINT while the kernel is idle: stop every panel's background run (nothing else to stop: an
-    idle ipykernel ignores SIGINT)."""
-    for panel in list(_RUNNING):
-        panel.stop("Kernel > Interrupt")
-
-
-def hook_interrupt() -> bool:
-    """Let Kernel > Interrupt reach a background run; False where it cannot (not in ipykernel).
-
-    Kernel > Interrupt sends the kernel SIGINT. An idle ipykernel ignores it: around each message it
-    handles, it installs Python's default handler (a KeyboardInterrupt in the executing cell) and then
-    puts back the handler it found, kept in ``kernel.saved_sigint_handler``. Setting that one to
-    :func:`_stop_running` (from a message handler: a button's click or a cell) makes SIGINT between
-    messages stop the runs; while a cell executes, Interrupt stops that cell as before."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    kernel = getattr(get_ipython(), "kernel", None)
-    if kernel is None or not hasattr(kernel, "saved_sigint_handler"):
-        return False
-    kernel.saved_sigint_handler = _stop_running
-    return True
-
-
 class LivePanel:
     """A GRPO run of the frontier's recipe with the knobs' values: exact J on a fixed subset of the task's questions
     and the training reward, drawn over the frontier pilot's v = 1 runs (module docstring).
@@ -239,11 +208,13 @@ class LivePanel:
     (default :data:`EVAL_EVERY`); ``pilot``: the backdrop's unit files (default :data:`PILOT_UNITS`; None: no
     backdrop; a pilot of another task is a ValueError); ``eval_threads``: torch threads during an evaluation
     (default :data:`EVAL_THREADS`; None: torch's setting); ``model`` / ``tokenizer``: the untrained model
-    (default: ``base.model``), of which each new run trains a copy; ``out_dir``: the panel's run folder,
-    holding its one checkpoint (default :func:`~grpo_lab.lm.recipes.run_dir` ``("nb02_live")``).
+    (default: ``base.model``, loaded by the first run), of which each new run trains a copy; ``out_dir``: the
+    panel's run folder, holding its one checkpoint (default :func:`~grpo_lab.lm.recipes.run_dir` ``("nb02_live")``),
+    removed when the kernel ends.
 
     After a run: ``loop`` (its :class:`~grpo_lab.loop.GRPOLoop`, ``loop.history`` its step records), ``j`` (step →
-    :class:`JPoint`), ``questions`` (the evaluated problems).
+    :class:`JPoint`), ``questions`` (the evaluated problems); ``runner`` is the
+    :class:`~grpo_lab.lm.background.BackgroundRun` that trains it.
     """
 
     def __init__(self, base: TrainConfig, problems: list[Any], steps: int = STEPS,
@@ -261,13 +232,11 @@ class LivePanel:
         if self.pilot is not None and self.pilot.task != base.task:
             raise ValueError(f"the pilot's units ran {self.pilot.task!r}, the panel's task is {base.task!r}: "
                              "pass pilot=None or the pilot of that task")
-        self._loads_model = model is None
-        if model is None:
-            model, tokenizer = self._load_untrained(base)
-        self.base, self.model, self.tokenizer, self.problems = base, model, tokenizer, problems
+        self.base, self.problems = base, problems
         self.steps, self.eval_every, self.eval_threads, self.mode = steps, eval_every, eval_threads, display_mode(mode)
         self.out_dir = Path(out_dir if out_dir is not None else run_dir("nb02_live"))
-        self.checkpoint = self.out_dir / CHECKPOINT_FILE
+        self.runner = BackgroundRun(self.out_dir, problems, model=model, tokenizer=tokenizer)
+        self.checkpoint = self.runner.checkpoint
         self.knobs = make_knobs(base)
         self.run_button = W.Button(description="Run", button_style="success", icon="play")
         self.stop_button = W.Button(description="Stop", button_style="warning", icon="stop")
@@ -275,20 +244,15 @@ class LivePanel:
         self.status = W.HTML(html.escape(f"press Run: {steps} steps, {self.subset_text()} at step 0 and every "
                                          f"{eval_every} steps; {self._expected()}"))
         self.figure = self._new_figure()
-        self.loop: GRPOLoop | None = None
         self.j: dict[int, JPoint] = {}
         """The live run's exact J by step (that of :attr:`loop`'s run, or of the run a failed step dropped)."""
         self._j_knobs: dict[str, Any] | None = None
         """The knobs of the run whose J points :attr:`j` holds."""
-        self._saved: tuple[dict[str, Any], int] | None = None
-        """The knobs and the step of the run whose checkpoint this panel last wrote (None: none yet)."""
-        self._stop = threading.Event()
-        self._stopped_by, self._line, self._j_line = "", "", ""
+        self._line, self._j_line = "", ""
         self._eval_seconds = 0.0
         """Seconds of evaluation in the current sitting (left out of its time per step)."""
         self.interruptible = False
         """Whether Kernel > Interrupt reaches a background run (:func:`hook_interrupt`, set by show and start)."""
-        self._thread: threading.Thread | None = None
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop("Stop"))
 
@@ -400,24 +364,9 @@ class LivePanel:
         """The steps at which the live run is evaluated: 0, every ``eval_every``, and the last."""
         return sorted({*range(0, self.steps + 1, self.eval_every), self.steps})
 
-    def sampling(self, config: TrainConfig) -> Sampling:
-        """The sampling distribution the live J is taken under: the run's T, top-p/top-k and T_max."""
-        return Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                        max_tokens=config.max_completion_length)
-
     def evaluate(self, loop: GRPOLoop) -> ExactEvaluation:
-        """Exact J of ``loop``'s π_θ on the panel's questions (as the frontier's units take it: the config's
-        sampling and system prompt, the model's stop ids), with ``eval_threads`` torch threads."""
-        model, config = loop.policy.model, loop.config
-        threads = torch.get_num_threads()
-        if self.eval_threads is not None:
-            torch.set_num_threads(self.eval_threads)
-        try:
-            return exact_evaluate(model, loop.task.tokenizer, self.questions, self.sampling(config),
-                                  system_prompt=config.system_prompt,
-                                  eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0])
-        finally:
-            torch.set_num_threads(threads)
+        """Exact J of ``loop``'s π_θ on the panel's questions (:func:`exact_j`) with ``eval_threads`` torch threads."""
+        return exact_j(loop, self.questions, self.eval_threads)
 
     def _measure(self, loop: GRPOLoop) -> None:
         """Evaluate ``loop`` at its step if that is an evaluation step without a J yet; draw it."""
@@ -437,28 +386,37 @@ class LivePanel:
         with self.figure.batch_update():
             self._draw_j()
 
-    def _loop_for(self, config: TrainConfig) -> GRPOLoop:
-        """The current loop if it was built with these knobs, else a fresh one from the untrained model,
-        resumed from the panel's checkpoint when that holds a run with these knobs (a failed step dropped
-        the run's loop); the J points kept are those of that run up to its step."""
+    @property
+    def loop(self) -> GRPOLoop | None:
+        """The current run's loop (None before the first run, after :meth:`release` or a failed step)."""
+        return self.runner.loop
+
+    @property
+    def model(self) -> Any:
+        """The untrained model the runner holds (None while a run it loaded trains it, or after a release)."""
+        return self.runner.model
+
+    def _ready(self, loop: GRPOLoop, new: bool, config: TrainConfig, start: float) -> bool:
+        """Once the runner has the loop: keep the J points of this run up to its step (a new loop resumed from
+        the checkpoint) or none (a new run), redraw, and evaluate at the step the run starts from unless it has
+        its J; False (train nothing) after an interrupt during that evaluation."""
         knobs = self._knob_values(config)
-        if self.loop is None or self._knob_values(self.loop.config) != knobs:
-            self.status.value = "setting up a new run: " + ("loading" if self.model is None else "copying") + \
-                " the untrained model"
-            if self.model is None:                                    # handed to a run, or released: load it again
-                self.model, self.tokenizer = self._load_untrained(self.base)
-            model = self.model if self._loads_model else copy.deepcopy(self.model)
-            if self._loads_model:      # the panel's own copy becomes the run's π_θ: one model less while it trains
-                self.model = None
-            loop = build_loop(config, model, self.tokenizer, self.problems)
-            step = self._checkpoint_step(knobs)
-            if step is not None:
-                load_checkpoint(loop, self.checkpoint)
-            same_run = step is not None and self._j_knobs == knobs
+        if new:
+            same_run = self.runner.saved_step(config) is not None and self._j_knobs == knobs
             self.j = {k: p for k, p in self.j.items() if k <= loop.k} if same_run else {}
-            self.loop, self._j_knobs = loop, knobs
+            self._j_knobs = knobs
             self._redraw()
-        return self.loop
+        first = self._first = self._last_k = loop.k
+        self._last = self.steps if self._steps_asked is None else min(self.steps, first + self._steps_asked)
+        self._eval_seconds, self._j_line = 0.0, ""
+        self._line = f"set up in {time.perf_counter() - start:.0f} s" + (f", resumed at step {first}" if first else "")
+        try:
+            self._measure(loop)
+        except KeyboardInterrupt:
+            self._interrupted_at = loop.k
+            return False
+        self.status.value = html.escape(self._status(self._line, f"step {first + 1}/{self.steps} under way"))
+        return True
 
     def _draw_j(self) -> None:
         """The live J trace from :attr:`j`: J_low, and an error bar up to J_low + pruned."""
@@ -475,109 +433,68 @@ class LivePanel:
             self._draw_j()
             self.live_reward_trace.x, self.live_reward_trace.y = list(range(len(rewards))), rewards
 
-    @staticmethod
-    def _load_untrained(base: TrainConfig) -> tuple[Any, Any]:
-        from grpo_lab.lm.models import load_policy
-
-        return load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
-
     def release(self) -> None:
         """Free the run's loop (π_θ's copy, α and the optimiser state, ~4× the model's size) and the untrained
         model the panel loaded (a model passed in is the caller's to keep), and return the freed pages to the
         OS: what a cell that needs the memory calls. The next Run loads the model again and, with the same
         knobs, resumes from the panel's checkpoint."""
-        from grpo_lab.lm.memory import return_freed_memory
-
-        self.stop("release")
-        if self._thread is not None:
-            self._thread.join()
-        self.loop = None
-        if self._loads_model:
-            self.model = None
-        return_freed_memory()
-
-    def _checkpoint_step(self, knobs: dict[str, Any]) -> int | None:
-        """The step of the panel's checkpoint if it holds a run with ``knobs`` (None: another run's, or none)."""
-        return self._saved[1] if self._saved is not None and self._saved[0] == knobs else None
+        self.runner.release()
 
     def stop(self, by: str = "Stop") -> None:
         """End the run after the step in progress (what Stop and Kernel > Interrupt do)."""
-        self._stopped_by = by
-        self._stop.set()
+        self.runner.stop(by)
 
-    def _clear_stop(self) -> None:
-        self._stopped_by = ""
-        self._stop.clear()
+    def run(self, steps: int | None = None) -> GRPOLoop | None:
+        """Train up to ``steps`` more steps (default: to the panel's total) in the caller's thread (what a cell
+        calls), redrawing after each and evaluating at the evaluation steps (the step the run starts from too,
+        step 0 of a new run, unless it has its J); returns the loop.
 
-    def run(self, steps: int | None = None) -> GRPOLoop:
-        """:meth:`_train` in the caller's thread (what a cell calls), after clearing an earlier Stop."""
-        self._clear_stop()
-        return self._train(steps)
-
-    def _train(self, steps: int | None = None) -> GRPOLoop:
-        """Train up to ``steps`` more steps (default: to the panel's total) through
-        :func:`~grpo_lab.lm.training.train`, redrawing after each and evaluating at the evaluation steps (the
-        step the run starts from too, step 0 of a new run, unless it has its J); returns the loop.
-
-        Stops early on Stop or an interrupt, also one pressed while the run is set up (then nothing is
+        Stops early on Stop or an interrupt (also one pressed while the run is set up: then nothing is
         evaluated either); a sitting that trained leaves a checkpoint of whole steps. An interrupt during an
-        evaluation leaves that step without a J: the next Run with the same knobs computes it if the run is
-        still at that step. A disk that cannot hold the checkpoint (:class:`~grpo_lab.files.DiskError`, checked
-        before the first step) or a run folder in use ends the run with the error's one line in the status; the
-        last checkpoint stays. Any other error (a failed step) is raised, after the status names it and the
-        panel drops the loop, whose π_θ may be half-updated: **Run** then resumes from the last checkpoint."""
-        config = self.config()
-        start = time.perf_counter()
-        loop = self._loop_for(config)
-        last = self.steps if steps is None else min(self.steps, loop.k + steps)
-        first, self._eval_seconds, self._j_line = loop.k, 0.0, ""
-        self._line = f"set up in {time.perf_counter() - start:.0f} s" + (f", resumed at step {first}" if first else "")
+        evaluation leaves that step without a J: the next Run with the same knobs computes it. A disk that
+        cannot hold the checkpoint or a run folder in use ends the run with the error's one line in the status;
+        the last checkpoint stays. Any other error (a failed step) is raised, after the status names it: **Run**
+        then resumes from the last checkpoint."""
+        config, start = self.config(), time.perf_counter()
+        self._setting_up(config, steps)
         try:
-            self._measure(loop)
-        except KeyboardInterrupt:
-            self.status.value = html.escape(f"{self._line} · interrupted during the evaluation at step {loop.k}: "
-                                            "no J drawn for it; Run with the same knobs evaluates it")
-            return loop
-        if loop.k >= last:
-            done = (f"the run has all {self.steps} steps: change a knob to start a new one" if loop.k >= self.steps
-                    else f"at step {loop.k}: no step asked for")
-            self.status.value = html.escape(self._status(done))
-            return loop
-        self.status.value = html.escape(self._status(self._line, f"step {first + 1}/{self.steps} under way"))
-        try:
-            train(config.replace(steps=last), loop, progress=False, resume=False, stop=self._stop,
-                  on_step=lambda trained, _: self._after_step(trained, first, start, last))
-        except (DiskError, RunDirInUse) as exc:
-            self.status.value = f"stopped: {html.escape(str(exc))}"
-            return loop
+            sitting = self.runner.run(config, steps, on_step=self._on_step_for(start),
+                                      on_ready=lambda loop, new: self._ready(loop, new, config, start))
         except Exception as exc:
-            self.loop = None
-            step = self._checkpoint_step(self._knob_values(config))
-            resume = "starts over" if step is None else f"resumes from its checkpoint at step {step}"
-            self.status.value = html.escape(f"{self._line} · stopped at step {loop.k} by {type(exc).__name__}: {exc} "
-                                            f"· nothing saved from this step; Run with the same knobs {resume}")
+            self._failed(config, exc)
             raise
-        notes = []
-        if loop.k < last:
-            notes.append(f"stopped by {self._stopped_by or 'an interrupt'} at step {loop.k}: Run with the same knobs "
-                         "continues")
-        if loop.k > first:
-            self._saved = self._knob_values(config), loop.k
-            notes.append(f"checkpoint {self.checkpoint} ({self.checkpoint.stat().st_size / 2**30:.2f} GiB, one per "
-                         "panel, replaced at every save)")
-        self.status.value = html.escape(self._status(self._line, *notes))
-        return loop
+        self._ended(sitting)
+        return sitting.loop
+
+    def start(self) -> None:
+        """:meth:`run` in a background thread (what the Run button does); ignored while a run is going."""
+        config, start = self.config(), time.perf_counter()
+        self.interruptible = hook_interrupt()
+        if self.runner.running:
+            return
+        self._setting_up(config, None)
+
+        def ended(sitting: Sitting | None, error: BaseException | None) -> None:
+            if sitting is not None:
+                self._ended(sitting)
+            elif isinstance(error, Exception):
+                self._failed(config, error)
+
+        self.runner.start(config, on_step=self._on_step_for(start),
+                          on_ready=lambda loop, new: self._ready(loop, new, config, start), on_end=ended)
 
     def _status(self, line: str, *notes: str) -> str:
         """The status line: ``line``, the last J, then ``notes``."""
         return " · ".join(part for part in (line, self._j_line, *notes) if part)
 
-    def _after_step(self, loop: GRPOLoop, first: int, start: float, last: int) -> None:
+    def _after_step(self, loop: GRPOLoop, start: float) -> None:
         """What runs after each step: redraw, then evaluate at an evaluation step (unless the run was stopped)."""
+        first, last = self._first, self._last
+        self._last_k = loop.k
         self._draw(loop, first, start, last)
-        if not self._stop.is_set():
+        if not self.runner.stopping:
             self._measure(loop)
-            going = loop.k < last and not self._stop.is_set()
+            going = loop.k < last and not self.runner.stopping
             self.status.value = html.escape(self._status(self._line, f"step {loop.k + 1}/{self.steps} under way"
                                                          if going else ""))
 
@@ -598,27 +515,49 @@ class LivePanel:
                       f"masked {record.masked_frac:.0%} · {per_step:.1f} s a step (set-up included, evaluations "
                       "not)" + (f", ~{per_step * (last - loop.k) + per_eval * evals_left:.0f} s left"
                                 if loop.k < last else ""))
-        going = loop.k < last and not self._stop.is_set()
+        going = loop.k < last and not self.runner.stopping
         self.status.value = html.escape(self._status(self._line, f"step {loop.k + 1}/{self.steps} under way"
                                                      if going else ""))
 
-    def start(self) -> None:
-        """Run in a background thread (what the Run button does); ignored while a run is going. The stop
-        flag is cleared here, before the run is set up, so that a Stop pressed during the set-up counts."""
-        if self._thread is not None and self._thread.is_alive():
+    def _setting_up(self, config: TrainConfig, steps: int | None) -> None:
+        self._interrupted_at: int | None = None
+        self._steps_asked = steps
+        if self.loop is None or self._knob_values(self.loop.config) != self._knob_values(config):
+            self.status.value = "setting up a new run: " + ("copying" if self.model is not None else "loading") + \
+                " the untrained model"
+
+    def _on_step_for(self, start: float) -> Any:
+        return lambda loop, _: self._after_step(loop, start)
+
+    def _failed(self, config: TrainConfig, exc: Exception) -> None:
+        step = self.runner.saved_step(config)
+        resume = "starts over" if step is None else f"resumes from its checkpoint at step {step}"
+        self.status.value = html.escape(f"{self._line} · stopped at step {self._last_k} by {type(exc).__name__}: {exc} "
+                                        f"· nothing saved from this step; Run with the same knobs {resume}")
+
+    def _ended(self, sitting: Sitting) -> None:
+        """The status line once a sitting ends."""
+        loop = sitting.loop
+        if sitting.error:
+            self.status.value = f"stopped: {html.escape(sitting.error)}"
             return
-        self._clear_stop()
-        self.interruptible = hook_interrupt()
-        _RUNNING.add(self)
-
-        def target() -> None:
-            try:
-                self._train()
-            finally:
-                _RUNNING.discard(self)
-
-        self._thread = threading.Thread(target=target, daemon=True)
-        self._thread.start()
+        if self._interrupted_at is not None:
+            self.status.value = html.escape(f"{self._line} · interrupted during the evaluation at step "
+                                            f"{self._interrupted_at}: no J drawn for it; Run with the same knobs "
+                                            "evaluates it")
+            return
+        notes = []
+        if loop.k >= sitting.last and not sitting.trained and not sitting.stopped_by:
+            done = (f"the run has all {self.steps} steps: change a knob to start a new one" if loop.k >= self.steps
+                    else f"at step {loop.k}: no step asked for")
+            self.status.value = html.escape(self._status(done))
+            return
+        if sitting.stopped_by:
+            notes.append(f"stopped by {sitting.stopped_by} at step {loop.k}: Run with the same knobs continues")
+        if sitting.trained:
+            notes.append(f"checkpoint {self.checkpoint} ({self.checkpoint.stat().st_size / 2**30:.2f} GiB, one per "
+                         "panel, replaced at every save, removed when the kernel ends)")
+        self.status.value = html.escape(self._status(self._line, *notes))
 
     def help_text(self) -> str:
         """What the buttons do, shown under them."""

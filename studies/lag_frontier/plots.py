@@ -120,8 +120,9 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_yaxes(title_text="mean |log r′| per token", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="r′", type="log", row=1, col=2)
     fig.update_yaxes(title_text="ESS / N", range=[0, 1.05], row=1, col=3)
-    fig.update_layout(title=f"Drift and importance weights by lag ({len(trained)} units)", height=HEIGHT,
-                      barmode="overlay")
+    fig.update_layout(title=f"Drift and importance weights by lag ({len(trained)} units)", height=HEIGHT + 90,
+                      barmode="overlay", margin=dict(b=150),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=-0.3, yanchor="top"))  # every arm shows
     return fig
 
 
@@ -168,6 +169,17 @@ def mask_figure(summary: Mapping[str, Any]) -> go.Figure:
                                             arrayminus=[p["mean"] - p["ci"][0] for p in points])))
     fig.update_layout(title=title, height=HEIGHT, yaxis_title="J_auc (exact)", xaxis_title="arm")
     return fig
+
+
+def paired_estimate(summary: Mapping[str, Any], a: str, b: str) -> tuple[float, float, float, int]:
+    """The mean paired difference ``a`` − ``b`` of J_auc over the seeds both arms have, its 95 % t interval and the
+    seed count."""
+    from grpo_lab.stats.paired import mean_ci
+
+    j_auc = {(run["arm"], run["seed"]): run["j_auc"] for run in summary["runs"]}
+    seeds = sorted(seed for arm, seed in j_auc if arm == a and (b, seed) in j_auc)
+    mean, half = mean_ci([j_auc[(a, s)] - j_auc[(b, s)] for s in seeds])
+    return mean, mean - half, mean + half, len(seeds)
 
 
 def findings(summary: Mapping[str, Any]) -> list[str]:

@@ -13,9 +13,11 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from grpo_lab.scale.throughput import MEASURED
-from grpo_lab.viz.display import new_figure
+from grpo_lab.viz.display import new_figure, title_below_toolbar
 from studies.time_to_accuracy.summary import V1
+
+RECORDED = "MEASURED by studies/time_to_accuracy/run.py (not re-run here)"
+"""Where these figures' numbers come from: the study's committed units, not this notebook's run."""
 
 
 def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Figure:
@@ -23,10 +25,13 @@ def tta_curves_figure(summary: Mapping[str, Any], by: str = "seconds") -> go.Fig
     speed) or optimiser steps (``by="optimizer_steps"``: learning per update), with the targets dashed."""
     if by not in ("seconds", "optimizer_steps"):
         raise ValueError(f"by must be 'seconds' or 'optimizer_steps', got {by!r}")
-    fig = new_figure(height=440, yaxis_title="exact J (strict)", yaxis_range=[0, 1],
+    title = (f"Exact J against {'training seconds' if by == 'seconds' else 'optimiser steps'}: {summary['task']}, "
+             f"{summary['budget_seconds']:.0f} s a unit, J every {summary['eval_every_seconds']:.0f} s"
+             f"<br><sup>{RECORDED}</sup>")
+    fig = new_figure(yaxis_title="exact J (strict)", yaxis_range=[0, 1],
                      xaxis_title="training seconds (evaluation off the clock)" if by == "seconds" else
-                     "optimiser steps", title=f"{MEASURED} by studies/time_to_accuracy/run.py: {summary['task']}, "
-                     f"{summary['budget_seconds']:.0f} s a unit, J every {summary['eval_every_seconds']:.0f} s")
+                     "optimiser steps")
+    fig.update_layout(**title_below_toolbar(title, 460))
     arms = sorted({run["arm"] for run in summary["runs"]})
     for arm, color in zip(arms, itertools.cycle(qualitative.Plotly), strict=False):
         for k, run in enumerate(r for r in summary["runs"] if r["arm"] == arm):
@@ -56,9 +61,9 @@ def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figu
     one whose interval is not resolved has no bars and names the reason in its hover text; a bound under censoring
     is drawn as a triangle pointing the way the ratio of mean times lies (:data:`BOUND_SYMBOL`)."""
     denominator, key = (V1, "time_ratios_to_v1") if to_v1 else (summary["reference"], "time_ratios")
-    fig = new_figure(height=120 + 60 * max(1, len(summary[key])), xaxis_type="log",
-                     xaxis_title=f"training time to the target ÷ {denominator}'s (restricted means)",
-                     title=f"{MEASURED}: time ratios to {denominator} with 95 % bootstrap intervals over seeds")
+    fig = new_figure(xaxis_type="log", xaxis_title=f"training time to the target ÷ {denominator}'s (restricted means)")
+    fig.update_layout(**title_below_toolbar(f"Time ratios to {denominator}, 95 % bootstrap intervals over seeds"
+                                            f"<br><sup>{RECORDED}</sup>", 160 + 60 * max(1, len(summary[key]))))
     for name, color in zip(summary["targets"]["levels"], itertools.cycle(qualitative.Plotly), strict=False):
         arms, ratios, plus, minus, notes, symbols = [], [], [], [], [], []
         for arm, by_target in summary[key].items():

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 
 NOTEBOOK = "01_bandit.ipynb"
-NOTEBOOK02 = "02_gsm8k_qwen05b.ipynb"
+NOTEBOOK02 = "02_lag_frontier.ipynb"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 KERNEL_IDLE = re.compile(r"^Python 3 \(ipykernel\) \| Idle$")   # the status bar, once the kernel is up
