@@ -79,10 +79,12 @@ def test_the_drift_figure_averages_trained_steps_by_lag() -> None:
     fig = frontier_plots.drift_figure(units)
     drift = next(t for t in fig.data if t.name == "v4_truncated (2 seeds)")
     assert list(drift.x) == [0, 1, 2, 3] and drift.y[3] == pytest.approx(0.15)
-    bar = next(t for t in fig.data if t.type == "bar" and list(t.x) == ["v4_truncated"])
+    bar = next(t for t in fig.data if t.type == "bar")                 # one bar per arm, in one trace
+    at = list(bar.x).index("v4_truncated")
     trained = [record(k, 4, "truncated") for k in range(32) if k % 5 != 4]
-    assert bar.y[0] == pytest.approx(np.mean([r["ess_token"] for r in trained]))
-    assert bar.text[0] == f"{np.mean([r['cap_frac'] for r in trained]):.1%}"
+    assert bar.y[at] == pytest.approx(np.mean([r["ess_token"] for r in trained]))
+    assert bar.text[at] == f"{np.mean([r['cap_frac'] for r in trained]):.1%} capped"
+    assert bar.text[list(bar.x).index("v1")] == ""
 
 
 def test_the_question_view_orders_by_untrained_j_and_marks_the_constant_answer() -> None:

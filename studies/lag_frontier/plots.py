@@ -22,7 +22,7 @@ from studies.lag_frontier.frontier import CORRECTIONS, MASK_ARMS, PAPER_GSM8K, V
 
 CORRECTION_STYLE = {"ratio": (COLORS[0], "solid"), "truncated": (COLORS[1], "dash"), "none": (COLORS[2], "dot")}
 """One colour and dash per correction, the same in every figure."""
-ENDPOINT_TITLES = {"j_auc": "J_auc: mean exact J after step 0 (primary)", "j_final": "exact J at the budget"}
+ENDPOINT_TITLES = {"j_auc": "J_auc: mean J after step 0", "j_final": "exact J at the budget"}
 
 
 def not_read(summary: Mapping[str, Any], family: str = "primary") -> str | None:
@@ -45,12 +45,13 @@ def frontier_figure(summary: Mapping[str, Any]) -> go.Figure:
     """Each endpoint against v (log axis), one line per correction from ``v1``'s point, mean and 95 % CI over
     seeds; ``v1``'s mean ± the equivalence margin as a band, the untrained J and the best constant answer as
     lines."""
-    title = f"The lag frontier on {summary.get('task', '?')}: exact J against the sync period v"
+    title = f"The lag frontier on {summary.get('task', '?')}: exact J against v"
     reason = not_read(summary)
     if reason:
         return _placeholder(reason, title)
     arms, margin = summary["arms"], summary["margin"]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[ENDPOINT_TITLES[e] for e in ("j_auc", "j_final")])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=[ENDPOINT_TITLES[e] for e in ("j_auc", "j_final")])
     for col, endpoint in enumerate(("j_auc", "j_final"), start=1):
         v1 = arms["v1"][endpoint]
         for correction in CORRECTIONS:
@@ -75,7 +76,8 @@ def frontier_figure(summary: Mapping[str, Any]) -> go.Figure:
         fig.update_xaxes(type="log", tickvals=list(V_GRID), ticktext=[str(v) for v in V_GRID], title_text="v",
                          row=1, col=col)
         fig.update_yaxes(title_text="exact J", row=1, col=col)
-    fig.update_layout(title=f"{title} (band: v1 ± margin {margin:.3f})", height=HEIGHT, legend_title="correction")
+    fig.update_layout(title=f"{title}<br><sup>grey band: v1 ± margin {margin:.3f}</sup>", height=HEIGHT,
+                      legend_title="correction")
     return fig
 
 
@@ -86,13 +88,17 @@ def _by_arm(units: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, A
     return out
 
 
+V_SYMBOL = {1: "circle", 4: "circle", 16: "square", 32: "diamond"}
+"""The drift figure's marker per v (an arm's colour and dash are its correction's)."""
+
+
 def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
     """Per arm, over its trained steps: (a) the drift mean |log r′| by lag; (b) r′ (raw, before any cap): its
     median and 99th percentile by lag; (c) the token ESS raw and as applied, and the share of tokens capped."""
     trained = [u for u in units if u.get("beta", 0.0) == 0.0]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[
-        "(a) drift: mean |log r′| by lag", "(b) raw r′ by lag: median, p99 (dotted)",
-        "(c) ESS / N: raw (bar), applied (◆), % capped"])
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.12, subplot_titles=[
+        "(a) drift by lag", "(b) r′: p50, p99 (dot)", "(c) ESS / N, ◆ applied"])
+    names, ess, applied, colors, capped_text = [], [], [], [], []
     for arm, runs in _by_arm(trained).items():
         v, correction = runs[0]["v"], runs[0]["is_correction"]
         color, dash = CORRECTION_STYLE[correction] if v > 1 else ("black", "solid")
@@ -100,20 +106,26 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
         lags = sorted({r["lag"] for r in records})
         at = {lag: [r for r in records if r["lag"] == lag] for lag in lags}
         label = f"{arm} ({len(runs)} seed{'s' * (len(runs) > 1)})"
+        symbol = V_SYMBOL.get(v, "circle")   # v by marker and width: one correction's arms share colour and dash
         fig.add_trace(go.Scatter(x=lags, y=[np.mean([r["log_ratio_k_abs"] for r in at[g]]) for g in lags],
-                                 name=label, legendgroup=arm, line=dict(color=color, dash=dash),
-                                 opacity=0.4 + 0.6 * (v / max(V_GRID))), row=1, col=1)
+                                 name=label, legendgroup=arm, mode="lines+markers",
+                                 line=dict(color=color, dash=dash, width=1 + v / 8),
+                                 marker=dict(symbol=symbol, size=6)), row=1, col=1)
         for key, line in (("log_ratio_k_p50", dash), ("log_ratio_k_p99", "dot")):
             fig.add_trace(go.Scatter(x=lags, y=[float(np.exp(np.median([r[key] for r in at[g]]))) for g in lags],
-                                     name=label, legendgroup=arm, showlegend=False,
-                                     line=dict(color=color, dash=line)), row=1, col=2)
+                                     name=f"{label}, {key[-3:]}", legendgroup=arm, showlegend=False,
+                                     mode="lines+markers", marker=dict(symbol=symbol, size=5),
+                                     line=dict(color=color, dash=line, width=1 + v / 8)), row=1, col=2)
         capped = np.mean([r["cap_frac"] for r in records])
-        fig.add_trace(go.Bar(x=[arm], y=[np.mean([r["ess_token"] for r in records])], marker_color=color,
-                             name=label, legendgroup=arm, showlegend=False,
-                             text=[f"{capped:.1%}" if correction == "truncated" and v > 1 else ""]), row=1, col=3)
-        fig.add_trace(go.Scatter(x=[arm], y=[np.mean([r["ess_token_applied"] for r in records])], mode="markers",
-                                 marker=dict(color="black", symbol="diamond"), name=label, legendgroup=arm,
-                                 showlegend=False), row=1, col=3)
+        names.append(arm)
+        ess.append(np.mean([r["ess_token"] for r in records]))
+        applied.append(np.mean([r["ess_token_applied"] for r in records]))
+        colors.append(color)
+        capped_text.append(f"{capped:.1%} capped" if correction == "truncated" and v > 1 else "")
+    fig.add_trace(go.Bar(x=names, y=ess, marker_color=colors, text=capped_text, name="ESS / N, raw",
+                         showlegend=False), row=1, col=3)
+    fig.add_trace(go.Scatter(x=names, y=applied, mode="markers", marker=dict(color="black", symbol="diamond"),
+                             name="ESS / N, applied", showlegend=False), row=1, col=3)
     for col in (1, 2):
         fig.update_xaxes(title_text="lag k − k₀ (steps)", tickformat="d", row=1, col=col)
     fig.update_xaxes(title_text="arm", row=1, col=3)
@@ -151,7 +163,8 @@ def question_figure(units: Sequence[Mapping[str, Any]], untrained: Mapping[str, 
     fig = go.Figure(go.Heatmap(z=z, x=[questions[i] for i in order], y=list(rows), zmin=0, zmax=1,
                                colorscale="Viridis", colorbar=dict(title="J")))
     fig.update_layout(title=title, height=HEIGHT + 12 * len(rows), xaxis=dict(showticklabels=False,
-                      title=f"{len(questions)} questions, by untrained J"), yaxis=dict(autorange="reversed"))
+                      title=f"{len(questions)} questions, by untrained J"),
+                      yaxis=dict(autorange="reversed", title="arm, seed"))
     return fig
 
 

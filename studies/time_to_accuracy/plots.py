@@ -61,8 +61,9 @@ def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figu
     one whose interval is not resolved has no bars and names the reason in its hover text; a bound under censoring
     is drawn as a triangle pointing the way the ratio of mean times lies (:data:`BOUND_SYMBOL`)."""
     denominator, key = (V1, "time_ratios_to_v1") if to_v1 else (summary["reference"], "time_ratios")
-    fig = new_figure(xaxis_type="log", xaxis_title=f"training time to the target ÷ {denominator}'s (restricted means)")
-    fig.update_layout(**title_below_toolbar(f"Time ratios to {denominator}, 95 % bootstrap intervals over seeds"
+    fig = new_figure(xaxis_type="log", xaxis_title=f"training time to the target ÷ {denominator}'s (restricted means)",
+                     yaxis_title="arm")
+    fig.update_layout(**title_below_toolbar(f"Time ratios to {denominator}<br>95 % bootstrap intervals over seeds"
                                             f"<br><sup>{RECORDED}</sup>", 160 + 60 * max(1, len(summary[key]))))
     for name, color in zip(summary["targets"]["levels"], itertools.cycle(qualitative.Plotly), strict=False):
         arms, ratios, plus, minus, notes, symbols = [], [], [], [], [], []
