@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from grpo_lab.exact.bandit import BanditRun, run_bandit
+from grpo_lab.exact.bandit_lab import lab_config, lab_problem
 from grpo_lab.exact.closed_form import run_bandit_closed_form
-from grpo_lab.exact.studies import lab_config, lab_problem
 
 BUDGET_S = 0.5
 ENGINES: dict[str, Callable[..., BanditRun]] = {"closed form (panel)": run_bandit_closed_form, "GRPOLoop": run_bandit}

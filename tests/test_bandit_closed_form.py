@@ -9,8 +9,8 @@ import torch
 
 from grpo_lab import kl_estimate
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
+from grpo_lab.exact.bandit_lab import lab_cost_model, mean_grad_norm, wall_clock
 from grpo_lab.exact.closed_form import kl_gradient, run_bandit_closed_form
-from grpo_lab.exact.studies import lab_cost_model, mean_grad_norm, wall_clock
 from grpo_lab.objective import IS_CORRECTIONS, KL_KINDS
 
 PROBLEM = BanditProblem.random(contexts=10, arms=6, seed=1, hardness=3.0)

@@ -25,7 +25,7 @@ import plotly.io as pio
 import pytest
 import torch
 
-from grpo_lab.exact import studies
+from grpo_lab.exact import bandit_lab as lab
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, run_bandit
 from grpo_lab.loop import StepRecord
 from grpo_lab.scale.costmodel import StepCostModel, fit_from_records
@@ -243,28 +243,28 @@ def bandit() -> tuple[BanditProblem, object]:
 
 def notebook01() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
     problem, config = bandit()
-    results = studies.run_findings(problem, config, runs=2)
-    trajectory = studies.policy_trajectory(problem, config)
+    results = lab.run_findings(problem, config, runs=2)
+    trajectory = lab.policy_trajectory(problem, config)
     tracked = {f"v = {v}": run_bandit(problem, config.replace(v=v), runs=2, track_bound=True) for v in (1, 3)}
     return {
-        "01 whitening": lambda: (plots.whitening_figure(studies.example_batch(studies.lab_problem(),
-                                                                              studies.lab_config())), 0),
+        "01 whitening": lambda: (plots.whitening_figure(lab.example_batch(lab.lab_problem(),
+                                                                              lab.lab_config())), 0),
         "01 surrogate": lambda: (plots.surrogate_figure(torch.linspace(0.01, 5, 200, dtype=torch.float64),
                                                         [0.5, 1.0, 2.0, 4.0], 0.2), 0),
-        "01 timeline": lambda: (plots.timeline_figure({"kit v = 2, i = 2": studies.kit_timeline(2, 2, 4),
-                                                       "TRL S = 2, μ = 2": studies.trl_timeline(2, 2, 2)}), 0),
-        "01 KL gradient": lambda: (plots.kl_gradient_figure(studies.kl_gradient_study(trajectory, [0, 3, 6], 6)), 0),
-        "01 KL values": lambda: (plots.kl_figure(studies.kl_study(trajectory, [0, 3, 6], ref_lag=6)), 0),
+        "01 timeline": lambda: (plots.timeline_figure({"kit v = 2, i = 2": lab.kit_timeline(2, 2, 4),
+                                                       "TRL S = 2, μ = 2": lab.trl_timeline(2, 2, 2)}), 0),
+        "01 KL gradient": lambda: (plots.kl_gradient_figure(lab.kl_gradient_study(trajectory, [0, 3, 6], 6)), 0),
+        "01 KL values": lambda: (plots.kl_figure(lab.kl_study(trajectory, [0, 3, 6], ref_lag=6)), 0),
         "01 Theorem 1": lambda: (plots.bound_figure(tracked), 0),
-        "01 constants": lambda: (plots.bound_constants_figure(studies.bound_constants_study(problem, config, 2)), 1),
+        "01 constants": lambda: (plots.bound_constants_figure(lab.bound_constants_study(problem, config, 2)), 1),
         "01 TV": lambda: (plots.tv_figure(tracked["v = 3"]), 0),
-        "01 lag": lambda: (plots.lag_figure(studies.lag_study(problem, config, [1, 3], runs=2)), 0),
+        "01 lag": lambda: (plots.lag_figure(lab.lag_study(problem, config, [1, 3], runs=2)), 0),
         "01 weight": lambda: (plots.bound_weight_figure([1e-4, 1e-2, 0.1]), 1),
         "01 findings": lambda: (plots.findings_figure(results), 0),
-        "01 (a′) optimisers": lambda: (plots.mask_optimizer_figure(studies.mask_optimizer_study(problem, config, 2)),
+        "01 (a′) optimisers": lambda: (plots.mask_optimizer_figure(lab.mask_optimizer_study(problem, config, 2)),
                                        0),
         "01 wall clock": lambda: (plots.wall_clock_figure(results, ["on-policy + mask", "v = 10",
-                                                                    "sample reuse i = 10"], studies.lab_cost_model()),
+                                                                    "sample reuse i = 10"], lab.lab_cost_model()),
                                   0),
         "01 live panel": lambda: (_panel_figure(problem, config), 0),
     }

@@ -154,7 +154,7 @@ def test_the_package_has_no_import_circle_and_no_back_arrow():
     assert len(graph) >= 50 and sum(map(len, graph.values())) >= 150      # the whole package was read
     assert {"grpo_lab.plan", "grpo_lab.rollout", "grpo_lab.sync_audit"} <= graph["grpo_lab.loop"]
     assert "grpo_lab.lm.policy" in graph["grpo_lab.exact.digits_lm"]       # a subpackage's relative import
-    assert "grpo_lab.exact.studies" in graph["grpo_lab.viz.demo"]          # from ..exact import studies
+    assert "grpo_lab.exact.bandit_lab" in graph["grpo_lab.viz.demo"]          # from ..exact import bandit_lab
     assert cycles(graph) == [], f"import circles: {cycles(graph)}"
     assert back_arrows(graph) == [], f"back arrows (see ALLOWED): {back_arrows(graph)}"
 

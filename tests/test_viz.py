@@ -1,5 +1,5 @@
 """grpo_lab.viz: the exercise checks catch wrong answers, the display switch, the live panel (its knobs' labels, its
-title clear of the toolbar, the restart hint), the run dashboard's gaps, the studies."""
+title clear of the toolbar, the restart hint), the run dashboard's gaps, the lab."""
 
 import json
 import math
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_lab.config import smoke_mode
-from grpo_lab.exact import studies
+from grpo_lab.exact import bandit_lab as lab
 from grpo_lab.exact.bandit import BanditProblem, bandit_config, build_bandit_loop, run_bandit
 from grpo_lab.scale.costmodel import StepCostModel
 from grpo_lab.viz import BanditPanel, check, display, display_mode, new_figure, plots, show_solution
@@ -181,9 +181,9 @@ def test_panel_offers_every_correction_and_its_bounds():
 
 
 def test_panel_optimiser_switch_brings_its_learning_rate_and_clip():
-    panel = BanditPanel(studies.lab_problem(), studies.lab_config(steps=30), runs=2, mode="none")
+    panel = BanditPanel(lab.lab_problem(), lab.lab_config(steps=30), runs=2, mode="none")
     panel.controls["optimizer"].value = "AdamW, clipped"
-    adamw = studies.OPTIMIZER_SETTINGS["AdamW, clipped"]
+    adamw = lab.OPTIMIZER_SETTINGS["AdamW, clipped"]
     assert (panel.last.config.optimizer, panel.last.config.lr, panel.last.config.max_grad_norm) == \
         (adamw["optimizer"], adamw["lr"], adamw["max_grad_norm"])
     batch = panel.last.J.copy()
@@ -192,7 +192,7 @@ def test_panel_optimiser_switch_brings_its_learning_rate_and_clip():
     panel.controls["optimizer"].value = "SGD, no clipping"
     assert (panel.last.config.optimizer, panel.last.config.lr, panel.last.config.max_grad_norm) == ("sgd", 1.0, None)
     with pytest.raises(ValueError, match="the panel offers"):
-        BanditPanel(studies.lab_problem(), studies.lab_config(steps=5, optimizer="adamw", max_grad_norm=3.0),
+        BanditPanel(lab.lab_problem(), lab.lab_config(steps=5, optimizer="adamw", max_grad_norm=3.0),
                     mode="none")
 
 
@@ -208,13 +208,13 @@ def test_widget_mode_panel_holds_a_figure_widget():
 
 def test_smoke_switch_shrinks_the_lab(monkeypatch):
     monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
-    assert smoke_mode() and studies.lab_size() == studies.SMOKE and studies.lab_config().steps == studies.SMOKE.steps
+    assert smoke_mode() and lab.lab_size() == lab.SMOKE and lab.lab_config().steps == lab.SMOKE.steps
     monkeypatch.setenv("GRPO_LAB_SMOKE", "0")
-    assert not smoke_mode() and studies.lab_size() == studies.FULL
+    assert not smoke_mode() and lab.lab_size() == lab.FULL
 
 
 def test_band_gaps_hand_computed():
-    rows = studies.band_gaps([1.0, 3.0], 0.2, torch.linspace(0.01, 5, 500, dtype=torch.float64))
+    rows = lab.band_gaps([1.0, 3.0], 0.2, torch.linspace(0.01, 5, 500, dtype=torch.float64))
     assert rows[0]["max_gap_A+"] == pytest.approx(0.0) and rows[0]["max_gap_A-"] == pytest.approx(0.0)
     # r′ = 3: additive [2.8, 3.2], multiplicative [2.4, 3.6]; the largest gap is ε·|r′ − 1| = 0.4
     assert (rows[1]["additive_low"], rows[1]["additive_high"]) == pytest.approx((2.8, 3.2))
@@ -225,19 +225,19 @@ def test_band_gaps_hand_computed():
 
 def test_kl_study_on_policy_unbiased_lagged_biased():
     problem = BanditProblem.random(contexts=4, arms=5, seed=1)
-    trajectory = studies.policy_trajectory(problem, bandit_config(steps=40, lr=2.0))
+    trajectory = lab.policy_trajectory(problem, bandit_config(steps=40, lr=2.0))
     assert trajectory.shape == (41, 4, 5)
-    study = studies.kl_study(trajectory, [0, 30], ref_lag=20)
+    study = lab.kl_study(trajectory, [0, 30], ref_lag=20)
     for kind in ("k1", "k3"):
         assert study.mean[kind][0] == pytest.approx(study.exact, rel=1e-9)     # on-policy: unbiased
         assert study.iw_mean[kind] == pytest.approx(study.exact, rel=1e-9)     # × π/α: unbiased at any lag
         assert abs(study.mean[kind][1] - study.exact) > 1e-3 * study.exact     # lagged: biased
     with pytest.raises(ValueError, match="ref_lag"):
-        studies.kl_study(trajectory, [0], ref_lag=41)
+        lab.kl_study(trajectory, [0], ref_lag=41)
 
 
 def test_example_batch_has_a_masked_group():
-    batch = studies.example_batch(studies.lab_problem(), studies.lab_config())
+    batch = lab.example_batch(lab.lab_problem(), lab.lab_config())
     masked = ~batch.keep
     assert masked.any()
     assert (batch.rewards[masked] == batch.rewards[masked][:, :1]).all()
@@ -248,10 +248,10 @@ def test_wall_clock_follows_the_cost_model():
     model = StepCostModel(gen=2.0, train=3.0, sync=10.0)
     problem = BanditProblem.random(contexts=4, arms=3, seed=0)
     run = run_bandit(problem, bandit_config(steps=20, v=10, i=2), runs=1)
-    seconds = studies.wall_clock(run, model)
+    seconds = lab.wall_clock(run, model)
     assert seconds.shape == (21,)
     assert seconds[-1] == pytest.approx(20 * 2.0 + 3.0 * run.optimizer_passes[-1] + 2 * 10.0)
-    paper = studies.lab_cost_model(0.4)
+    paper = lab.lab_cost_model(0.4)
     assert paper.gen + paper.train + paper.sync == pytest.approx(1 / 0.02828, rel=1e-6)
     assert paper.gen + paper.train + paper.sync / 10 == pytest.approx(1 / 0.03828, rel=1e-6)
 
@@ -260,27 +260,27 @@ def test_timelines_map_the_kits_knobs_onto_trls():
     def schedule(steps):
         return [(s.t, s.sampler, s.centre, s.clip_can_act, s.sync) for s in steps]
 
-    assert schedule(studies.kit_timeline(1, 4, 3)) == schedule(studies.trl_timeline(1, 4, 3))      # i = μ, S = 1
-    kit, trl = studies.kit_timeline(4, 1, 8), studies.trl_timeline(4, 1, 2)
+    assert schedule(lab.kit_timeline(1, 4, 3)) == schedule(lab.trl_timeline(1, 4, 3))      # i = μ, S = 1
+    kit, trl = lab.kit_timeline(4, 1, 8), lab.trl_timeline(4, 1, 2)
     assert [s.lag for s in kit] == [s.lag for s in trl] == [0, 1, 2, 3] * 2                         # v = S: staleness
     assert not any(s.clip_can_act for s in kit) and [s.clip_can_act for s in trl] == [False, True, True, True] * 2
-    assert [s.sync for s in studies.kit_timeline(2, 2, 4)] == [True, False, False, False] * 2
-    assert schedule(studies.trl_timeline(8, 1, 2, gradient_accumulation_steps=2)) == schedule(trl)
+    assert [s.sync for s in lab.kit_timeline(2, 2, 4)] == [True, False, False, False] * 2
+    assert schedule(lab.trl_timeline(8, 1, 2, gradient_accumulation_steps=2)) == schedule(trl)
     with pytest.raises(ValueError, match="multiple of gradient_accumulation_steps"):
-        studies.trl_timeline(3, 1, 1, gradient_accumulation_steps=2)
+        lab.trl_timeline(3, 1, 1, gradient_accumulation_steps=2)
 
 
 def test_tight_constants_bound_holds_and_certifies_gains_the_stated_one_cannot():
-    study = studies.bound_constants_study(studies.lab_problem(), studies.lab_config(steps=60), runs=2)
+    study = lab.bound_constants_study(lab.lab_problem(), lab.lab_config(steps=60), runs=2)
     assert (study.improvement >= study.tight - 1e-12).all() and (study.tight >= study.paper - 1e-12).all()
     assert (study.tight <= study.ceiling + 1e-12).all()
     assert study.paper.max() <= 0 < study.tight.max()
-    assert np.array_equal(study.paper, run_bandit(studies.lab_problem(), studies.lab_config(steps=60), runs=2,
+    assert np.array_equal(study.paper, run_bandit(lab.lab_problem(), lab.lab_config(steps=60), runs=2,
                                                   track_bound=True).bound)
 
 
 def test_mask_knobs_under_sgd_and_under_clipped_adamw():
-    study = studies.mask_optimizer_study(studies.lab_problem(), studies.lab_config(steps=60, prompts_per_step=2), 2)
+    study = lab.mask_optimizer_study(lab.lab_problem(), lab.lab_config(steps=60, prompts_per_step=2), 2)
     sgd, adamw = "SGD, no clipping", "AdamW, clipped"
     assert study.max_gap(sgd, "no mask", "mask, batch") == 0 == study.max_gap(sgd, "no mask, empty steps taken",
                                                                                 "mask, batch")
@@ -288,34 +288,34 @@ def test_mask_knobs_under_sgd_and_under_clipped_adamw():
     assert study.max_gap(adamw, "mask, unmasked", "mask, batch") < 1e-5
     assert study.max_gap(adamw, "no mask", "mask, batch") == 0 < study.max_gap(adamw, "no mask, empty steps taken",
                                                                                "mask, batch")
-    alone = studies.train_runs(studies.lab_problem(), studies.lab_config(steps=20, optimizer="adamw"), runs=3)
+    alone = lab.train_runs(lab.lab_problem(), lab.lab_config(steps=20, optimizer="adamw"), runs=3)
     assert alone.J.shape == (21, 3) and alone.masked_frac.shape == (20,)
 
 
 def test_reward_at_passes():
     run = run_bandit(BanditProblem.random(contexts=4, arms=3), bandit_config(steps=10, i=3), runs=2)
-    assert np.array_equal(studies.reward_at_passes(run, run.optimizer_passes[4]), run.J[5])
+    assert np.array_equal(lab.reward_at_passes(run, run.optimizer_passes[4]), run.J[5])
     with pytest.raises(ValueError, match="passes"):
-        studies.reward_at_passes(run, 10_000)
+        lab.reward_at_passes(run, 10_000)
 
 
 def test_figures_build(monkeypatch):
     monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
     problem, config = BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=12, lr=1.0)
-    results = studies.run_findings(problem, config, runs=2)
-    assert set(results) == set(studies.FINDINGS) | {studies.LONG_ON_POLICY, studies.MATCHED_LR}
+    results = lab.run_findings(problem, config, runs=2)
+    assert set(results) == set(lab.FINDINGS) | {lab.LONG_ON_POLICY, lab.MATCHED_LR}
     figures = [plots.findings_figure(results),
-               plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], studies.lab_cost_model()),
-               plots.lag_figure(studies.lag_study(problem, config, [1, 3], runs=2)),
+               plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], lab.lab_cost_model()),
+               plots.lag_figure(lab.lag_study(problem, config, [1, 3], runs=2)),
                plots.bound_weight_figure([1e-4, 0.1]),
                plots.surrogate_figure(torch.linspace(0.1, 3, 30, dtype=torch.float64), [0.5, 2.0], 0.2),
-               plots.whitening_figure(studies.example_batch(studies.lab_problem(), studies.lab_config())),
+               plots.whitening_figure(lab.example_batch(lab.lab_problem(), lab.lab_config())),
                plots.tv_figure(run_bandit(problem, config.replace(v=3), runs=2, track_bound=True)),
                plots.kl_gradient_figure(
-                   studies.kl_gradient_study(studies.policy_trajectory(problem, config), [0, 3], 6)),
-               plots.bound_constants_figure(studies.bound_constants_study(problem, config, runs=2)),
-               plots.timeline_figure({"kit": studies.kit_timeline(2, 2, 4), "TRL": studies.trl_timeline(2, 2, 2)}),
-               plots.mask_optimizer_figure(studies.mask_optimizer_study(problem, config, runs=2))]
+                   lab.kl_gradient_study(lab.policy_trajectory(problem, config), [0, 3], 6)),
+               plots.bound_constants_figure(lab.bound_constants_study(problem, config, runs=2)),
+               plots.timeline_figure({"kit": lab.kit_timeline(2, 2, 4), "TRL": lab.trl_timeline(2, 2, 2)}),
+               plots.mask_optimizer_figure(lab.mask_optimizer_study(problem, config, runs=2))]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figures)
     assert len(figures[0].data) == 2 * 12                       # 12 curves over four panels, line + band each
 
@@ -339,7 +339,7 @@ def test_every_knob_shows_its_whole_label_and_a_tooltip():
     from grpo_lab.viz.widgets import KNOBS, LABEL_PX, make_controls
     from studies.lag_frontier.live_panel import make_knobs
 
-    panels = [make_controls(studies.lab_config(), runs=2), make_knobs(TrainConfig())]
+    panels = [make_controls(lab.lab_config(), runs=2), make_knobs(TrainConfig())]
     assert set(panels[1]) < set(panels[0]) == set(KNOBS)                 # the LM panel's knobs are the bandit's
     for knobs in panels:
         for name, widget in knobs.items():
@@ -400,9 +400,9 @@ def line_styles(fig: go.Figure) -> dict[str, set[tuple]]:
 
 def test_findings_and_wall_clock_draw_each_run_in_one_style_and_name_curves_that_coincide():
     problem, config = BanditProblem.random(contexts=4, arms=3, seed=0), bandit_config(steps=12, lr=1.0)
-    results = studies.run_findings(problem, config, runs=2)
+    results = lab.run_findings(problem, config, runs=2)
     findings = plots.findings_figure(results)
-    wall = plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], studies.lab_cost_model())
+    wall = plots.wall_clock_figure(results, ["on-policy + mask", "v = 10"], lab.lab_cost_model())
     styles = line_styles(findings)
     assert all(len(s) == 1 for s in styles.values()), styles   # the legend's style is the style in every panel
     assert line_styles(wall) == {name: styles[name] for name in ("on-policy + mask", "v = 10")}

@@ -66,7 +66,7 @@ def kl_gradient(d: torch.Tensor, kind: str) -> torch.Tensor:
 def run_bandit_closed_form(problem: BanditProblem, config: GRPOConfig, runs: int = 8) -> BanditRun:
     """:func:`~grpo_lab.exact.bandit.run_bandit` without autograd: the same J curve, masked
     fraction, lag, optimiser passes and gradient norms (``records`` stays empty: everything
-    :mod:`grpo_lab.exact.studies` reads from a run is in these arrays)."""
+    :mod:`grpo_lab.exact.bandit_lab` reads from a run is in these arrays)."""
     require_int_at_least("runs", runs, 1)
     with single_thread(), torch.inference_mode():
         return _run(problem, config, runs)

@@ -1,6 +1,6 @@
 """Drawing only: figures, live panels and exercises for the notebooks.
 
-The numbers they draw are computed elsewhere (:mod:`grpo_lab.exact.studies`,
+The numbers they draw are computed elsewhere (:mod:`grpo_lab.exact.bandit_lab`,
 :mod:`grpo_lab.scale.throughput`, a run's ``metrics.jsonl``).
 
 =================== ============================================================

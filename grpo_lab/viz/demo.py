@@ -16,7 +16,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ..exact import studies
+from ..exact import bandit_lab
 from ..exact.bandit import run_bandit
 from . import plots
 
@@ -71,14 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     png = not args.no_png and png_export_ready()
-    size = studies.lab_size()
-    problem, config = studies.lab_problem(), studies.lab_config()
+    size = bandit_lab.lab_size()
+    problem, config = bandit_lab.lab_problem(), bandit_lab.lab_config()
     print(f"bandit: {problem.contexts} contexts × {problem.arms} arms, {size.steps} steps × {size.runs} runs")
 
-    findings = studies.run_findings(problem, config, runs=size.runs)
+    findings = bandit_lab.run_findings(problem, config, runs=size.runs)
     print(f"{'configuration':32s} final J (mean ± std over runs)   optimiser passes")
     for name, run in findings.items():
-        mean, std = studies.final_reward(run)
+        mean, std = bandit_lab.final_reward(run)
         print(f"{name:32s} {mean:.3f} ± {std:.3f}                   {int(run.optimizer_passes[-1])}")
     lagged = {f"v = {v}": run_bandit(problem, config.replace(v=v), runs=size.runs, track_bound=True) for v in (1, 10)}
     violations = sum(int((r.improvement < r.bound).sum()) for r in lagged.values())
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     written += write_figure(plots.findings_figure(findings), out, "findings", png)
     written += write_figure(plots.bound_figure(lagged), out, "theorem1_bound", png)
     written += write_figure(plots.wall_clock_figure(findings, ["on-policy + mask", "v = 10", "sample reuse i = 10"],
-                                                    studies.lab_cost_model()), out, "wall_clock", png)
+                                                    bandit_lab.lab_cost_model()), out, "wall_clock", png)
     print("wrote", ", ".join(str(p) for p in written))
     return 0 if violations == 0 else 1
 

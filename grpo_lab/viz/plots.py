@@ -1,5 +1,5 @@
 """Plotly figures for notebook 01. Each function takes results from
-:mod:`grpo_lab.exact.studies` (or the bandit) and returns a ``go.Figure``;
+:mod:`grpo_lab.exact.bandit_lab` (or the bandit) and returns a ``go.Figure``;
 nothing here computes what it draws beyond means and bands."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from ..exact.bandit import BanditRun, bound_weight
-from ..exact.studies import (
+from ..exact.bandit_lab import (
     LONG_ON_POLICY,
     MASK_ARMS,
     MATCHED_LR,

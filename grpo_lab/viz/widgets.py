@@ -3,7 +3,7 @@
 Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.exact.closed_form.run_bandit_closed_form`
 (the loop's steps with the gradient in closed form: the same curves as
 :func:`~grpo_lab.exact.bandit.run_bandit` without autograd's per-step overhead; ``benchmarks/bandit_rerun.py``
-times both), through :func:`~grpo_lab.exact.studies.train_runs` (under AdamW or clipping each run
+times both), through :func:`~grpo_lab.exact.bandit_lab.train_runs` (under AdamW or clipping each run
 trains alone, so that it clips its own gradient), and replaces the traces of the figure inside
 ``batch_update``. Without a front end the same code runs: the figure is a plain ``go.Figure`` and
 :meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
@@ -23,14 +23,14 @@ import numpy as np
 
 from ..config import EMPTY_STEPS, GRPOConfig
 from ..exact.bandit import MAX_EPS_STD, BanditProblem, BanditRun
-from ..exact.studies import OPTIMIZER_SETTINGS, lab_config, lab_problem, lab_size, train_runs
+from ..exact.bandit_lab import OPTIMIZER_SETTINGS, lab_config, lab_problem, lab_size, train_runs
 from ..objective import BANDS, IS_CORRECTIONS, MASK_NORMALIZATIONS
 from .display import display_mode, new_figure, show_panel, title_below_toolbar
 from .plots import COLORS, HEIGHT, band_traces
 
 
 def optimizer_setting(config: GRPOConfig) -> str:
-    """The :data:`~grpo_lab.exact.studies.OPTIMIZER_SETTINGS` entry whose optimiser and clip ``config`` has."""
+    """The :data:`~grpo_lab.exact.bandit_lab.OPTIMIZER_SETTINGS` entry whose optimiser and clip ``config`` has."""
     for name, setting in OPTIMIZER_SETTINGS.items():
         if (config.optimizer, config.max_grad_norm) == (setting["optimizer"], setting["max_grad_norm"]):
             return name
@@ -85,7 +85,7 @@ def knob(name: str, kind: type[W.ValueWidget], value: Any, **options: Any) -> W.
 
 def make_controls(config: GRPOConfig, runs: int) -> dict[str, W.ValueWidget]:
     """The bandit panel's knobs, named as the :class:`~grpo_lab.GRPOConfig` field each sets (``optimizer``
-    picks a setting of :data:`~grpo_lab.exact.studies.OPTIMIZER_SETTINGS`: optimiser and clip; ``runs`` is
+    picks a setting of :data:`~grpo_lab.exact.bandit_lab.OPTIMIZER_SETTINGS`: optimiser and clip; ``runs`` is
     the number of runs)."""
     return {
         "v": knob("v", W.IntSlider, config.v, min=1, max=20),

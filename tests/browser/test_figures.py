@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from grpo_lab.exact import studies
+from grpo_lab.exact import bandit_lab
 from grpo_lab.exact.digits_lm import ExactStep, bound_figure
 from grpo_lab.viz import plots
 from grpo_lab.viz.dashboard import dashboard
@@ -59,8 +59,8 @@ def made_unit(arm: str, v: int, correction: str, steps: int = 24) -> dict:
 
 
 def figures() -> dict[str, go.Figure]:
-    problem, config = studies.lab_problem(), studies.lab_config(steps=40)
-    findings = studies.run_findings(problem, config, runs=2)
+    problem, config = bandit_lab.lab_problem(), bandit_lab.lab_config(steps=40)
+    findings = bandit_lab.run_findings(problem, config, runs=2)
     units = [made_unit("v1", 1, "ratio"), made_unit("v4_truncated", 4, "truncated")]
     ratios = np.array([[1.02, 0.97, 1.10, 0.0], [0.95, 1.01, 1.04, 1.08]])          # 0: padding
     return {
@@ -72,7 +72,7 @@ def figures() -> dict[str, go.Figure]:
                                          ["4 + 0", "0 + 4"]),
         "findings": plots.findings_figure(findings),
         "wall_clock": plots.wall_clock_figure(findings, ["on-policy + mask", "v = 10", "sample reuse i = 10"],
-                                              studies.lab_cost_model()),
+                                              bandit_lab.lab_cost_model()),
     }
 
 

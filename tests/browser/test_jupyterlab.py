@@ -14,7 +14,7 @@ from pathlib import Path
 import ipywidgets as W
 import pytest
 
-from grpo_lab.exact.studies import lab_config
+from grpo_lab.exact.bandit_lab import lab_config
 from grpo_lab.viz.widgets import make_controls
 
 pytestmark = pytest.mark.browser

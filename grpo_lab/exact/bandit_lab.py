@@ -1,4 +1,4 @@
-"""The numbers behind notebook 01: bandit experiments and exact studies, no plotting.
+"""The numbers behind notebook 01: the bandit lab's runs and exact measurements, no plotting.
 
 Everything here runs on :mod:`grpo_lab.exact.bandit` (exact J, L_α, TV, Theorem 1)
 and the library primitives; :mod:`grpo_lab.viz.plots` turns the results into
