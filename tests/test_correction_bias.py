@@ -259,3 +259,35 @@ def test_truncation_can_raise_the_centred_variance_a_little():
     m_ratio = exact_mean(space, cond_k[0], cond_alpha[0], rewards[0], "ratio", "token")
     m_trunc = mean_with_cap(space, cond_k[0], cond_alpha[0], rewards[0], 1.05)
     assert trunc.var + float(m_trunc @ m_trunc) < ratio.var + float(m_ratio @ m_ratio)
+
+
+def test_the_weight_exercise_and_the_choice_check(capsys):
+    from grpo_lab.viz.exercises import SOLUTIONS, ExerciseMismatch, check, check_choice
+
+    assert check("correction_weight", SOLUTIONS["correction_weight"]) == "yours"
+
+    def no_floor(logp_k, logp_alpha, mask, is_correction, is_cap, is_floor):   # a mask that forgets the floor
+        w = SOLUTIONS["correction_weight"](logp_k, logp_alpha, mask, is_correction, is_cap, is_floor)
+        rho = torch.exp(logp_k - logp_alpha) * mask
+        return torch.where((w == 0) & (rho <= is_cap), rho, w)
+
+    with pytest.raises(ExerciseMismatch, match="correction_weight"):
+        check("correction_weight", no_floor)
+    options = ("ratio", "none", "all")
+    assert check_choice("q", None, "all", options) == "no prediction"
+    assert "the run gave" not in capsys.readouterr().out                     # not revealed before a guess
+    assert check_choice("q", "all", {"all"}, options) == "✓" and check_choice("q", "ratio", "all", options) == "✗"
+    with pytest.raises(ValueError, match="one of"):
+        check_choice("q", "ratios", "all", options)
+
+
+def test_the_figure_names_each_correction_and_titles_every_axis():
+    space, cond_k, cond_alpha, rewards = random_tree(seed=8)
+    sweep = bias_sweep([cond_alpha, cond_k], cond_alpha, rewards, space, GRPOConfig(G=G))
+    fig = cb.bias_figure(sweep, lag=1)
+    names = [t.name for t in fig.data if t.showlegend is not False]
+    assert names == [r.name for r in sweep[0]] + ["lag 1"]
+    assert all(axis.title.text for axis in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.yaxis, fig.layout.yaxis2))
+    styles = {(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data if t.name != "lag 1"}
+    assert len(styles) == len(CORRECTIONS)
+    assert len(cb.bias_figure(sweep).data) == len(fig.data)                   # the same traces, for a panel's update
