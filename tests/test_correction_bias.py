@@ -208,6 +208,7 @@ def test_truncation_never_raises_the_mean_square_above_ratio(seed):
     for cap in (1.05, 1.5, 3.0, 1e9):
         res = bias_of(cond_k, cond_alpha, rewards, space, "truncated", "token", G=G, eps_std=EPS, is_cap=cap)
         trunc_mean = mean_with_cap(space, cond_k[0], cond_alpha[0], rewards[0], cap)
+        assert abs(res.mean_norm - float(trunc_mean.norm())) < 1e-12
         assert res.var + float(trunc_mean @ trunc_mean) <= ratio.var + float(m_ratio @ m_ratio) + 1e-12
     assert abs(res.var - ratio.var) < 1e-10        # C above every r′: truncation is the ratio
 

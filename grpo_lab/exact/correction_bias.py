@@ -33,10 +33,10 @@ a group whose rewards all agree has A = 0 (it carries no gradient, under the zer
 
 Why κ_α: every correction sees the same advantages, whitened over groups drawn from α, so E_α[A · π_k/α · ∇log π]
 = κ_α ∇J(π_k), whatever G: the exact (whole-answer) ratio is unbiased against κ_α∇J, and the corrections are
-compared on the weight alone. ``whiten_scale`` = κ_α/κ_{π_k} is how far that common factor is from an on-policy
-group's. At lag 0 every weight is 1, so m = target exactly under ``dr_grpo`` (under ``grpo`` 1/L(y) tilts even
-the on-policy direction). Several prompts: their node logits are disjoint coordinates of one vector, so m and
-target concatenate and var adds (one answer per prompt).
+compared on the weight alone. ``whiten_scale`` = κ_α/κ_{π_k} (each summed over prompts) is how far that common
+factor is from an on-policy group's. At lag 0 every weight is 1, so m = target exactly under ``dr_grpo`` (under
+``grpo`` 1/L(y) tilts even the on-policy direction). Several prompts: their node logits are disjoint coordinates of
+one vector, so m and target concatenate and var adds (one answer per prompt).
 
 Shares: ``drop_share`` is the share of α's tokens (token level) or answers (sequence level) whose weight a mask
 sets to 0; ``cap_share`` the share with ρ > C under the values that read C (as ``ratio_diagnostics``).
@@ -88,6 +88,7 @@ class CorrectionBias:
     group_var: float
     drop_share: float
     cap_share: float
+    mean_norm: float
     target_norm: float
     whiten_scale: float
 
@@ -206,7 +207,8 @@ def bias_of(cond_k: torch.Tensor, cond_alpha: torch.Tensor, rewards: torch.Tenso
                           rel_error=float((m_all - target_all).norm()) / t_norm if t_norm > 0 else math.nan,
                           var=var, var_along=var_along, group_var=group_var,
                           drop_share=sums["drop"] / sums["count"], cap_share=sums["cap"] / sums["count"],
-                          target_norm=t_norm, whiten_scale=kappa_alpha / kappa_k if kappa_k else math.nan)
+                          mean_norm=m_norm, target_norm=t_norm,
+                          whiten_scale=kappa_alpha / kappa_k if kappa_k else math.nan)
 
 
 def bias_sweep(tables: list[torch.Tensor], cond_alpha: torch.Tensor, rewards: torch.Tensor, space: AnswerSpace,
