@@ -9,11 +9,14 @@ exercise            signature                                     checked agains
 ``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.lm.group_view.token_ratios`
 ``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
 ``sync_schedule``   ``f(steps, v) -> lag [steps]``                 ``schedules.make_sync_schedule``
+``correction_weight`` ``f(logp_k, logp_alpha, mask, is_correction,   ``correction_bias.first_pass_weights``
+                    is_cap, is_floor) -> w [B, T]``
 =================== ============================================= =========================
 
-The first three are notebook 01's (bandit), the last three notebook 02's (logged log-probs of
-a language model's completions). :func:`check_prediction` scores notebook 02's "predict, then run"
-answers against values observed in the run.
+The first three are notebook 01's (bandit), the next three notebook 02's (logged log-probs of
+a language model's completions), the last notebook 01b's. :func:`check_prediction` scores notebook 02's
+"predict, then run" answers against values observed in the run, :func:`check_choice` notebook 01b's
+answers that name a correction.
 
 A stub that raises ``NotImplementedError`` is not a failure: the check then
 verifies the reference solution instead (so the notebook runs unattended) and
@@ -87,9 +90,25 @@ def solution_sync_schedule(steps: int, v: int) -> torch.Tensor:
     return torch.tensor(lags)
 
 
+def solution_correction_weight(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor,
+                               is_correction: str, is_cap: float, is_floor: float | None) -> torch.Tensor:
+    rho = torch.exp(logp_k - logp_alpha)                            # ρ = r′ = π_k/α per token
+    if is_correction == "ratio":
+        w = rho                                                     # the full ratio
+    elif is_correction == "none":
+        w = torch.ones_like(rho)                                    # α ignored
+    elif is_correction == "truncated":
+        w = rho.clamp(max=is_cap)                                   # capped at C
+    else:                                                           # mask: band [1/C, C]; icepop: [a, C]
+        floor = 1 / is_cap if is_correction == "mask" else (is_floor or 0.0)
+        w = torch.where((rho >= floor) & (rho <= is_cap), rho, torch.zeros_like(rho))
+    return w * mask                                                 # 0 on padding
+
+
 SOLUTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "whiten": solution_whiten, "f_eps": solution_f_eps, "bound": solution_bound,
-    "r_prime": solution_r_prime, "tv": solution_tv, "sync_schedule": solution_sync_schedule}
+    "r_prime": solution_r_prime, "tv": solution_tv, "sync_schedule": solution_sync_schedule,
+    "correction_weight": solution_correction_weight}
 HINTS = {
     "whiten": "per row: subtract the mean, divide by sqrt(variance of the row, dividing by G, + eps_std)",
     "f_eps": "clip r into [max(r′ − ε, 0), r′ + ε], then take the smaller of r·A and clipped·A",
@@ -97,6 +116,8 @@ HINTS = {
     "r_prime": "r′ = exp(log π_k − log α) per token; set padding (mask False) to 0",
     "tv": "a completion's ratio is exp of the summed token log-ratios (padding excluded); TV ≈ ½ mean |ratio − 1|",
     "sync_schedule": "α is synced at every k with k % v == 0; the lag is k minus the last sync step",
+    "correction_weight": "ρ = exp(log π_k − log α); ratio: ρ; none: 1; truncated: min(ρ, C); mask: ρ inside "
+                         "[1/C, C], else 0; icepop: ρ inside [a, C] (a = None: no floor), else 0; 0 on padding",
 }
 
 
@@ -158,10 +179,25 @@ def loop_lags(steps: int, v: int) -> torch.Tensor:
     return torch.tensor(lags)
 
 
+def library_correction_weight(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor,
+                              is_correction: str, is_cap: float, is_floor: float | None) -> torch.Tensor:
+    """The weight on each token's A·∇log π at the first pass, from the library's one rule (token level); imported
+    here, as it loads the digits LM's module."""
+    from ..exact.correction_bias import first_pass_weights
+
+    return first_pass_weights(logp_k, logp_alpha, mask.bool(), is_correction, "token", is_cap, is_floor)[0]
+
+
+def correction_weight_cases() -> list[tuple]:
+    return [(logp_k, logp_alpha, mask, name, cap, floor) for logp_k, logp_alpha, mask in logprob_cases()
+            for name in ("ratio", "truncated", "mask", "icepop", "none") for cap, floor in ((2.0, 0.5), (1.3, None))]
+
+
 REFERENCES = {"whiten": (whiten, whiten_cases), "f_eps": (library_f_eps, f_eps_cases),
               "bound": (improvement_lower_bound, bound_cases),
               "r_prime": (token_ratios, logprob_cases), "tv": (lambda *args: tv_terms(*args).mean(), logprob_cases),
-              "sync_schedule": (loop_lags, lambda: [(20, 1), (20, 4), (23, 8), (5, 10)])}
+              "sync_schedule": (loop_lags, lambda: [(20, 1), (20, 4), (23, 8), (5, 10)]),
+              "correction_weight": (library_correction_weight, correction_weight_cases)}
 
 
 def check(name: str, candidate: Callable[..., torch.Tensor]) -> str:
@@ -216,6 +252,24 @@ def check_prediction(question: str, guess: float | None, observed: float, rel_to
     else:
         verdict = "✓" if abs(guess - observed) <= rel_tol * abs(observed) else "✗"
         message = f"{question}: you said {guess:g}, the run gave {observed:.3g} {verdict}"
+    if show:
+        print(message)
+    return verdict
+
+
+def check_choice(question: str, guess: str | None, observed: str | set[str], options: tuple[str, ...],
+                 show: bool = True) -> str:
+    """Score an answer that names one of ``options`` against what the run gave (``observed``: one option, or the
+    set of options that are all right): ``"✓"``, ``"✗"``, or ``"no prediction"`` for ``None``. With ``show``,
+    print the verdict, and what the run gave only once a guess is given, as :func:`check_prediction` does."""
+    right = {observed} if isinstance(observed, str) else set(observed)
+    if not right <= set(options) or (guess is not None and guess not in options):
+        raise ValueError(f"{question}: answers are one of {list(options)}, got {guess!r} against {sorted(right)}")
+    if guess is None:
+        verdict, message = "no prediction", f"{question}: no prediction yet (write one, then run the cell again)"
+    else:
+        verdict = "✓" if guess in right else "✗"
+        message = f"{question}: you said {guess!r}, the run gave {' / '.join(sorted(right))} {verdict}"
     if show:
         print(message)
     return verdict
