@@ -15,7 +15,6 @@ dies), so processes side by side, and sittings one after another, share one unit
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fcntl
 import json
 import os
@@ -67,12 +66,11 @@ def base_config(lr: float, steps: int) -> Any:
 
 def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str, Any] | None:
     """Train ``arm`` at ``seed`` and write ``out/<arm>_s<seed>.json``; None if it exists or is running elsewhere."""
-    import torch
 
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.tasks import all_questions
     from grpo_lab.lm.text_task import train_problems
-    from studies.lag_frontier.frontier import endpoints, eval_steps, exact_j
+    from studies.lag_frontier.frontier import curve_of, endpoints, train_with_exact_j
 
     path = out / f"{arm}_s{seed}.json"
     if path.exists():
@@ -82,23 +80,16 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
             return None
         unit: dict[str, Any] = {"arm": arm, **design.ARMS[arm], "seed": seed, "lr": lr, "steps": steps,
                                 **provenance(ROOT, ignore="studies/lag_decided/units")}
-        wall, cpu, eval_seconds = time.perf_counter(), time.process_time(), 0.0
+        wall, cpu = time.perf_counter(), time.process_time()
         config = base_config(lr, steps).replace(seed=seed, **design.ARMS[arm])
         questions = all_questions(config.task)
         index = {q.question: i for i, q in enumerate(questions)}
         held_out = {q.question for q, out_ in zip(questions, design.held_out(questions), strict=True) if out_}
         loop = build_loop(config, problems=[p for p in train_problems(config) if p.question not in held_out])
-        curve, per_question, records, drawn = {}, {}, [], []
-        for k in range(config.steps + 1):
-            if k in eval_steps(config.steps):
-                start = time.perf_counter()
-                with torch.no_grad():
-                    result = exact_j(loop.policy.model, loop.task.tokenizer, questions, config)
-                eval_seconds += time.perf_counter() - start
-                curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
-            if k < config.steps:
-                records.append(dataclasses.asdict(loop.step()))
-                drawn.append([index[p.question] for p in loop.task.drawn])
+        drawn: list[list[int]] = []
+        results, records, eval_seconds = train_with_exact_j(
+            loop, questions, config, after_step=lambda loop: drawn.append([index[p.question] for p in loop.task.drawn]))
+        curve, per_question = curve_of(results)
         j_auc, j_final = endpoints(curve)
         unit.update(task=config.task, j_curve=curve, j_per_question=per_question, j_auc=j_auc, j_final=j_final,
                     drawn=drawn, records=records, load_end=list(os.getloadavg()),

@@ -295,11 +295,8 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
     record (lag, r′ statistics, ESS, drift, the empty-step decisions), J per question at each evaluation step
     (and the lowest τ its refinement reached), and its provenance. ``questions``: the evaluation set
     (default: the task's whole question set, :func:`~grpo_lab.lm.tasks.all_questions`)."""
-    import dataclasses
     import os
     import time
-
-    import torch
 
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.tasks import all_questions
@@ -309,22 +306,14 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
         return None
     unit: dict[str, Any] = {"arm": arm.name, "v": arm.v, "is_correction": arm.is_correction, "beta": arm.beta,
                             "seed": seed, **provenance(root)}
-    wall, cpu, eval_seconds = time.perf_counter(), time.process_time(), 0.0
+    wall, cpu = time.perf_counter(), time.process_time()
     config = base.replace(seed=seed, **arm.changes())
     loop = build_loop(config)
     questions = all_questions(config.task) if questions is None else questions
-    curve, per_question, pruned_max, records, thresholds = {}, {}, 0.0, [], {}
-    for k in range(config.steps + 1):
-        if k in eval_steps(config.steps):
-            start = time.perf_counter()
-            with torch.no_grad():
-                result = exact_j(loop.policy.model, loop.task.tokenizer, questions, config)
-            eval_seconds += time.perf_counter() - start
-            curve[k], per_question[k] = result.mean, [round(float(j), 6) for j in result.j_low]
-            pruned_max = max(pruned_max, float(result.pruned.max()))
-            thresholds[k] = float(min(row["threshold"] for row in result.rows))
-        if k < config.steps:
-            records.append(dataclasses.asdict(loop.step()))
+    results, records, eval_seconds = train_with_exact_j(loop, questions, config)
+    curve, per_question = curve_of(results)
+    pruned_max = max([0.0, *(float(result.pruned.max()) for result in results.values())])
+    thresholds = {k: float(min(row["threshold"] for row in result.rows)) for k, result in results.items()}
     j_auc, j_final = endpoints(curve)
     unit.update(task=config.task, steps=config.steps, lr=config.lr, j_curve=curve, j_per_question=per_question,
                 j_auc=j_auc, j_final=j_final, pruned_max=pruned_max, lowest_threshold=thresholds, records=records,
@@ -337,6 +326,36 @@ def run_unit(arm: FrontierArm, seed: int, base: Any, out_dir: Path, root: Path,
     tmp.replace(path)
     path.with_suffix(".lock").unlink()
     return unit
+
+
+def train_with_exact_j(loop: Any, questions: Sequence[Any], config: Any,
+                       after_step: Any = None) -> tuple[dict[int, Any], list[dict[str, Any]], float]:
+    """Train ``loop`` for ``config.steps`` steps with exact J on ``questions`` at :func:`eval_steps` (off the clock):
+    the evaluation at each of those steps, every step's record, and the seconds the evaluations took.
+    ``after_step(loop)``, if given, runs after each step (a study logging what the step drew)."""
+    import dataclasses
+    import time
+
+    import torch
+
+    results, records, eval_seconds = {}, [], 0.0
+    for k in range(config.steps + 1):
+        if k in eval_steps(config.steps):
+            start = time.perf_counter()
+            with torch.no_grad():
+                results[k] = exact_j(loop.policy.model, loop.task.tokenizer, questions, config)
+            eval_seconds += time.perf_counter() - start
+        if k < config.steps:
+            records.append(dataclasses.asdict(loop.step()))
+            if after_step is not None:
+                after_step(loop)
+    return results, records, eval_seconds
+
+
+def curve_of(results: dict[int, Any]) -> tuple[dict[int, float], dict[int, list[float]]]:
+    """Exact J by step and J per question by step (6 decimals) of :func:`train_with_exact_j`'s evaluations."""
+    return ({k: result.mean for k, result in results.items()},
+            {k: [round(float(j), 6) for j in result.j_low] for k, result in results.items()})
 
 
 def claim(path: Path) -> bool:
