@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from grpo_lab.lm.decoding import ModelDecoder
+from grpo_lab.lm.decoding import ModelDecoder, PackedDecoder
 
 
 class StaticCacheDecoder(ModelDecoder):
@@ -64,8 +64,12 @@ class StaticCacheDecoder(ModelDecoder):
                             use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache}).logits[:, -1]
 
 
-DECODERS = {"model": ModelDecoder, "static": StaticCacheDecoder,
-            "compiled": lambda model: StaticCacheDecoder(model, compiled=True)}
+class PackedStaticDecoder(PackedDecoder, StaticCacheDecoder):
+    """``static`` with the linear layers on MKL-packed weights (benchmark only)."""
+
+
+DECODERS = {"model": ModelDecoder, "packed": PackedDecoder, "static": StaticCacheDecoder,
+            "packed_static": PackedStaticDecoder, "compiled": lambda model: StaticCacheDecoder(model, compiled=True)}
 
 
 def loops(tokens: int, arms: list[str]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ import torch
 from ..checks import require_int_at_least, require_number_in, require_truncation
 from ..fingerprint import prove_local, prove_pairs
 from ..rollout import Rollout
-from .decoding import Decoder, ModelDecoder
+from .decoding import Decoder, decoder_for
 from .policy import LMPolicy, positions_from_mask
 
 
@@ -261,7 +261,8 @@ class HFSampler:
         self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α, scored as π_θ is (audit, π_sync)
         self.model = self._scorer.model
         self._names, self._targets = zip(*named_tensors(self.model), strict=True)
-        self.decoder: Decoder = ModelDecoder(self.model)
+        mixed_precision = self._scorer.compute_dtype != next(self.model.parameters()).dtype
+        self.decoder: Decoder = decoder_for(self.model, autocast=mixed_precision)
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
 
@@ -304,16 +305,19 @@ class HFSampler:
         eos = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
         ended = torch.zeros(logits.shape[0], dtype=torch.bool, device=prompt_ids.device)
         tokens, logps = [], []
-        for t in range(self.max_completion_length):
-            token, logp = sample_next(logits, self.temperature, self.top_p, self.top_k)
-            token = token.masked_fill(ended, self.pad_token_id)  # its log α′ is masked to 0 by build_rollout
-            tokens.append(token)
-            logps.append(logp)
-            ended = ended | torch.isin(token, eos)
-            if t + 1 == self.max_completion_length or bool(ended.all()):
-                break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
-            logits = self.decoder.step(token, position + t, attention_mask)
+        try:
+            for t in range(self.max_completion_length):
+                token, logp = sample_next(logits, self.temperature, self.top_p, self.top_k)
+                token = token.masked_fill(ended, self.pad_token_id)  # its log α′ is masked to 0 by build_rollout
+                tokens.append(token)
+                logps.append(logp)
+                ended = ended | torch.isin(token, eos)
+                if t + 1 == self.max_completion_length or bool(ended.all()):
+                    break
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], dim=1)
+                logits = self.decoder.step(token, position + t, attention_mask)
+        finally:
+            self.decoder.finish()                                    # also when interrupted
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
     @torch.no_grad()
