@@ -23,8 +23,8 @@ forward once more. Attention scores (under 2 % at these lengths) are left out.
 Several ``--tokens`` budgets are measured one after another in one run, each side by side. Issue 38 §3
 (where the lead holds as completions lengthen) runs ``--tokens 32 128 --task gsm_symbolic``: word problems whose
 chain of thought uses the budget (add1's answers take ~5 tokens whatever the budget; add1 stays the default, the
-P1 row's task). The sampler has one decoding path (the model's forward; the decoder options went,
-docs/benchmarks.md), so there is no decoder to vary.
+P1 row's task). α decodes as the loop does by default (:func:`grpo_lab.lm.decoding.decoder_for`: oneDNN-packed
+weights for a float32 model on the CPU; the header line names it); ``benchmarks/decoding.py`` compares decoders.
 
 Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 """
@@ -53,6 +53,7 @@ class Side:
     parts: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in (*PARTS, "total")})
     tokens: list[int] = field(default_factory=list)
     flops: list[float] = field(default_factory=list)
+    decoder: str = ""
 
 
 def timed(function: Callable[..., Any], seconds: list[float]) -> Callable[..., Any]:
@@ -113,7 +114,7 @@ def lab_side(args: argparse.Namespace, tokens: int) -> Side:
     from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
 
     loop = build_loop(recipe_config(args, tokens))
-    side = Side(step=lambda: None)
+    side = Side(step=lambda: None, decoder=type(loop.sampler.decoder).__name__)
     n_body, n_head = weight_counts(loop.policy.model)
     rewards: list[float] = []
     loop.task.rewards = timed(loop.task.rewards, rewards)
@@ -241,7 +242,8 @@ def report(args: argparse.Namespace, tokens: int, sides: dict[str, Side], peak: 
     median = statistics.median
     print(f"G={args.G}, P={args.prompts}, tokens={tokens} ({task_for(args, tokens)}), beta={args.beta}, "
           f"mask={args.mask}, micro-batch {args.micro_batch or 'whole step'}, TRL checkpointing "
-          f"{args.trl_checkpointing}, {args.steps} steps each, {torch.get_num_threads()} torch threads; float32 GEMM "
+          f"{args.trl_checkpointing}, {args.steps} steps each, {torch.get_num_threads()} torch threads, α's decoder "
+          f"{sides['grpo_lab'].decoder}; float32 GEMM "
           f"peak {peak / 1e9:.1f} GFLOP/s")
     print(f"{'':18s} " + " ".join(f"{p:>7s}" for p in (*PARTS, "total"))
           + "   s/token  tokens  train GFLOP/s (of peak)")
