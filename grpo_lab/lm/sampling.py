@@ -285,8 +285,11 @@ class HFSampler:
         seed = draw_seed(generator)
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
-            with self._scorer.autocast():                                 # α computes as π_θ does
-                completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+            try:
+                with self._scorer.autocast():                             # α computes as π_θ does
+                    completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+            finally:
+                self.decoder.release()              # its KV cache is not held while π_θ trains on the batch
         return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
                              prompt_mask.repeat_interleave(group_size, dim=0), completions.cpu(), logp_alpha.cpu(),
                              self.tokenizer, self.eos_token_ids, self.pad_token_id)
@@ -305,19 +308,16 @@ class HFSampler:
         eos = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
         ended = torch.zeros(logits.shape[0], dtype=torch.bool, device=prompt_ids.device)
         tokens, logps = [], []
-        try:
-            for t in range(self.max_completion_length):
-                token, logp = sample_next(logits, self.temperature, self.top_p, self.top_k)
-                token = token.masked_fill(ended, self.pad_token_id)  # its log α′ is masked to 0 by build_rollout
-                tokens.append(token)
-                logps.append(logp)
-                ended = ended | torch.isin(token, eos)
-                if t + 1 == self.max_completion_length or bool(ended.all()):
-                    break
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], dim=1)
-                logits = self.decoder.step(token, position + t, attention_mask)
-        finally:
-            self.decoder.finish()                                    # also when interrupted
+        for t in range(self.max_completion_length):
+            token, logp = sample_next(logits, self.temperature, self.top_p, self.top_k)
+            token = token.masked_fill(ended, self.pad_token_id)  # its log α′ is masked to 0 by build_rollout
+            tokens.append(token)
+            logps.append(logp)
+            ended = ended | torch.isin(token, eos)
+            if t + 1 == self.max_completion_length or bool(ended.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], dim=1)
+            logits = self.decoder.step(token, position + t, attention_mask)
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
     @torch.no_grad()
