@@ -82,7 +82,7 @@ def loops(tokens: int, arms: list[str]) -> dict[str, Any]:
     built = {}
     for arm in arms:
         loop = build_loop(recipe("cpu_arith_smollm2", v=1, max_completion_length=tokens, steps=10**6,
-                                 train_problems=200, **task))
+                                 train_problems=200, micro_batch_size=4, **task))  # one m for every arm
         loop.sampler.decoder = DECODERS[arm](loop.sampler.model)
         loop.drawn, sample = [], loop.sampler.sample
         loop.sampler.sample = lambda *a, loop=loop, sample=sample: loop.drawn.append(sample(*a)) or loop.drawn[-1]

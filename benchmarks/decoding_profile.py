@@ -146,34 +146,39 @@ def plain_loop_seconds(sampler: Any, prompts: list[str], seed: int) -> tuple[flo
     return clocks.total["loop"], rollout.completions.shape[1]
 
 
-def ops_per_step(sampler: Any, prompts: list[str], seed: int, steps: int) -> float:
-    """Top-level aten operators the decoding loop launches per step (``torch.profiler``)."""
+def ops_per_step(sampler: Any, prompts: list[str], seed: int, tokens: int = 8) -> float:
+    """Top-level aten operators a decoding step launches: one forward's plus one draw's (``torch.profiler`` over a
+    rollout of ``tokens`` tokens: its events take ~0.1 GB a step, and a step's operators do not depend on length)."""
     decoder, next_token = sampler.decoder, sampling.sample_next
-    step = decoder.step
+    step, budget = decoder.step, sampler.max_completion_length
 
-    def marked(function: Callable[..., Any]) -> Callable[..., Any]:
+    def marked(function: Callable[..., Any], name: str) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
-            with torch.profiler.record_function("decoding step"):
+            with torch.profiler.record_function(name):
                 return function(*args)
         return run
 
-    decoder.step, sampling.sample_next = marked(step), marked(next_token)
+    decoder.step, sampling.sample_next = marked(step, "forward"), marked(next_token, "draw")
+    sampler.max_completion_length = tokens
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             sampler.sample(prompts, 8, torch.Generator().manual_seed(seed))
     finally:
         del decoder.step
         sampling.sample_next = next_token
+        sampler.max_completion_length = budget
 
-    def in_step(event: Any) -> bool:
+    def region(event: Any) -> str | None:
         parent = event.cpu_parent
         while parent is not None and parent.name.startswith("aten::"):
             parent = parent.cpu_parent
-        return parent is not None and parent.name == "decoding step"
+        return None if parent is None else parent.name
 
-    top = [e for e in prof.events() if e.name.startswith("aten::")
-           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")) and in_step(e)]
-    return len(top) / steps
+    events = prof.events()
+    calls = {name: sum(e.name == name for e in events) for name in ("forward", "draw")}
+    top = [region(e) for e in events if e.name.startswith("aten::")
+           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    return sum(top.count(name) / calls[name] for name in calls)
 
 
 def clocked_parts(sampler: Any, prompts: list[str], seed: int, steps: int) -> dict[str, float]:
@@ -236,7 +241,7 @@ def main() -> None:
     plain = sorted(plain_loop_seconds(sampler, prompts, 0) for _ in range(args.repeats))[args.repeats // 2]
     loop_seconds, steps = plain
     parts = clocked_parts(sampler, prompts, 0, steps)
-    ops = ops_per_step(sampler, prompts, 0, steps)
+    ops = ops_per_step(sampler, prompts, 0)
     model = sampler.model
     n_weights = sum(p.numel() for p in model.model.layers.parameters()) + model.lm_head.weight.numel()
     rows = 8 * len(prompts)
