@@ -8,7 +8,12 @@ Loops of the same recipe and seed differ only in α's decoder:
 - ``static``: the same forward over transformers' ``StaticCache``, keys and values preallocated for the
   prompt and T_max tokens, the attention mask of that fixed width;
 - ``compiled``: ``static`` with the decoding step's forward under ``torch.compile`` (dynamic shapes, so one
-  compilation serves every prompt length; it happens in the warm-up step).
+  compilation serves every prompt length; it happens in the warm-up step);
+- ``packed``: the model's forward with its linear layers on oneDNN-packed weights during the steps;
+- ``packed_static``: both.
+
+``benchmarks/decoding_profile.py --decoder ARM`` splits one arm's decoding step and checks its draws against
+``model``'s under one seed.
 
 The loops step in turn (a rotating order), so the machine's noise hits every arm alike. Each loop step is
 Algorithm 1's whole step (sync, sampling, rewards, train). Printed per completion budget and thread count:
@@ -16,7 +21,7 @@ median seconds per step and per sampling, the median tokens per step (the work: 
 same weights, so their lengths agree up to a draw flipped by rounding), and each arm's median paired ratio
 to ``model``. A path stays only if it saves ≥ 10 % of a whole step (ratio ≤ 0.90)::
 
-    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128] [--arms model static compiled]
+    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128] [--arms model packed static compiled]
 
 ``--tokens 8``: the CPU recipe (add1, 8 tokens). ``--tokens 128``: gsm_symbolic's chain of thought.
 """
@@ -26,12 +31,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from grpo_lab.lm.decoding import ModelDecoder, PackedDecoder
+from grpo_lab.lm.decoding import ModelDecoder
 
 
 class StaticCacheDecoder(ModelDecoder):
@@ -62,6 +69,42 @@ class StaticCacheDecoder(ModelDecoder):
         mask = F.pad(key_mask, (0, self.width - key_mask.shape[1]))  # the cache's fixed width, 0 on empty slots
         return self.forward(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
                             use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache}).logits[:, -1]
+
+
+class PackedDecoder(ModelDecoder):
+    """The model's forward with every ``nn.Linear`` on a oneDNN-packed copy of its weight during the steps (benchmark
+    only): packed once per rollout at :meth:`repeat`, so the steps read each weight once instead of re-packing it
+    per call. Same size as the weights (MKL's own packed GEMM, ``torch.ops.mkl._mkl_linear``, gives equal floats but
+    its copies are 2–21× the weights: 2.7 GB for SmolLM2-135M)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self.packed: list[tuple[torch.nn.Linear, torch.Tensor]] = []
+
+    def repeat(self, group_size: int) -> None:
+        super().repeat(group_size)
+        rows = self.cache.layers[0].keys.shape[0]
+        self.packed = [(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows))
+                       for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        with self.packed_linears():
+            return super().step(tokens, positions, key_mask)
+
+    def release(self) -> None:
+        super().release()
+        self.packed = []
+
+    @contextmanager
+    def packed_linears(self) -> Iterator[None]:
+        for module, packed in self.packed:
+            module.forward = (lambda m, w: lambda x: torch.ops.mkldnn._linear_pointwise(x, w, m.bias, "none", [], ""))(
+                module, packed)
+        try:
+            yield
+        finally:
+            for module, _ in self.packed:
+                del module.forward
 
 
 class PackedStaticDecoder(PackedDecoder, StaticCacheDecoder):

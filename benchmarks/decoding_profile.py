@@ -236,8 +236,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sampler, prompts = build_sampler(args.tokens, args.task)
+    sampler.sample(prompts, 8, torch.Generator().manual_seed(1))  # warm-up of the model's forward
+    reference = sampler.sample(prompts, 8, torch.Generator().manual_seed(0)) if args.decoder != "model" else None
     sampler.decoder = DECODERS[args.decoder](sampler.model)
-    sampler.sample(prompts, 8, torch.Generator().manual_seed(1))  # warm-up
     plain = sorted(plain_loop_seconds(sampler, prompts, 0) for _ in range(args.repeats))[args.repeats // 2]
     loop_seconds, steps = plain
     parts = clocked_parts(sampler, prompts, 0, steps)
@@ -256,6 +257,12 @@ def main() -> None:
     print(f"decoding step, plain: {step * 1e3:.1f} ms; clocked: {parts.pop('clocked step') * 1e3:.1f} ms")
     for part in PARTS:
         print(f"  {part:28s} {parts[part] * 1e3:7.2f} ms")
+    if reference is not None:  # the arm's draws against the model's forward, same seed
+        drawn = sampler.sample(prompts, 8, torch.Generator().manual_seed(0))
+        same = (drawn.completions == reference.completions).all(1)
+        gap = (drawn.logp_alpha - reference.logp_alpha)[same].abs().max().item() if same.any() else float("nan")
+        print(f"against the model's forward, seed 0: {int(same.sum())}/{len(same)} rows drew the same tokens; "
+              f"max |Δ log α| on them {gap:.1e}")
     for name, floor in floors.items():
         extra = f" ({ops:.0f} aten ops a step)" if name == "dispatch" else ""
         print(f"floor, {name:9s} {floor * 1e3:7.2f} ms; plain step = {step / floor:.1f}× it{extra}")

@@ -3,7 +3,6 @@ micro-batch or refuses the run before α is copied."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -49,10 +48,6 @@ def test_memory_estimate_counts_each_copy_and_scales_with_the_batch():
     assert estimate_memory(SHAPE, config.replace(max_completion_length=50), 7).new > est.new
     vocabulary_only = ModelShape(0, 0, 4, 0, 0, 0, 100, 1, 1, 1)   # one decoding step's B·V tensors, not T of them
     assert estimate_memory(vocabulary_only, config, 7).sampling == (4 + 20) * 8 * 100 + 8 * 8 * 5 * 100
-    packed = dataclasses.replace(SHAPE, packed_linears=300)   # α decodes on packed copies of its linear weights
-    assert estimate_memory(packed, config, 7).sampling == est.sampling + 300
-    vllm = config.replace(sampler="vllm")                           # vLLM's engine decodes: no packed copies
-    assert estimate_memory(packed, vllm, 7).sampling == estimate_memory(SHAPE, vllm, 7).sampling
 
 
 def test_guard_shrinks_the_micro_batch_and_says_so(capsys):

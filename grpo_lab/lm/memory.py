@@ -20,8 +20,6 @@ autocast    W_train·b_c/b (autocast's copies of the weights)   mixed precision 
 overhead    c_W·W (allocator slack, weights paged in,          always
             gradient temporaries)
 sampling    2·L·B·S·n_kv·d_head·b (KV cache)                   while sampling
-            + W_lin (packed copies of the linear weights:
-            :class:`~grpo_lab.lm.decoding.PackedDecoder`)
             + P·Lp·(4H + 3I)·b (one prefill layer)
             + (b + 20)·B·V (one decoding step's logits)
             + :data:`HEAP_RETENTION`·B·T·V (the C heap's)
@@ -80,7 +78,6 @@ class ModelShape:
     kv_heads: int         # n_kv
     head_dim: int         # d_head
     compute_element_size: int | None = None  # b_c: bytes per element the forward computes in (None: b)
-    packed_linears: int = 0  # W_lin: bytes of the linear weights α's decoder packs while sampling (0: none)
 
     @property
     def compute_bytes(self) -> int:
@@ -105,8 +102,7 @@ class ModelShape:
                    vocab=config.vocab_size, heads=heads,
                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                   compute_element_size=None if compute_dtype is None else compute_dtype.itemsize,
-                   packed_linears=packed_linear_bytes(model, compute_dtype not in (None, floating.dtype)))
+                   compute_element_size=None if compute_dtype is None else compute_dtype.itemsize)
 
 
 @dataclass(frozen=True)
@@ -150,8 +146,6 @@ def estimate_memory(shape: ModelShape, config: GRPOConfig, prompt_length: int,
     m = min(micro_batch_size or config.micro_batch_size or B, B)
     S, L, H, I, V = prompt_length + T, shape.layers, shape.hidden, shape.intermediate, shape.vocab
     sampling = sampler_tensor_bytes(shape, B, P, prompt_length, T) + HEAP_RETENTION * B * T * V
-    if getattr(config, "sampler", "hf") == "hf":
-        sampling += shape.packed_linears
     training = m * S * L * ((10 * H + 4 * I) * b + 2 * shape.heads * S * b) + 3 * 4 * m * T * V
     b_c = shape.compute_bytes
     return MemoryEstimate(
@@ -168,17 +162,6 @@ def sampler_tensor_bytes(shape: ModelShape, B: int, P: int, prompt_length: int, 
     kv_cache = 2 * shape.layers * B * (prompt_length + T) * shape.kv_heads * shape.head_dim * b
     prefill_layer = P * prompt_length * (4 * shape.hidden + 3 * shape.intermediate) * b
     return kv_cache + prefill_layer + (b + 20) * B * shape.vocab
-
-
-def packed_linear_bytes(model: torch.nn.Module, autocast: bool) -> int:
-    """W_lin: the bytes :class:`~grpo_lab.lm.decoding.PackedDecoder` packs while α samples (the linear weights,
-    a tied head once), or 0 where the sampler decodes unpacked."""
-    from .decoding import packs_weights
-
-    if not packs_weights(model, autocast):
-        return 0
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in weights.values())
 
 
 @dataclass(frozen=True)

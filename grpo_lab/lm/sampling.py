@@ -38,7 +38,7 @@ import torch
 from ..checks import require_int_at_least, require_number_in, require_truncation
 from ..fingerprint import prove_local, prove_pairs
 from ..rollout import Rollout
-from .decoding import Decoder, decoder_for
+from .decoding import Decoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
 
 
@@ -261,8 +261,7 @@ class HFSampler:
         self._scorer = copy.deepcopy(policy).eval().requires_grad_(False)  # α, scored as π_θ is (audit, π_sync)
         self.model = self._scorer.model
         self._names, self._targets = zip(*named_tensors(self.model), strict=True)
-        mixed_precision = self._scorer.compute_dtype != next(self.model.parameters()).dtype
-        self.decoder: Decoder = decoder_for(self.model, autocast=mixed_precision)
+        self.decoder: Decoder = ModelDecoder(self.model)
         self._shapes = tuple(t.shape for t in self._targets)
         self._bytes = sum(t.numel() * t.element_size() for t in self._targets)
 
@@ -285,11 +284,8 @@ class HFSampler:
         seed = draw_seed(generator)
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
-            try:
-                with self._scorer.autocast():                             # α computes as π_θ does
-                    completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
-            finally:
-                self.decoder.release()              # its KV cache is not held while π_θ trains on the batch
+            with self._scorer.autocast():                                 # α computes as π_θ does
+                completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
         return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
                              prompt_mask.repeat_interleave(group_size, dim=0), completions.cpu(), logp_alpha.cpu(),
                              self.tokenizer, self.eos_token_ids, self.pad_token_id)
@@ -316,7 +312,7 @@ class HFSampler:
             ended = ended | torch.isin(token, eos)
             if t + 1 == self.max_completion_length or bool(ended.all()):
                 break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], dim=1)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
             logits = self.decoder.step(token, position + t, attention_mask)
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
 
