@@ -3,8 +3,10 @@ give, side by side in one run.
 
 Loops of the same recipe and seed differ only in α's decoder:
 
-- ``model``: :class:`~grpo_lab.lm.decoding.ModelDecoder`, the model's forward over its ``DynamicCache``
-  (the sampler's path; attention as the model loads, SDPA for the bundled model);
+- ``model``: :class:`~grpo_lab.lm.decoding.ModelDecoder`, the model's forward over a ``DynamicCache`` whose layers
+  write into buffers sized for the rollout (the sampler's path; attention as the model loads, SDPA for the bundled
+  model);
+- ``dynamic``: the same forward over the cache the model makes itself (layers that concatenate at every step);
 - ``static``: the same forward over transformers' ``StaticCache``, keys and values preallocated for the
   prompt and T_max tokens, the attention mask of that fixed width;
 - ``compiled``: ``static`` with the decoding step's forward under ``torch.compile`` (dynamic shapes, so one
@@ -21,7 +23,8 @@ median seconds per step and per sampling, the median tokens per step (the work: 
 same weights, so their lengths agree up to a draw flipped by rounding), and each arm's median paired ratio
 to ``model``. A path stays only if it saves ≥ 10 % of a whole step (ratio ≤ 0.90)::
 
-    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128] [--arms model packed static compiled]
+    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128]
+                                  [--arms model dynamic packed static compiled]
 
 ``--tokens 8``: the CPU recipe (add1, 8 tokens). ``--tokens 128``: gsm_symbolic's chain of thought.
 """
@@ -71,6 +74,18 @@ class StaticCacheDecoder(ModelDecoder):
                             use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache}).logits[:, -1]
 
 
+class DynamicCacheDecoder(ModelDecoder):
+    """The model's forward over the ``DynamicCache`` it makes itself (benchmark only: the sampler's path before
+    :class:`~grpo_lab.lm.decoding.PreallocatedLayer`)."""
+
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor,
+                max_new_tokens: int) -> torch.Tensor:
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        self.cache = getattr(out, self.cache_kwarg)
+        return out.logits[:, -1]
+
+
 class PackedDecoder(ModelDecoder):
     """The model's forward with every ``nn.Linear`` on a oneDNN-packed copy of its weight during the steps (benchmark
     only): packed once per rollout at :meth:`repeat`, so the steps read each weight once instead of re-packing it
@@ -111,8 +126,9 @@ class PackedStaticDecoder(PackedDecoder, StaticCacheDecoder):
     """``static`` with the linear layers on MKL-packed weights (benchmark only)."""
 
 
-DECODERS = {"model": ModelDecoder, "packed": PackedDecoder, "static": StaticCacheDecoder,
-            "packed_static": PackedStaticDecoder, "compiled": lambda model: StaticCacheDecoder(model, compiled=True)}
+DECODERS = {"model": ModelDecoder, "dynamic": DynamicCacheDecoder, "packed": PackedDecoder,
+            "static": StaticCacheDecoder, "packed_static": PackedStaticDecoder,
+            "compiled": lambda model: StaticCacheDecoder(model, compiled=True)}
 
 
 def loops(tokens: int, arms: list[str]) -> dict[str, Any]:
