@@ -66,15 +66,27 @@ def test_a_policy_computes_no_wider_than_its_weights():
         LMPolicy(tiny_model(), compute_dtype=torch.int8)
 
 
+def cache_dtypes_while_decoding(sampler: HFSampler) -> set[torch.dtype]:
+    """The dtypes of the value cache's first layer at every decoding step of one batch (the sampler releases the
+    cache once the batch is decoded)."""
+    seen, step = set(), sampler.decoder.step
+
+    def spy(*args, **kwargs):
+        seen.add(sampler.decoder.cache.layers[0].values.dtype)
+        return step(*args, **kwargs)
+
+    sampler.decoder.step = spy
+    sampler.sample(PROMPTS, 2, torch.Generator().manual_seed(0))
+    assert sampler.decoder.cache is None and seen
+    return seen
+
+
 def test_alpha_decodes_in_the_policys_compute_dtype():
     """α (HFSampler's copy of π_θ) decodes under π_θ's autocast: its KV cache's values come out of v_proj in
     bfloat16 (its keys leave the rotary embedding in float32 either way)."""
-    sampler = HFSampler(LMPolicy(tiny_model(), compute_dtype=torch.bfloat16), tokenizer(), 6)
-    sampler.sample(PROMPTS, 2, torch.Generator().manual_seed(0))
-    assert sampler.decoder.cache.layers[0].values.dtype == torch.bfloat16      # v_proj ran in bfloat16
-    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer(), 6)
-    sampler.sample(PROMPTS, 2, torch.Generator().manual_seed(0))
-    assert sampler.decoder.cache.layers[0].values.dtype == torch.float32
+    mixed = HFSampler(LMPolicy(tiny_model(), compute_dtype=torch.bfloat16), tokenizer(), 6)
+    assert cache_dtypes_while_decoding(mixed) == {torch.bfloat16}                # v_proj ran in bfloat16
+    assert cache_dtypes_while_decoding(HFSampler(LMPolicy(tiny_model()), tokenizer(), 6)) == {torch.float32}
 
 
 def test_build_loop_under_bfloat16_keeps_float32_weights_and_bfloat16_forwards():

@@ -72,6 +72,22 @@ def test_each_prompt_is_prefilled_once_then_decoded_one_token_per_row(tokenizer)
     assert shapes[1:] == [(len(PROMPTS) * G, 1)] * (rollout.completions.shape[1] - 1)
 
 
+
+def test_the_kv_cache_is_released_once_a_batch_is_decoded(tokenizer):
+    """The decoder drops its cache after each batch, and after a decode that failed, so that the keys and values
+    are not held while π_θ trains on the batch."""
+    sampler = HFSampler(LMPolicy(tiny_model()), tokenizer, max_completion_length=5, eos_token_ids=[127])
+    sample(sampler, G=2)
+    assert sampler.decoder.cache is None
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("decoding failed")
+
+    sampler.decoder.step = fail
+    with pytest.raises(RuntimeError, match="decoding failed"):
+        sample(sampler, G=2)
+    assert sampler.decoder.cache is None
+
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_tokens_are_drawn_from_alpha(tokenizer, temperature):
     """The first token's empirical frequencies over 4000 draws match softmax(logits / T) of α

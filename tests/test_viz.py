@@ -17,7 +17,7 @@ from grpo_lab.scale.costmodel import StepCostModel
 from grpo_lab.viz import BanditPanel, check, display, display_mode, new_figure, plots, show_solution
 from grpo_lab.viz.dashboard import OVER_COUNTED_TOKENS, PANELS, dashboard
 from grpo_lab.viz.display import TITLE_LINE_PX, TOOLBAR_PX
-from grpo_lab.viz.exercises import SOLUTIONS, ExerciseMismatch, check_prediction
+from grpo_lab.viz.exercises import SOLUTIONS, ExerciseMismatch, answer_tries, check_prediction
 
 # ----------------------------------------------------------------------------- exercises
 
@@ -117,6 +117,25 @@ def test_check_prediction_scores_against_the_observed_value(capsys):
     with pytest.raises(ValueError, match="rel_tol"):
         check_prediction("q", 1.0, 1.0, rel_tol=0.0)
 
+
+
+def test_a_try_it_answer_comes_only_after_its_guess(capsys):
+    """Notebook 01 §6: with no guess nothing of any run's J is printed; a guess of a question's first try prints
+    that question's answer (with the runs' numbers) and no other; every question's tries were trained."""
+    problem = lab.lab_problem()
+    config = lab.lab_config(steps=4)
+    names = {name for q in lab.TRY_IT for name in q.tries}
+    assert names <= set(lab.TRIES)
+    tried = {name: lab.train_runs(problem, config.replace(**lab.TRIES[name]), runs=2) for name in names}
+    assert answer_tries({}, tried) == 0
+    silent = capsys.readouterr().out
+    assert all(f"{lab.final_j(tried, name):.3f}" not in silent for name in names)
+    first = lab.TRY_IT[0]
+    assert answer_tries({first.tries[0]: 0.5}, tried) == 1
+    shown = capsys.readouterr().out
+    assert first.answer(tried) in shown and lab.TRY_IT[1].answer(tried) not in shown
+    with pytest.raises(ValueError, match="no try is named"):
+        answer_tries({"v = 99": 0.5}, tried)
 
 def test_unknown_exercise_is_rejected():
     with pytest.raises(ValueError, match="name"):

@@ -1,9 +1,10 @@
 """α's decoding forward behind one seam, :class:`Decoder`: prefill the P prompts, repeat each prompt's keys
-and values G times, then step one token per row. :class:`ModelDecoder` runs the model's own forward.
+and values G times, then step one token per row. :class:`ModelDecoder` runs the model's own forward over a cache
+whose layers write in place (:class:`PreallocatedLayer`) instead of concatenating.
 
-A hand-written forward for Llama-family models (fused products, a C++ GEMM kernel, packed weight pages) was
-measured and removed: it saved too little of a whole loop step (``benchmarks/decoding.py``; the figures:
-docs/internals.md#decoding).
+Measured and not kept (``benchmarks/decoding.py``, whole loop steps; the figures: docs/internals.md#decoding): a
+hand-written forward for Llama-family models, oneDNN-packed weights, transformers' ``StaticCache`` (it moves
+log α), and ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class Decoder(Protocol):
         """Logits ``[B, V]`` after one more token per row (``tokens [B]`` at ``positions [B]``);
         ``key_mask [B, keys]`` is 1 on the keys each row attends to, this token's included."""
 
+    def release(self) -> None:
+        """Drop the cache once a batch is decoded: the next prefill starts a fresh one, so keeping it would only
+        hold its keys and values beside the training step that follows."""
+
 
 class ModelDecoder:
     """The model's own forward over its own KV cache: any causal LM whose forward takes one, on any
@@ -49,6 +54,7 @@ class ModelDecoder:
                 max_new_tokens: int) -> torch.Tensor:
         """Logits ``[P, V]`` at the last position of left-padded prompts ``[P, Lp]``; a fresh cache, with room for
         ``max_new_tokens`` more in every growing layer (:func:`preallocated_cache`)."""
+        self.cache = None                     # the last batch's, if it was not released: not beside the new one
         cache = preallocated_cache(self.model, prompt_ids.shape[1] + max_new_tokens)
         out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **({} if cache is None else {self.cache_kwarg: cache}))
@@ -65,6 +71,9 @@ class ModelDecoder:
         return self.model(input_ids=tokens[:, None], attention_mask=key_mask, position_ids=positions[:, None],
                           use_cache=True, logits_to_keep=1, **{self.cache_kwarg: self.cache}).logits[:, -1]
 
+    def release(self) -> None:
+        """Drop the cache (B·(Lp + T) keys and values a layer: ~80 MB for SmolLM2-135M at P·G = 32 and 54 tokens)."""
+        self.cache = None
 
 
 def preallocated_cache(model: torch.nn.Module, capacity: int) -> DynamicCache | None:

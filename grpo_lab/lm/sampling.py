@@ -284,8 +284,11 @@ class HFSampler:
         seed = draw_seed(generator)
         with torch.random.fork_rng(devices=cuda_devices):
             torch.manual_seed(seed)
-            with self._scorer.autocast():                                 # α computes as π_θ does
-                completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+            try:
+                with self._scorer.autocast():                             # α computes as π_θ does
+                    completions, logp_alpha = self._decode(prompt_ids.to(device), prompt_mask.to(device), group_size)
+            finally:
+                self.decoder.release()              # its KV cache is not held while π_θ trains on the batch
         return build_rollout(prompts, prompt_ids.repeat_interleave(group_size, dim=0),
                              prompt_mask.repeat_interleave(group_size, dim=0), completions.cpu(), logp_alpha.cpu(),
                              self.tokenizer, self.eos_token_ids, self.pad_token_id)

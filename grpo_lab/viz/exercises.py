@@ -16,7 +16,7 @@ exercise            signature                                     checked agains
 The first three are notebook 01's (bandit), the next three notebook 02's (logged log-probs of
 a language model's completions), the last notebook 01b's. :func:`check_prediction` scores notebook 02's
 "predict, then run" answers against values observed in the run, :func:`check_choice` notebook 01b's
-answers that name a correction.
+answers that name a correction, :func:`answer_tries` notebook 01's "try it yourself" guesses.
 
 A stub that raises ``NotImplementedError`` is not a failure: the check then
 verifies the reference solution instead (so the notebook runs unattended) and
@@ -28,13 +28,14 @@ library, what was expected, what came, and a hint, not a traceback into this mod
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from ..advantages import whiten
 from ..checks import require_choice, require_number_in
-from ..exact.bandit import improvement_lower_bound
+from ..exact.bandit import BanditRun, improvement_lower_bound
+from ..exact.bandit_lab import TRY_IT, TryIt, final_j
 from ..lm.group_view import token_ratios
 from ..objective import clipped_surrogate, tv_terms
 from ..schedules import make_sync_schedule
@@ -273,3 +274,24 @@ def check_choice(question: str, guess: str | None, observed: str | set[str], opt
     if show:
         print(message)
     return verdict
+
+
+def answer_tries(predictions: Mapping[str, float], tried: dict[str, BanditRun],
+                 questions: Sequence[TryIt] = TRY_IT) -> int:
+    """Notebook 01 §6: score each guess in ``predictions`` (a try's final J, by its name in ``tried``) against
+    the run (:func:`check_prediction`, 2 %), and print a question's answer once its first try has been guessed,
+    so that no answer comes before the guess. Returns the number of answers printed."""
+    unknown = sorted(set(predictions) - set(tried))
+    if unknown:
+        raise ValueError(f"no try is named {unknown}; the tries are: {' · '.join(tried)}")
+    for name, guess in predictions.items():
+        check_prediction(f"{name}: final J", guess, final_j(tried, name), rel_tol=0.02)
+    answered = [q for q in questions if predictions.get(q.tries[0]) is not None]
+    for q in answered:
+        print(f"{q.question}: {q.answer(tried)}")
+    if not answered:
+        print(f"{len(tried)} tries trained. Write your guess of a final J in `predictions`, keyed by the try a "
+              "question asks about, and run this cell again: its answer follows.")
+        for q in questions:
+            print(f"  {q.question}: predictions[{q.tries[0]!r}]")
+    return len(answered)
