@@ -34,6 +34,7 @@ import torch
 from decoding import DECODERS
 
 from grpo_lab.lm import sampling
+from grpo_lab.lm.decoding import PreallocatedLayer
 
 PARTS = ("layer GEMMs", "KV-cache updates", "rest of the layers", "forward outside the layers", "LM head",
          "log-softmax", "temperature, cut and draw", "loop glue")
@@ -192,7 +193,7 @@ def clocked_parts(sampler: Any, prompts: list[str], seed: int, steps: int) -> di
              for h in clocks.hook(m, "layer GEMMs")]
     hooks += [h for layer in layers for h in clocks.hook(layer, "layers")]
     hooks += clocks.hook(model.lm_head, "LM head")
-    cache_layers = (cache_utils.DynamicLayer, cache_utils.StaticLayer)
+    cache_layers = (cache_utils.DynamicLayer, cache_utils.StaticLayer, PreallocatedLayer)
     updates = [layer.update for layer in cache_layers]
     next_token, logits_seen = sampling.sample_next, []
     for layer, update in zip(cache_layers, updates, strict=True):

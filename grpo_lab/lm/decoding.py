@@ -78,8 +78,12 @@ class ModelDecoder:
 
 def preallocated_cache(model: torch.nn.Module, capacity: int) -> DynamicCache | None:
     """The ``DynamicCache`` the model would make, each plain growing layer replaced by a :class:`PreallocatedLayer`
-    of ``capacity`` positions; None where the cache has no layers to replace (the model then makes its own)."""
-    cache = DynamicCache(config=model.config)
+    of ``capacity`` positions; None where the model has no config to build it from, or the cache no layers to
+    replace (the model then makes its own)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    cache = DynamicCache(config=config)
     if not getattr(cache, "layers", None):
         return None
     cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
