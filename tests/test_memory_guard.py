@@ -21,7 +21,15 @@ from reliability_runs import (
 )
 
 from grpo_lab.lm.build import build_loop
-from grpo_lab.lm.memory import BUDGET_FRACTION, ModelShape, available_memory, estimate_memory, gib, plan_memory
+from grpo_lab.lm.memory import (
+    BUDGET_FRACTION,
+    ModelShape,
+    available_memory,
+    estimate_memory,
+    gib,
+    map_large_blocks,
+    plan_memory,
+)
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
 
@@ -146,6 +154,39 @@ def test_sampling_term_bounds_the_samplers_measured_peak():
     default = sampler_peak(4, 16, 64)
     assert default["measured"] <= default["estimate"], default
 
+
+FREED_BLOCKS_CHILD = r"""
+import torch
+from grpo_lab.lm.memory import map_large_blocks
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
+assert map_large_blocks()
+warm = torch.ones(2**20)
+del warm                                       # a freed 4 MiB block: glibc's default now keeps such blocks in its heap
+big, small = [], []
+for _ in range(64):                            # 256 MiB in 4 MiB tensors, a small live one after each
+    big.append(torch.ones(2**20))
+    small.append(torch.ones(64))
+before = rss()
+del big
+print((before - rss()) / 2**20)
+"""
+
+
+def freed_mib() -> float:
+    """MiB of RSS that freeing 64 tensors of 4 MiB gives back after :func:`map_large_blocks`, in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", FREED_BLOCKS_CHILD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc")
+def test_mapped_blocks_go_back_to_the_os_when_freed():
+    """After :func:`map_large_blocks` each 4 MiB tensor has its own mapping, and freeing them gives all 256 MiB
+    back at once, whatever lies between them. (With glibc's default, fresh processes gave back anywhere from 0 to
+    248 MiB of the same blocks: its heap may keep them, which is what the setting removes.)"""
+    assert freed_mib() > 250
+    with pytest.raises(ValueError, match="threshold"):
+        map_large_blocks(0)
 
 def test_vllm_cpu_kv_cache_is_one_block_per_sequence_plus_the_null_block():
     """SmolLM2-135M in float32 (30 layers, 3 KV heads of 64): 46 080 bytes a token, 128-token blocks; a step of

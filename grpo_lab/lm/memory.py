@@ -246,6 +246,29 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+MMAP_THRESHOLD = 256 * 2**10
+"""Bytes from which :func:`map_large_blocks` gives an allocation its own mapping."""
+M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter number for the mmap threshold (``malloc.h``)."""
+
+
+def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
+    """From now on in this process, have glibc give every allocation of ``threshold`` bytes or more its own
+    mapping, handed back to the OS when it is freed (``mallopt(M_MMAP_THRESHOLD)``); False where there is no
+    glibc. By default glibc raises that threshold (up to 32 MiB) each time such a block is freed, so after a
+    first training step the tensors of a step (a layer's gradients and activations, a few MiB each) come from
+    its heap and stay in RSS once freed, under the next step's own: a fixed threshold keeps RSS at what the
+    live tensors hold, at the cost of zeroing fresh pages for each large allocation (docs/benchmarks.md,
+    *Notebook memory*, has what it saved and cost on notebook 02)."""
+    import ctypes
+    import ctypes.util
+
+    require_int_at_least("threshold", threshold, 1)
+    libc = ctypes.util.find_library("c")
+    mallopt = getattr(ctypes.CDLL(libc), "mallopt", None) if libc else None
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1
+
+
 def return_freed_memory() -> None:
     """Collect garbage, then hand the C heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op
     where there is none): what a notebook cell calls after dropping a finished run, so its RSS falls before

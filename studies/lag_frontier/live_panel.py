@@ -48,6 +48,7 @@ from plotly.subplots import make_subplots
 
 from grpo_lab.exact.strict_j import ExactEvaluation, Sampling, exact_evaluate
 from grpo_lab.lm.background import BackgroundRun, Sitting, hook_interrupt
+from grpo_lab.lm.memory import return_freed_memory
 from grpo_lab.lm.recipes import recipe, run_dir
 from grpo_lab.lm.sampling import stop_and_pad_ids
 from grpo_lab.lm.tasks import Problem, all_questions
@@ -70,6 +71,12 @@ EVAL_THREADS = 1
 a few rows each, where a second thread waits on the first: on the 2-core machine loaded ~5, 18 questions took
 2.8–3.5 s wall with 1 thread and 10–26 s with 2 (SmolLM2-135M untrained and at the pilot's steps 32 and 128).
 The frontier's units were evaluated with 1 too."""
+EVAL_QUESTIONS_PER_BATCH = 9
+"""Questions walked together in a live evaluation (``questions_per_batch`` of
+:func:`~grpo_lab.exact.strict_j.exact_evaluate`, whose default walks 64 at once). The walk's KV cache holds a row
+per open branch, and a lagged π_θ that has stopped ending its answers (notebook 02 §2) keeps many open: walking
+the 27 questions at once added 1.0–1.1 GiB to the kernel, over the training step's peak (docs/benchmarks.md,
+*Notebook memory*)."""
 STEPS = 128
 """A run's length by default: the frontier's budget, over which the pilot is drawn."""
 SUBPLOT_TITLE_PX = 20
@@ -153,21 +160,27 @@ def load_pilot(paths: Sequence[str | Path] = PILOT_UNITS) -> Pilot:
                  seconds_per_step=float(np.mean([u["wall_seconds"] / u["steps"] for u in units])))
 
 
-def exact_j(loop: GRPOLoop, questions: Sequence[Problem], threads: int | None = EVAL_THREADS) -> ExactEvaluation:
+def exact_j(loop: GRPOLoop, questions: Sequence[Problem], threads: int | None = EVAL_THREADS,
+            questions_per_batch: int = EVAL_QUESTIONS_PER_BATCH) -> ExactEvaluation:
     """Exact J of ``loop``'s π_θ on ``questions``, as the frontier's units take it: the run's sampling (T,
     top-p/top-k, T_max) and system prompt, the model's stop ids; with ``threads`` torch threads (None: torch's
-    setting), put back after."""
+    setting), put back after; ``questions_per_batch`` questions walked at a time. The heap's freed pages go back
+    to the OS before the walk and after it (:func:`~grpo_lab.lm.memory.return_freed_memory`): held, training's would
+    lie under the walk's cache and the walk's under the next training step."""
     model, config = loop.policy.model, loop.config
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                         max_tokens=config.max_completion_length)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    return_freed_memory()
     try:
         return exact_evaluate(model, loop.task.tokenizer, questions, sampling, system_prompt=config.system_prompt,
-                              eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0])
+                              eos_token_ids=stop_and_pad_ids(model, loop.task.tokenizer, None)[0],
+                              questions_per_batch=questions_per_batch)
     finally:
         torch.set_num_threads(before)
+        return_freed_memory()
 
 
 @dataclass(frozen=True)

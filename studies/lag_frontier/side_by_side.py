@@ -86,7 +86,6 @@ def run_arms(base: TrainConfig, problems: Sequence[Problem], questions: Sequence
 
         def evaluate(loop: GRPOLoop, arm: Arm = arm) -> None:
             start = time.perf_counter()
-            return_freed_memory()               # the heap's pages from training go back before the walk's cache grows
             result = exact_j(loop, questions)
             arm.j[loop.k] = (result.mean, float(result.pruned.mean()))
             arm.eval_seconds += time.perf_counter() - start
