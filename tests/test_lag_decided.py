@@ -91,3 +91,31 @@ def test_the_drift_picture_pairs_each_lagged_unit_with_v1_at_its_seed():
     means = [t for t in fig.data if t.error_y is not None and t.error_y.array is not None]
     assert len(means) == 1 and means[0].x[0] == pytest.approx(0.2) and means[0].y[0] == pytest.approx(-0.075)
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+
+
+def test_the_corrections_are_read_only_when_all_their_units_and_the_first_look_are_in(tmp_path):
+    units, extra = tmp_path / "units", tmp_path / "units_corrections"
+    units.mkdir(), extra.mkdir()
+    for seed in design.CORRECTION_SEEDS:
+        for arm in design.CORRECTION_ARMS:
+            (extra / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, 0.40 + seed / 1000)))
+    assert rebuild_summary(tmp_path, write=False)["corrections"]["arms"] == {}   # first look not due
+    for seed in design.SEEDS[:8]:
+        for arm in design.ARMS:
+            (units / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, 0.30)))
+    entry = rebuild_summary(tmp_path, write=False)["corrections"]
+    assert entry["exploratory"] and set(entry["arms"]) == set(design.CORRECTION_ARMS)
+    diff = entry["differences"]["v10_mask - v10_ratio"]
+    assert diff["mean"] == pytest.approx(0.10 + np.mean(design.CORRECTION_SEEDS) / 1000)
+    assert diff["ci"][0] < diff["mean"] < diff["ci"][1]
+    (extra / f"v10_icepop_s{design.CORRECTION_SEEDS[-1]}.json").unlink()
+    assert rebuild_summary(tmp_path, write=False)["corrections"]["arms"] == {}
+
+
+def test_the_correction_arms_are_the_knob_values_issue_52_names():
+    from grpo_lab.lm.recipes import recipe
+
+    seqmask = recipe(design.RECIPE, **design.arm_fields("v10_seqmask"))
+    assert (seqmask.is_correction, seqmask.level, seqmask.is_cap, seqmask.is_floor) == ("icepop", "sequence", 3.0, None)
+    assert recipe(design.RECIPE, **design.arm_fields("v10_mask")).is_correction == "mask"
+    assert set(design.CORRECTION_SEEDS) <= set(design.SEEDS[:8])

@@ -71,6 +71,21 @@ pilot unit (``v10_ratio``, seed 900, the same recipe) has mean |log r′| per to
 is 128 steps if ``v1`` at that lr gained ≥ 0.25 of exact J by then in the earlier pilot (lr 3e-6: +0.49 and
 +0.61 in its seeds 0 and 1, reused and said so), else 256. Arms ``v1``, ``v10_ratio``, ``v10_none`` at seeds
 200–205, each estimate with its t interval, no test.
+
+**The field's corrections (exploratory; issue 52 §3).** Fixed before any of their units, run after the
+confirmatory units of the first look. At lr 1e-5 and v = 10, three more corrections of π_k/α:
+
+================ =========================================================================================
+``v10_mask``     token mask: the ratio's weight kept inside [1/C, C], C = 2, else 0
+``v10_seqmask``  TRL's default (``vllm_importance_sampling_mode="sequence_mask"``): the whole sequence's
+                 ratio kept if ≤ C = 3, no lower bound (``icepop`` at ``level="sequence"``)
+``v10_icepop``   IcePop: token weight kept inside [a, C] = [0.5, 2], else 0
+================ =========================================================================================
+
+Seeds 100–107: fresh for these arms, and the same as the first look's, so each arm pairs by seed with
+``v10_ratio`` and ``v10_none``. Reported once all 24 units are in: each arm's J_auc, held-out J_auc and window
+drift with t intervals, and its paired differences from ``v10_ratio`` and ``v10_none`` with unadjusted 95 % t
+intervals, labelled exploratory (no test, not in the confirmatory family).
 """
 
 from __future__ import annotations
@@ -104,6 +119,20 @@ REGIME2_DRIFT_LIMIT = 0.03
 most this."""
 REGIME2_PILOT_SEED = 900
 REGIME2_SEEDS = tuple(range(200, 206))
+
+CORRECTION_ARMS = {"v10_mask": {"v": 10, "is_correction": "mask", "is_cap": 2.0},
+                   "v10_seqmask": {"v": 10, "is_correction": "icepop", "level": "sequence", "is_cap": 3.0,
+                                   "is_floor": None},
+                   "v10_icepop": {"v": 10, "is_correction": "icepop", "is_cap": 2.0, "is_floor": 0.5}}
+"""The exploratory corrections (issue 52 §3): arm name → the config fields it sets on the recipe."""
+CORRECTION_SEEDS = tuple(range(100, 108))
+CORRECTION_BASELINES = ("v10_ratio", "v10_none")
+"""The confirmatory arms each correction arm is paired with, by seed."""
+
+
+def arm_fields(arm: str) -> dict[str, Any]:
+    """The config fields an arm sets, confirmatory or exploratory."""
+    return (ARMS | CORRECTION_ARMS)[arm]
 
 POWER_SCENARIOS = (
     ("C1", 0.0, 0.046), ("C1", 0.0, 0.082), ("C1", -0.030, 0.046), ("C1", -0.087, 0.082),
@@ -234,4 +263,7 @@ def design_record() -> dict[str, Any]:
             "held_out": "every 3rd question of all_questions(task) in sorted order (index % 3 == 2)",
             "regime2": {"lrs": list(REGIME2_LRS), "drift_limit_lag1": REGIME2_DRIFT_LIMIT,
                         "pilot_seed": REGIME2_PILOT_SEED, "seeds": list(REGIME2_SEEDS)},
+            "corrections": {"arms": CORRECTION_ARMS, "seeds": list(CORRECTION_SEEDS),
+                            "paired_with": list(CORRECTION_BASELINES),
+                            "report": "estimates with unadjusted 95 % t intervals; exploratory, no test"},
             "power": power_table()}

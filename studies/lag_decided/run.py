@@ -9,6 +9,7 @@ dies), so processes side by side, and sittings one after another, share one unit
     python studies/lag_decided/run.py --units 4 [--threads 1]       # the next 4 confirmatory units
     python studies/lag_decided/run.py --regime2-pilot 3e-6          # the second regime's drift pilot
     python studies/lag_decided/run.py --regime2 3e-6 --units 2       # the second regime's units at that lr
+    python studies/lag_decided/run.py --corrections --units 2        # the field's corrections (exploratory)
     python studies/lag_decided/run.py --summary                      # rebuild summary.json
 """
 
@@ -78,10 +79,10 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
     with UnitLock(path) as held:
         if not held or path.exists():
             return None
-        unit: dict[str, Any] = {"arm": arm, **design.ARMS[arm], "seed": seed, "lr": lr, "steps": steps,
+        unit: dict[str, Any] = {"arm": arm, **design.arm_fields(arm), "seed": seed, "lr": lr, "steps": steps,
                                 **provenance(ROOT, ignore="studies/lag_decided/units")}
         wall, cpu = time.perf_counter(), time.process_time()
-        config = base_config(lr, steps).replace(seed=seed, **design.ARMS[arm])
+        config = base_config(lr, steps).replace(seed=seed, **design.arm_fields(arm))
         questions = all_questions(config.task)
         index = {q.question: i for i, q in enumerate(questions)}
         held_out = {q.question for q, out_ in zip(questions, design.held_out(questions), strict=True) if out_}
@@ -105,15 +106,21 @@ def queue(args: argparse.Namespace) -> list[tuple[str, int, float, int]]:
     """(arm, seed, lr, steps) of the units this call may run, in the design's order."""
     if args.regime2_pilot is not None:
         return [("v10_ratio", design.REGIME2_PILOT_SEED, args.regime2_pilot, design.STEPS)]
+    if args.corrections:
+        return [(arm, seed, design.LR, design.STEPS)
+                for arm, seed in design.unit_order(list(design.CORRECTION_ARMS), design.CORRECTION_SEEDS)]
     if args.regime2 is not None:
         return [(arm, seed, args.regime2, args.regime2_steps)
                 for arm, seed in design.unit_order(list(design.ARMS), design.REGIME2_SEEDS)]
     return [(arm, seed, design.LR, design.STEPS) for arm, seed in design.unit_order(list(design.ARMS), design.SEEDS)]
 
 
-def unit_dir(out: Path, lr: float) -> Path:
-    """The confirmatory units in ``out/units``; the second regime's (and its pilot) in ``out/units_lr<lr>``."""
-    return out / "units" if lr == design.LR else out / f"units_lr{lr:g}"
+def unit_dir(out: Path, arm: str, lr: float) -> Path:
+    """The confirmatory units in ``out/units``, the exploratory corrections' in ``out/units_corrections``, the
+    second regime's (and its pilot) in ``out/units_lr<lr>``."""
+    if lr != design.LR:
+        return out / f"units_lr{lr:g}"
+    return out / ("units_corrections" if arm in design.CORRECTION_ARMS else "units")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -123,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--regime2-pilot", type=float, default=None, metavar="LR")
     parser.add_argument("--regime2", type=float, default=None, metavar="LR")
     parser.add_argument("--regime2-steps", type=int, default=design.STEPS)
+    parser.add_argument("--corrections", action="store_true", help="the field's corrections (exploratory)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args(argv)
@@ -137,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for arm, seed, lr, steps in queue(args):
         if done >= args.units:
             break
-        unit = run_unit(arm, seed, lr, steps, unit_dir(args.out, lr))
+        unit = run_unit(arm, seed, lr, steps, unit_dir(args.out, arm, lr))
         if unit is not None:   # no endpoint printed: nothing is read before its look is due
             done += 1
             print(f"{arm} seed {seed} (lr {lr:g}): done in {unit['wall_seconds']:.0f} s "

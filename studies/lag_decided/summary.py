@@ -2,7 +2,8 @@
 
 Nothing is read before its look is due: the confirmatory arms are read over the seeds of the last look that every
 arm has reached (seeds in the design's order, a seed counting once all three arms have it), and the second
-regime's arms once all their seeds are in. The drift pilot is read as soon as it exists: it chooses the second
+regime's arms and the exploratory corrections' once all their seeds are in (the corrections' paired
+baselines once the first look is due as well). The drift pilot is read as soon as it exists: it chooses the second
 regime's lr by the rule fixed in ``design.py``.
 """
 
@@ -87,6 +88,7 @@ def rebuild_summary(out: Path, write: bool = True) -> dict[str, Any]:
                 "stopped_at_seeds": None if verdict.look is None else design.PLAN.looks[verdict.look],
                 "looks_reached": reached}
     summary["regime2"] = regime2(out)
+    summary["corrections"] = corrections(out, units, reached)
     if write:
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
@@ -107,4 +109,23 @@ def regime2(out: Path) -> dict[str, Any]:
         if all((arm, s) in units for arm in design.ARMS for s in design.REGIME2_SEEDS):
             entry["arms"] = {arm: arm_entry([units[(arm, s)] for s in design.REGIME2_SEEDS])
                              for arm in design.ARMS}
+    return entry
+
+
+def corrections(out: Path, units: Mapping[tuple[str, int], Mapping[str, Any]],
+                looks_reached: Sequence[int]) -> dict[str, Any]:
+    """The field's corrections (exploratory), once all their units are in and the first look is due: each arm's
+    entry, and its paired J_auc difference from each of :data:`design.CORRECTION_BASELINES` at the same seeds
+    (mean and unadjusted 95 % t CI)."""
+    mine = load(out / "units_corrections")
+    seeds = design.CORRECTION_SEEDS
+    entry: dict[str, Any] = {"seeds": list(seeds), "exploratory": True, "arms": {}, "differences": {}}
+    if not looks_reached or not all((arm, s) in mine for arm in design.CORRECTION_ARMS for s in seeds):
+        return entry
+    for arm in design.CORRECTION_ARMS:
+        entry["arms"][arm] = arm_entry([mine[(arm, s)] for s in seeds])
+        for base in design.CORRECTION_BASELINES:
+            mean, half = mean_ci([mine[(arm, s)]["j_auc"] - units[(base, s)]["j_auc"] for s in seeds])
+            entry["differences"][f"{arm} - {base}"] = {"mean": float(mean),
+                                                       "ci": [float(mean - half), float(mean + half)]}
     return entry
