@@ -23,7 +23,7 @@ median seconds per step and per sampling, the median tokens per step (the work: 
 same weights, so their lengths agree up to a draw flipped by rounding), and each arm's median paired ratio
 to ``model``. A path stays only if it saves ≥ 10 % of a whole step (ratio ≤ 0.90)::
 
-    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128]
+    python benchmarks/decoding.py [--steps 6] [--threads 1 2] [--tokens 8 128] [--prompts 2]
                                   [--arms model dynamic packed static compiled]
 
 ``--tokens 8``: the CPU recipe (add1, 8 tokens). ``--tokens 128``: gsm_symbolic's chain of thought.
@@ -131,9 +131,10 @@ DECODERS = {"model": ModelDecoder, "dynamic": DynamicCacheDecoder, "packed": Pac
             "compiled": lambda model: StaticCacheDecoder(model, compiled=True)}
 
 
-def loops(tokens: int, arms: list[str]) -> dict[str, Any]:
-    """One loop per arm, the same recipe and seed: add1 at ≤ 8 tokens, gsm_symbolic above. Each loop's
-    ``drawn`` lists the completion tokens of its rollouts."""
+def loops(tokens: int, arms: list[str], prompts: int | None = None) -> dict[str, Any]:
+    """One loop per arm, the same recipe and seed: add1 at ≤ 8 tokens, gsm_symbolic above; P = ``prompts`` if
+    given (P1's recipe draws 2, the CPU recipe 4). Each loop's ``drawn`` lists the completion tokens of its
+    rollouts."""
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.recipes import recipe
 
@@ -141,7 +142,8 @@ def loops(tokens: int, arms: list[str]) -> dict[str, Any]:
     built = {}
     for arm in arms:
         loop = build_loop(recipe("cpu_arith_smollm2", v=1, max_completion_length=tokens, steps=10**6,
-                                 train_problems=200, micro_batch_size=4, **task))  # one m for every arm
+                                 train_problems=200, micro_batch_size=4, **task,  # one m for every arm
+                                 **({} if prompts is None else {"prompts_per_step": prompts})))
         loop.sampler.decoder = DECODERS[arm](loop.sampler.model)
         loop.drawn, sample = [], loop.sampler.sample
         loop.sampler.sample = lambda *a, loop=loop, sample=sample: loop.drawn.append(sample(*a)) or loop.drawn[-1]
@@ -155,10 +157,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--tokens", type=int, nargs="+", default=[8, 128])
     parser.add_argument("--arms", nargs="+", choices=list(DECODERS), default=list(DECODERS))
+    parser.add_argument("--prompts", type=int, default=None, help="P (default: the recipe's 4; P1's recipe: 2)")
     args = parser.parse_args()
     arms = ["model", *[arm for arm in args.arms if arm != "model"]]
     for tokens in args.tokens:
-        built = loops(tokens, arms)
+        built = loops(tokens, arms, args.prompts)
         print(f"T_max {tokens}: attention {built['model'].sampler.model.config._attn_implementation}", flush=True)
         for threads in args.threads:
             torch.set_num_threads(threads)

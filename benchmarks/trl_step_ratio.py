@@ -23,8 +23,8 @@ forward once more. Attention scores (under 2 % at these lengths) are left out.
 Several ``--tokens`` budgets are measured one after another in one run, each side by side. Issue 38 §3
 (where the lead holds as completions lengthen) runs ``--tokens 32 128 --task gsm_symbolic``: word problems whose
 chain of thought uses the budget (add1's answers take ~5 tokens whatever the budget; add1 stays the default, the
-P1 row's task). α decodes as the loop does by default (:func:`grpo_lab.lm.decoding.decoder_for`: oneDNN-packed
-weights for a float32 model on the CPU; the header line names it); ``benchmarks/decoding.py`` compares decoders.
+P1 row's task). α decodes as the loop does (:class:`grpo_lab.lm.decoding.ModelDecoder`, the model's forward over
+a KV cache preallocated for the rollout; the header line names it); ``benchmarks/decoding.py`` compares decoders.
 
 Target: per-step ratio <= 0.5 (the loop at most half of TRL's step time).
 """
