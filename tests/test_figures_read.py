@@ -305,7 +305,11 @@ def notebook02() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
     from studies.lag_frontier import frontier
     from studies.lag_frontier import plots as frontier_plots
 
+    from studies.lag_decided import plots as decided_plots
+    from studies.readme import summary_path
+
     summary = json.loads((frontier.RESULTS / "summary.json").read_text())
+    decided = json.loads(summary_path("lag_decided").read_text())
     units = frontier.load_units(frontier.RESULTS)
     untrained = json.loads((frontier.RESULTS / "units" / "untrained.json").read_text())
     trained = [u for u in units if u.get("beta", 0.0) == 0.0]
@@ -313,6 +317,10 @@ def notebook02() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
     ratios[1, 4:] = 0.0                                                     # padding
     return {
         # the frontier's band v1 ± margin (one rect) and the untrained / constant-answer lines in both panels
+        # before the first look the seeds-in line; from it the ±margin band and the zero line
+        "02 decided": lambda: (decided_plots.decided_figure(decided), 2 if decided["comparisons"] else 1),
+        "02 drift cost": lambda: (decided_plots.drift_cost_figure(decided_plots.study_points(
+            frontier.RESULTS / "units", summary_path("lag_decided").parent)), 1),
         "02 frontier": lambda: (frontier_plots.frontier_figure(summary), 5),
         "02 drift": lambda: (frontier_plots.drift_figure(trained), 0),
         "02 questions": lambda: (frontier_plots.question_figure(units, untrained, summary), 0),
@@ -321,7 +329,21 @@ def notebook02() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
                                                      [1, 0, 0, 1], [1.0, -1.0, -1.0, 1.0], lag=3,
                                                      note="the lag's drift"), 0),
         "02 dashboard": lambda: (_dashboard(), 0),
+        "02 side by side": lambda: (_side_by_side(), 0),
     }
+
+
+def _side_by_side() -> go.Figure:
+    """§2's live figure on synthetic arms of the three kinds it draws (v = 1, a lag with and without r′)."""
+    from grpo_lab.lm.recipes import recipe
+    from studies.lag_frontier.side_by_side import Arm, side_by_side_figure
+
+    base = recipe("cpu_arith_smollm2")
+    arms = {name: Arm(name, base.replace(**fields), history=fake_records(fields["v"], steps=16),
+                      j={0: (0.07, 0.0), 8: (0.05 + 0.01 * fields["v"], 0.0), 16: (0.03 + 0.01 * fields["v"], 0.0)})
+            for name, fields in (("v1", {"v": 1}), ("v16_ratio", {"v": 16, "is_correction": "ratio"}),
+                                 ("v16_none", {"v": 16, "is_correction": "none"}))}
+    return side_by_side_figure(arms, "27 of 363 questions")
 
 
 def _dashboard() -> go.Figure:
@@ -362,8 +384,8 @@ CASES = [("01", name) for name in ("01 whitening", "01 surrogate", "01 timeline"
                                    "01 Theorem 1", "01 constants", "01 TV", "01 lag", "01 weight", "01 findings",
                                    "01 (a′) optimisers", "01 wall clock", "01 live panel")]
 CASES += [("01b", "01b Theorem 1")]
-CASES += [("02", name) for name in ("02 frontier", "02 drift", "02 questions", "02 mask", "02 group's r′",
-                                    "02 dashboard")]
+CASES += [("02", name) for name in ("02 decided", "02 drift cost", "02 frontier", "02 drift", "02 questions", "02 mask", "02 group's r′",
+                                    "02 dashboard", "02 side by side")]
 CASES += [("03", name) for name in ("03 fit", "03 step time", "03 speed-up v", "03 speed-up size", "03 split",
                                     "03 TTA seconds", "03 TTA steps", "03 TTA ratios", "03 TTA ratios to v1",
                                     "03 dashboard")]
