@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     record: dict[str, Any] = {"task": args.task, "tokens": tokens, "pairs": pairs,
                               "warmup_rounds": design.WARMUP_ROUNDS, "order_seed": design.ORDER_SEED,
                               "design_sha": tta.design_sha(json.loads((design.HERE / "design.json").read_text())),
-                              **provenance(ROOT, ignore=str(out.parent.resolve().relative_to(ROOT)))}
+                              **provenance(ROOT, ignore=out.parent)}
     wall = time.perf_counter()
     base = tta.shared_recipe(args.task, design.load_design()["lr"]).replace(
         max_completion_length=tokens, train_problems=200, seed=0)

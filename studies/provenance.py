@@ -24,9 +24,13 @@ def cpu() -> dict[str, Any]:
     return {"cpu_model": model, "cpu_vector": sorted(f for f in flags if f in VECTOR_FLAGS), "cpus": os.cpu_count()}
 
 
-def provenance(root: Path, ignore: str = "") -> dict[str, Any]:
+def provenance(root: Path, ignore: str | Path = "") -> dict[str, Any]:
     """What a unit records of where it ran (the module docstring); ``tree_dirty`` counts changes under ``root``
-    except paths containing ``ignore`` (a study's own unit folder, written while it runs)."""
+    except paths containing ``ignore`` (a study's own unit folder, written while it runs: a path relative to
+    ``root``, or a folder anywhere, which counts only where it lies under ``root``)."""
+    if isinstance(ignore, Path):
+        folder, base = ignore.resolve(), root.resolve()
+        ignore = str(folder.relative_to(base)) if folder.is_relative_to(base) else ""
     from importlib.metadata import PackageNotFoundError, version
 
     import torch

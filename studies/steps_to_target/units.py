@@ -98,10 +98,8 @@ def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design
     with UnitLock(path) as held:
         if not held or path.exists():
             return None
-        units_dir = path.parent.resolve()
-        written = str(units_dir.relative_to(root.resolve())) if units_dir.is_relative_to(root.resolve()) else ""
         unit: dict[str, Any] = {"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
-                                **provenance(root, ignore=written), "config": config.to_dict()}
+                                **provenance(root, ignore=path.parent), "config": config.to_dict()}
         clock = StepClock(design["every"], design["cap"], design["min_steps"],
                           max(design["targets"]["targets"].values()), design["batch_cap"])
         evaluate = evaluator(questions, config, design["eval_threads"])
