@@ -108,6 +108,16 @@ def test_the_fixed_sequence_stops_testing_at_the_first_count_not_resolved():
     assert std.per_update_verdicts([0.5, 0.0, 0.0]) == ["not resolved", "not tested", "not tested"]
 
 
+def test_the_fixed_sequence_keeps_its_error_at_alpha_on_the_margin():
+    """TRL's J exactly a margin off the loop's at every count (the null at its edge): the share of simulated studies
+    that call any count equivalent stays at α = 0.05 (within Monte Carlo error), though each test runs at the full
+    α; half a margin off, the first count is called equivalent more often than not."""
+    spreads = [0.014, 0.030, 0.048]
+    edge = std.power(std.MARGIN, spreads, reps=6000, seed=3)
+    assert edge["equivalent"][0] <= std.ALPHA + 0.01 and edge["equivalent"][-1] <= edge["equivalent"][0]
+    assert std.power(std.MARGIN / 2, spreads, reps=2000, seed=3)["equivalent"][0] > 0.5
+
+
 def test_the_per_update_decision_on_made_up_curves():
     """At 60 steps TRL's J is the loop's to within 0.005 (tight seeds): equivalent; at 40 it trails by 0.1: not
     resolved (its interval lies below −m), so 20 is not tested."""

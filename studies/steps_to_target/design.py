@@ -230,6 +230,33 @@ def batch_seconds_spread(units_dir: Path = ISSUE38_UNITS) -> dict[str, float]:
     return {LOOP: cv(loop), REFERENCE: cv(trl)}
 
 
+# ----------------------------------------------------------------------------- the decision rule
+
+
+def per_update_verdicts(p_equivalence: Sequence[float], alpha: float = ALPHA) -> list[str]:
+    """The fixed-sequence rule over the step counts in :data:`TOST_SEQUENCE` order (``p_equivalence`` in that order):
+    each TOST at the full ``alpha`` until the first that does not reject; the counts after it are not tested. The
+    family's error stays at ``alpha`` because a count is tested only once every count before it rejected."""
+    verdicts, open_ = [], True
+    for p in p_equivalence:
+        verdicts.append(("equivalent" if p < alpha else "not resolved") if open_ else "not tested")
+        open_ = open_ and p < alpha
+    return verdicts
+
+
+def decide_per_update(loop_j: Mapping[int, Sequence[float]], trl_j: Mapping[int, Sequence[float]],
+                      sequence: Sequence[int] = TOST_SEQUENCE, margin: float = MARGIN,
+                      alpha: float = ALPHA) -> dict[int, dict[str, Any]]:
+    """Per step count (``loop_j[n]``, ``trl_j[n]``: exact J of each seed at n optimiser steps): Welch TOST of TRL −
+    loop (:func:`~grpo_lab.stats.paired.welch_tost`) and the verdict of the fixed sequence over ``sequence``
+    (:func:`per_update_verdicts`): ``equivalent``, ``not resolved`` or ``not tested``. The difference's two-sided
+    p and 95 % interval (``ci95``) ride along as estimates; ``ci`` is TOST's (1 − 2α) interval."""
+    tests = {n: welch_tost(trl_j[n], loop_j[n], margin, alpha) for n in sequence}
+    verdicts = per_update_verdicts([tests[n]["p_equivalence"] for n in sequence], alpha)
+    return {n: {**tests[n], "ci95": welch_tost(trl_j[n], loop_j[n], margin, alpha / 2)["ci"], "verdict": verdict}
+            for n, verdict in zip(sequence, verdicts, strict=True)}
+
+
 # ----------------------------------------------------------------------------- precision and power
 
 
@@ -243,17 +270,6 @@ def precision(passages: Mapping[str, Sequence[passage.StepPassage]], seconds_cv:
     se = math.sqrt(cv_n**2 / loop_seeds + cv_n**2 / trl_seeds
                    + (seconds_cv[LOOP] ** 2 + seconds_cv[REFERENCE] ** 2) / pairs)
     return {"cv_steps": cv_n, "cv_seconds": dict(seconds_cv), "relative_se": se, "interval_factor": math.exp(1.96 * se)}
-
-
-def per_update_verdicts(p_equivalence: Sequence[float], alpha: float = ALPHA) -> list[str]:
-    """The fixed-sequence rule over the step counts in :data:`TOST_SEQUENCE` order (``p_equivalence`` in that order):
-    each TOST at the full ``alpha`` until the first that does not reject; the counts after it are not tested. The
-    family's error stays at ``alpha`` because a count is tested only once every count before it rejected."""
-    verdicts, open_ = [], True
-    for p in p_equivalence:
-        verdicts.append(("equivalent" if p < alpha else "not resolved") if open_ else "not tested")
-        open_ = open_ and p < alpha
-    return verdicts
 
 
 def power(d: float, spreads: Sequence[float], reps: int = 20_000, seed: int = 0, loop_seeds: int = len(LOOP_SEEDS),
@@ -270,25 +286,9 @@ def power(d: float, spreads: Sequence[float], reps: int = 20_000, seed: int = 0,
             "all": float(hits[:, -1].mean().round(3))}
 
 
-def power_table(spreads: Sequence[float], reps: int = 20_000) -> list[dict[str, Any]]:
+def power_table(spreads: Sequence[float]) -> list[dict[str, Any]]:
     """:func:`power` for each of :data:`TOST_SCENARIOS` (``spreads`` in :data:`TOST_SEQUENCE` order)."""
-    return [power(d, spreads, reps=reps) for d in TOST_SCENARIOS]
-
-
-# ----------------------------------------------------------------------------- the decision rule
-
-
-def decide_per_update(loop_j: Mapping[int, Sequence[float]], trl_j: Mapping[int, Sequence[float]],
-                      sequence: Sequence[int] = TOST_SEQUENCE, margin: float = MARGIN,
-                      alpha: float = ALPHA) -> dict[int, dict[str, Any]]:
-    """Per step count (``loop_j[n]``, ``trl_j[n]``: exact J of each seed at n optimiser steps): Welch TOST of TRL −
-    loop (:func:`~grpo_lab.stats.paired.welch_tost`) and the verdict of the fixed sequence over ``sequence``
-    (:func:`per_update_verdicts`): ``equivalent``, ``not resolved`` or ``not tested``. The difference's two-sided
-    p and 95 % interval (``ci95``) ride along as estimates; ``ci`` is TOST's (1 − 2α) interval."""
-    tests = {n: welch_tost(trl_j[n], loop_j[n], margin, alpha) for n in sequence}
-    verdicts = per_update_verdicts([tests[n]["p_equivalence"] for n in sequence], alpha)
-    return {n: {**tests[n], "ci95": welch_tost(trl_j[n], loop_j[n], margin, alpha / 2)["ci"], "verdict": verdict}
-            for n, verdict in zip(sequence, verdicts, strict=True)}
+    return [power(d, spreads) for d in TOST_SCENARIOS]
 
 
 # ----------------------------------------------------------------------------- the record
@@ -300,7 +300,7 @@ def unit_order(loop_seeds: Sequence[int] = LOOP_SEEDS, trl_seeds: Sequence[int] 
             for arm, seeds in ((REFERENCE, trl_seeds), (LOOP, loop_seeds)) if seed in seeds]
 
 
-def design_record(reps: int = 20_000) -> dict[str, Any]:
+def design_record() -> dict[str, Any]:
     """``design.json``: every fixed choice of this module, the targets, and what the time-to-accuracy units give:
     the passages the cap is computed from, the empty share, the spreads, the precision and the power table."""
     targets = tta.load_targets(TARGETS)
@@ -326,7 +326,7 @@ def design_record(reps: int = 20_000) -> dict[str, Any]:
                           "runs": [{"task": task, "tokens": tokens, "pairs": pairs, "sides": list(sides)}
                                    for task, tokens, pairs, sides in SECONDS_TASKS],
                           "steps": "per round and side: one step with signal in every group, one empty"},
-            "precision": precision(passages, seconds_cv), "power": power_table(spreads, reps)}
+            "precision": precision(passages, seconds_cv), "power": power_table(spreads)}
 
 
 def load_design(out: Path = HERE) -> dict[str, Any]:

@@ -141,8 +141,8 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]],
                                         design["per_update"]["alpha"])
         summary["per_update"] = {str(n): entry for n, entry in decided.items()}
     recipe = next((b for b in benches if b["task"] == design["task"]), None)
-    if recipe is not None and passages[loop][next(iter(levels))] and passages[trl][next(iter(levels))]:
-        seconds = round_seconds(recipe)
+    seconds = round_seconds(recipe) if recipe is not None else {}
+    if {V1, "trl"} <= set(seconds) and all(passages[arm][next(iter(levels))] for arm in (loop, trl)):
         summary["time_ratios"] = {name: passage.product_time_ratio(
             passages[loop][name], passages[trl][name], seconds[V1], seconds["trl"],
             design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"], design["time_ratio"]["level"])
