@@ -84,7 +84,8 @@ The time ratio's interval, about ×/÷ 1.33, resolves any ratio further than tha
 batch 5.4 s, exact J on the 121 questions ≈ 23 s): a loop unit ≈ 85 batches + 33 evaluations ≈ 20 min; a TRL unit,
 if its batch takes ~60 s at one thread (36 s at two, alone), ≈ 1.7 h when it passes 80 % near the loop's 65 steps,
 ≈ 3.5 h censored at 142. All 15 units on two processes: ≈ 6–11 h. The benchmark alone at two threads: ≈ 35 min at 8
-tokens, ≈ 1.5 h at 128.
+tokens, ≈ 1.5–2 h at 128 (from the P1 rows at 128 tokens, doubled for P = 4). TRL's one-thread batch is a guess:
+no unit has timed it.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ SECONDS_TASKS = (("addsubmul1", 8, 20, tuple(SIDES)),
                  ("gsm_symbolic", 128, 10, ("grpo_lab_v1", "generate_sampler", "trl_like", "trl")))
 """(task, completion tokens, rounds kept, sides) the benchmark runs: the recipe's, every side, 20 rounds (the
 seconds are most of the time ratio's error: :func:`precision`); and 128-token chains of thought, 10 rounds, the four
-sides that say how much of the gap sampling explains there (six sides at 128 tokens would not fit in memory)."""
+sides that say how much of the gap sampling explains there (six sides at 128 tokens, a loop ~3 GB of weights, α,
+gradients and AdamW before activations, are estimated past this machine's 23 GB)."""
 PAIRS = SECONDS_TASKS[0][2]
 
 TOST_SCENARIOS = (0.0, 0.02, 0.04)
