@@ -1,7 +1,7 @@
 """``build_loop``: a language model's run wired into the one (v, i) loop::
 
-    load_policy(model) ─► LMPolicy (π_θ) ─► HFSampler or VLLMSampler (α, ``sampler``) ─┐
-    train_problems(config) ─► TextTask (prompts, verifiable rewards) ──────────────────┴─► GRPOLoop
+    load_policy(model) ─► LMPolicy (π_θ) ─► HFSampler, GenerateSampler or VLLMSampler (α, ``sampler``) ─┐
+    train_problems(config) ─► TextTask (prompts, verifiable rewards) ───────────────────────────────────┴─► GRPOLoop
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     from .memory import longest_prompt, plan_memory
     from .models import load_policy
     from .policy import LMPolicy
-    from .sampling import HFSampler, stop_and_pad_ids
+    from .sampling import GenerateSampler, HFSampler, stop_and_pad_ids
 
     if config.sampler == "vllm" and sampler is None:
         from .sampling_vllm import import_vllm
@@ -66,8 +66,9 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     elif config.sampler == "vllm":
         sampler = vllm_sampler(config, policy, tokenizer, longest_prompt(tokenizer, task.prompt_of.values()))
     else:
-        sampler = HFSampler(policy, tokenizer, config.max_completion_length, config.temperature,
-                            top_p=config.top_p, top_k=config.top_k)
+        engine = GenerateSampler if config.sampler == "hf_generate" else HFSampler
+        sampler = engine(policy, tokenizer, config.max_completion_length, config.temperature,
+                         top_p=config.top_p, top_k=config.top_k)
     return GRPOLoop(policy, sampler, task, config, micro_batch_size=memory.micro_batch_size)
 
 

@@ -369,6 +369,72 @@ class HFSampler:
         return self.model.load_state_dict(state)
 
 
+class GenerateSampler(HFSampler):
+    """α decoded as TRL's ``GRPOTrainer`` decodes without vLLM: transformers' ``model.generate`` on P·G rows, each
+    prompt repeated G times and prefilled once per row (no prompt cache shared by a group), on generate's own
+    growing KV cache, one token per forward until every row has ended or T_max is reached. The loop's
+    ``sampler="hf_generate"``: a study's arm that isolates what TRL's way of decoding costs against
+    :class:`HFSampler`'s (a shared prefill, a preallocated cache); everything but the decoding (sync, proofs,
+    audit scoring, state) is :class:`HFSampler`'s.
+
+    log α is what the loop needs for r′ = π_k/α: the log-prob of each drawn token under the distribution it was
+    drawn from, α′ (:func:`truncate_logprobs` of logits / T). generate is told T = 1 and no top-k/top-p, so it
+    adds no warper of its own, and is handed one logits processor, :class:`LogAlphaProcessor`, that turns each
+    step's logits into log α′ and returns it as the scores generate samples from (softmax of log α′ is α′); at the
+    next step it reads the token drawn and keeps its log α′. No extra forward, and no ``[B, T, V]`` scores held
+    (what ``output_scores`` would keep). α's generation config is replaced by that one, so nothing the model's
+    own config says (a top-k, a repetition penalty) reaches the draw.
+    """
+
+    def __init__(self, policy: LMPolicy, tokenizer: Any, max_completion_length: int,
+                 temperature: float | None = None, eos_token_ids: Sequence[int] | None = None,
+                 top_p: float = 1.0, top_k: int = 0) -> None:
+        from transformers import GenerationConfig
+
+        super().__init__(policy, tokenizer, max_completion_length, temperature, eos_token_ids, top_p, top_k)
+        self.model.generation_config = GenerationConfig(
+            max_new_tokens=self.max_completion_length, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            pad_token_id=self.pad_token_id, eos_token_id=list(self.eos_token_ids), disable_compile=True)
+
+    def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens ``[P·G, T]`` and their log α from one ``generate`` call on the prompts repeated G times."""
+        from transformers import LogitsProcessorList
+
+        ids, mask = prompt_ids.repeat_interleave(group_size, dim=0), prompt_mask.repeat_interleave(group_size, dim=0)
+        log_alpha = LogAlphaProcessor(self.temperature, self.top_p, self.top_k)
+        sequences = self.model.generate(input_ids=ids, attention_mask=mask,
+                                        generation_config=self.model.generation_config,
+                                        logits_processor=LogitsProcessorList([log_alpha]))
+        completions = sequences[:, ids.shape[1]:]
+        return completions, log_alpha.finish(completions)
+
+
+class LogAlphaProcessor:
+    """A ``generate`` logits processor that makes each step's scores log α′ (logits / T, cut by ``top_p`` /
+    ``top_k``, :func:`truncate_logprobs`) and keeps the log α′ of each token drawn from them (read at the next
+    step, the last one by :meth:`finish`). Only one step's ``[B, V]`` log α′ is held at a time."""
+
+    def __init__(self, temperature: float, top_p: float, top_k: int) -> None:
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.kept: list[torch.Tensor] = []
+        self.last: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:                       # the previous step's token is the last column now
+            self.kept.append(self.last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.last = truncate_logprobs(torch.log_softmax(scores.float() / self.temperature, dim=-1),
+                                      self.top_p, self.top_k)
+        return self.last
+
+    def finish(self, completions: torch.Tensor) -> torch.Tensor:
+        """log α′ ``[B, T]`` of the tokens ``completions [B, T]`` generate returned (T steps were processed)."""
+        if self.last is None or len(self.kept) + 1 != completions.shape[1]:
+            raise ValueError(f"{len(self.kept) + (self.last is not None)} decoding steps were processed, "
+                             f"the completions hold {completions.shape[1]} tokens")
+        return torch.stack([*self.kept, self.last.gather(1, completions[:, -1:]).squeeze(1)], dim=1)
+
+
 def named_tensors(model: torch.nn.Module, remove_duplicate: bool = True) -> list[tuple[str, torch.Tensor]]:
     """Parameters then buffers (``named_parameters`` then ``named_buffers``, in their order), each shared tensor
     once (tied weights), or under each of its names; one walk over the modules instead of two, since every

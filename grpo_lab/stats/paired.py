@@ -15,6 +15,11 @@ n                         seeds both arms finished
 m                         the comparison's equivalence margin (±m)
 ========================= ============================================================
 
+Two arms that share no randomness seed by seed (two trainers, each drawing its own samples) are compared
+unpaired: :func:`welch_tost`, Welch's t (each arm's own variance, Welch–Satterthwaite degrees of freedom rounded
+down, so the test errs on the safe side) for equivalence within ±m by two one-sided tests, beside the two-sided
+difference and the (1 − 2α) interval TOST's verdict reads.
+
 These statistics know no study. One seed gives a point and no interval (NaN half-width). The lag frontier
 (:mod:`studies.lag_frontier.frontier`) uses them: its comparisons extend :class:`PairedTest` (the pairing by seed) with
 their own p-values (from :func:`t_cdf`), Holm-adjusted over its family, and its intervals over seeds are
@@ -130,3 +135,40 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (finite.size - rank) * p[index]))
         adjusted[index] = running
     return adjusted.tolist()
+
+
+def welch_t(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean a − mean b along the last axis, its standard error √(s_a²/n_a + s_b²/n_b) and Welch–Satterthwaite's
+    degrees of freedom rounded down (at least 1; n_a + n_b − 2 where neither arm spreads). Rows of arrays are
+    comparisons of their own (a power simulation)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if min(x.shape[-1], y.shape[-1]) < 2:
+        raise ValueError(f"a Welch t needs at least 2 values an arm, got {x.shape[-1]} and {y.shape[-1]}")
+    va, vb = x.var(axis=-1, ddof=1) / x.shape[-1], y.var(axis=-1, ddof=1) / y.shape[-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (va + vb) ** 2 / (va**2 / (x.shape[-1] - 1) + vb**2 / (y.shape[-1] - 1))
+    df = np.where(np.isfinite(df), np.maximum(np.floor(df), 1), x.shape[-1] + y.shape[-1] - 2)
+    return x.mean(axis=-1) - y.mean(axis=-1), np.sqrt(va + vb), df.astype(int)
+
+
+_t_cdf = np.vectorize(t_cdf, otypes=[float])
+
+
+def tost_p(estimate: Any, se: Any, df: Any, margin: float) -> np.ndarray:
+    """TOST's p of |d| ≥ ``margin``: the larger of the one-sided p-values for d ≤ −m and d ≥ m (elementwise); with
+    se = 0, 0 inside the margin and 1 outside."""
+    d, s = np.asarray(estimate, dtype=float), np.asarray(se, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.maximum(1.0 - _t_cdf((d + margin) / s, df), 1.0 - _t_cdf((margin - d) / s, df))
+    return np.where(s > 0, p, np.where(np.abs(d) < margin, 0.0, 1.0))
+
+
+def welch_tost(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = 0.05) -> dict[str, Any]:
+    """Arm a − arm b, unpaired (module docstring; :func:`welch_t`): ``estimate``, ``se``, ``df``, ``p_equivalence``
+    (:func:`tost_p`), ``p_difference`` (two-sided, d = 0) and ``ci``, the (1 − 2·``alpha``) interval: TOST rejects
+    at ``alpha`` exactly when it lies inside (−m, m). Each arm needs at least 2 values."""
+    d, se, df = (x.item() for x in welch_t(a, b))
+    half = t_quantile(1.0 - alpha, df) * se
+    p_difference = min(1.0, 2.0 * (1.0 - t_cdf(abs(d) / se, df))) if se > 0 else float(d == 0)
+    return {"estimate": d, "se": se, "df": df, "p_equivalence": float(tost_p(d, se, df, margin)),
+            "p_difference": p_difference, "ci": [d - half, d + half]}

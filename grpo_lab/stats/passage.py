@@ -24,12 +24,32 @@ The ratio is not resolved (None) when neither arm reached the target in any seed
 restricted mean is 0; its interval, with fewer than :data:`MIN_SEEDS` seeds in an arm or when at least
 (1 − level)/2 of the resamples drew no reached seed in either arm. Why the restricted mean and not the mean or
 the median, and what the interval is and is not: docs/internals.md#first-passage.
+
+**Time as optimiser steps × seconds per step** (:func:`product_time_ratio`), where a wall-clock budget cannot hold
+the slower arm, or the units share a machine: each half is measured where it is clean.
+
+=============== ===========================================================================================
+symbol          meaning
+=============== ===========================================================================================
+N, E            a seed's optimiser steps at its first evaluation with J ≥ the target (evaluations every k
+                optimiser steps; censored at a cap N_max, then N = N_max) and the empty batches by then
+                (batches that took no optimiser step: they cost time, not updates) (:class:`StepPassage`)
+c, c∅           from a benchmark run alone, per pair (one round in which every side took its steps in turn):
+                the seconds of a batch that takes an optimiser step, and of one that does not
+s(e)            seconds per optimiser step with e empty batches charged to each: c̄ + e · c̄∅
+                (:func:`seconds_per_step`)
+ratio           mean time (N·c̄ + E·c̄∅) of the arm's seeds over the reference's = N̄_a/N̄_r · s_a(Ē_a/N̄_a) /
+                s_r(Ē_r/N̄_r): the steps ratio times the seconds-per-step ratio, each at its arm's own share
+interval        one percentile bootstrap over both sources: each arm's seeds resampled on its own, the
+                benchmark's pairs resampled once for both sides (:func:`pair_draws`), keeping the pairing
+=============== ===========================================================================================
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -157,4 +177,97 @@ def time_ratio(arm: Sequence[float | None], reference: Sequence[float | None], b
     # Unresolved resamples (fewer than the tail) are resamples where the restricted ratio is 1 by construction.
     low, high = np.quantile(np.where(np.isnan(ratios), 1.0, ratios), [tail, 1.0 - tail])
     out["ci_low"], out["ci_high"] = float(low), float(high)
+    return out
+
+
+# ----------------------------------------------------------------------------- optimiser steps × seconds per step
+
+
+@dataclass(frozen=True)
+class StepPassage:
+    """One seed's way to a target in optimiser steps (module docstring): ``steps`` (N) at the first evaluation
+    with J ≥ the target, or the cap's if none reached it (``reached`` False: censored at the cap), and ``empty``
+    (E), the batches by then that took no optimiser step."""
+
+    steps: int
+    empty: int
+    reached: bool
+
+
+def seconds_per_step(step_seconds: Any, empty_seconds: Any, empty_share: Any) -> Any:
+    """s(e) = c̄ + e · c̄∅: the seconds an optimiser step costs with ``empty_share`` empty batches charged to it,
+    from the mean seconds of a batch that steps and of one that does not (arrays broadcast: resamples)."""
+    return np.asarray(step_seconds) + np.asarray(empty_share) * np.asarray(empty_seconds)
+
+
+def pair_draws(pairs: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices ``[resamples, pairs]`` of a bootstrap over a benchmark's pairs, the same rows for every side."""
+    if pairs < 2:
+        raise ValueError(f"a bootstrap over pairs needs at least 2 pairs, got {pairs}")
+    return rng.integers(0, pairs, size=(resamples, pairs))
+
+
+def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The central ``level`` percentile interval of bootstrap ``draws``."""
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _mean_time(steps: np.ndarray, empty: np.ndarray, step_seconds: np.ndarray,
+               empty_seconds: np.ndarray) -> np.ndarray:
+    """Mean N·c̄ + E·c̄∅ over the last axis of ``steps``/``empty`` (seeds), the seconds' means given."""
+    return steps.mean(axis=-1) * step_seconds + empty.mean(axis=-1) * empty_seconds
+
+
+def product_time_ratio(arm: Sequence[StepPassage], reference: Sequence[StepPassage],
+                       arm_seconds: tuple[Sequence[float], Sequence[float]],
+                       reference_seconds: tuple[Sequence[float], Sequence[float]], resamples: int = RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED, level: float = LEVEL, min_seeds: int = MIN_SEEDS) -> dict[str, Any]:
+    """The time ratio arm / reference as optimiser steps × seconds per step (module docstring), with a percentile
+    bootstrap interval over seeds and pairs.
+
+    ``arm``, ``reference``: each seed's :class:`StepPassage`; ``arm_seconds``, ``reference_seconds``: (c, c∅) per
+    pair of the benchmark, the same pairs on both sides. Returns ``ratio``, ``ci_low``, ``ci_high`` (None where not
+    resolved), ``note``, ``steps_ratio`` (N̄_a / N̄_r), ``seconds_ratio`` (s_a / s_r at each arm's own empty share),
+    each arm's ``steps``, ``empty``, ``seconds_per_step`` and ``reached_share``, ``seeds``, ``pairs`` and ``bound``
+    (:func:`censoring_bound`: a seed censored at the cap makes the ratio a bound). One generator seeded with
+    ``seed`` draws the arm's seeds, then the reference's, then the pairs. Not resolved when neither arm reached the
+    target in any seed; no interval with fewer than ``min_seeds`` seeds in an arm."""
+    if not arm or not reference:
+        raise ValueError("product_time_ratio needs at least one seed in each arm")
+    seconds = [np.asarray(s, dtype=float) for s in (*arm_seconds, *reference_seconds)]
+    if len({s.size for s in seconds}) != 1:
+        raise ValueError(f"every side needs one value per pair, got {[s.size for s in seconds]}")
+    a_step, a_empty, r_step, r_empty = seconds
+    a_n, a_e = (np.array([getattr(p, k) for p in arm], dtype=float) for k in ("steps", "empty"))
+    r_n, r_e = (np.array([getattr(p, k) for p in reference], dtype=float) for k in ("steps", "empty"))
+    a_time = _mean_time(a_n, a_e, a_step.mean(), a_empty.mean())
+    r_time = _mean_time(r_n, r_e, r_step.mean(), r_empty.mean())
+    times = [[p.steps if p.reached else None for p in side] for side in (arm, reference)]
+    out: dict[str, Any] = {
+        "ratio": float(a_time / r_time), "ci_low": None, "ci_high": None, "note": "",
+        "steps_ratio": float(a_n.mean() / r_n.mean()),
+        "seconds_ratio": float(seconds_per_step(a_step.mean(), a_empty.mean(), a_e.mean() / a_n.mean())
+                               / seconds_per_step(r_step.mean(), r_empty.mean(), r_e.mean() / r_n.mean())),
+        "steps": float(a_n.mean()), "reference_steps": float(r_n.mean()),
+        "empty": float(a_e.mean()), "reference_empty": float(r_e.mean()),
+        "seconds_per_step": float(seconds_per_step(a_step.mean(), a_empty.mean(), a_e.mean() / a_n.mean())),
+        "reference_seconds_per_step": float(seconds_per_step(r_step.mean(), r_empty.mean(), r_e.mean() / r_n.mean())),
+        "reached_share": reached_share(times[0]), "reference_reached_share": reached_share(times[1]),
+        "seeds": len(arm), "reference_seeds": len(reference), "pairs": int(a_step.size),
+        "bound": censoring_bound(*times)}
+    if not any(p.reached for p in (*arm, *reference)):
+        out.update(ratio=None, note="not resolved: neither arm reached the target in any seed")
+        return out
+    if min(len(arm), len(reference)) < min_seeds:
+        out["note"] = f"no interval: {len(arm)} and {len(reference)} seeds, {min_seeds} needed in each arm"
+        return out
+    rng = np.random.default_rng(seed)
+    seeds_a = rng.integers(0, len(arm), size=(resamples, len(arm)))
+    seeds_r = rng.integers(0, len(reference), size=(resamples, len(reference)))
+    pairs = pair_draws(a_step.size, resamples, rng)
+    ratios = (_mean_time(a_n[seeds_a], a_e[seeds_a], a_step[pairs].mean(-1), a_empty[pairs].mean(-1))
+              / _mean_time(r_n[seeds_r], r_e[seeds_r], r_step[pairs].mean(-1), r_empty[pairs].mean(-1)))
+    out["ci_low"], out["ci_high"] = percentile_interval(ratios, level)
     return out

@@ -16,7 +16,6 @@ dies), so processes side by side, and sittings one after another, share one unit
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import sys
@@ -32,30 +31,8 @@ if str(ROOT) not in sys.path:   # run as a script from any folder
 
 from studies.lag_decided import design  # noqa: E402
 from studies.lag_decided.summary import rebuild_summary  # noqa: E402
+from studies.locks import UnitLock  # noqa: E402
 from studies.provenance import provenance  # noqa: E402
-
-
-class UnitLock:
-    """An advisory lock on ``<unit>.lock``: held while a process runs the unit, released by the OS if it dies."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path.with_suffix(".lock")
-
-    def __enter__(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = self.path.open("w")
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.close()
-            self.handle = None
-            return False
-        return True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.handle is not None:
-            self.path.unlink(missing_ok=True)
-            self.handle.close()
 
 
 def base_config(lr: float, steps: int) -> Any:

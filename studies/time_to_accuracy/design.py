@@ -197,24 +197,12 @@ def run_units(out_dir: str | Path, root: Path, *, units: int | None = None, mode
     ``questions`` (default :func:`eval_questions`), ``problems`` (config → training problems; default the
     recipe's) and ``base`` (the shared recipe) are for tests on a tiny model."""
     from grpo_lab.lm.text_task import train_problems
-    from studies.time_to_accuracy.units import run_unit, run_untrained
+    from studies.time_to_accuracy.units import run_unit
 
     out = Path(out_dir)
     design = json.loads((out / "design.json").read_text())
     sha = design_sha(design)
-    base = shared_recipe(design["task"], design["lr"]) if base is None else base
-    if model is None:
-        from grpo_lab.lm.models import load_policy
-
-        model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
-    questions = design_questions(design) if questions is None else questions
-    targets = design["targets"]
-    if len(questions) != targets["question_count"]:
-        raise ValueError(f"{len(questions)} questions, the design's targets are on {targets['question_count']}")
-    untrained = run_untrained(out, root, sha, base, questions, design["eval_threads"], model, tokenizer)
-    if abs(untrained["j"] - targets["untrained_j"]) > UNTRAINED_TOLERANCE:
-        raise ValueError(f"the untrained J here is {untrained['j']:.6f}, the targets' {targets['untrained_j']:.6f}: "
-                         "another model, task or question set than the targets were fixed on")
+    base, model, tokenizer, questions, untrained = prepare_sitting(out, root, design, base, model, tokenizer, questions)
     by_name = {a["name"]: Arm(**a) for a in design["arms"]}
     stop_at = max(design["targets"]["targets"].values()) if design["stop_when_reached"] else None
     done = []
@@ -237,6 +225,30 @@ def run_units(out_dir: str | Path, root: Path, *, units: int | None = None, mode
                 f"{unit['follow_up_seconds']:.0f} training s, {unit['steps']} steps "
                 f"({unit['optimizer_steps']} optimiser steps), {unit['wall_seconds']:.0f} s wall")
     return done
+
+
+def prepare_sitting(out: Path, root: Path, design: dict[str, Any], base: Any = None, model: Any = None,
+                    tokenizer: Any = None, questions: Sequence[Any] | None = None) -> tuple[Any, Any, Any, Any, Any]:
+    """What a sitting of a design on exact-J targets needs before its first unit: (``base``, ``model``,
+    ``tokenizer``, ``questions``, the untrained unit). Defaults: the shared recipe of the design's task and lr, its
+    model loaded, the targets' question set; the untrained unit is computed once (``<out>/units/untrained.json``)
+    and its J must be the targets' (:data:`UNTRAINED_TOLERANCE`): another model, task or question set is refused."""
+    from studies.time_to_accuracy.units import run_untrained
+
+    base = shared_recipe(design["task"], design["lr"]) if base is None else base
+    if model is None:
+        from grpo_lab.lm.models import load_policy
+
+        model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
+    questions = design_questions(design) if questions is None else questions
+    targets = design["targets"]
+    if len(questions) != targets["question_count"]:
+        raise ValueError(f"{len(questions)} questions, the design's targets are on {targets['question_count']}")
+    untrained = run_untrained(out, root, design_sha(design), base, questions, design["eval_threads"], model, tokenizer)
+    if abs(untrained["j"] - targets["untrained_j"]) > UNTRAINED_TOLERANCE:
+        raise ValueError(f"the untrained J here is {untrained['j']:.6f}, the targets' {targets['untrained_j']:.6f}: "
+                         "another model, task or question set than the targets were fixed on")
+    return base, model, tokenizer, questions, untrained
 
 
 def load_summary(out_dir: str | Path | None = None) -> dict[str, Any]:

@@ -58,12 +58,14 @@ def trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Seque
 
 def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
             on_start: Callable[[], None], after_step: Callable[[bool, Any], bool],
-            skip_empty: bool = True) -> list[bool]:
+            skip_empty: bool = True, on_trainer: Callable[[Any], None] | None = None) -> list[bool]:
     """Train ``trl.GRPOTrainer`` until ``after_step`` says stop; returns whether each step took an optimiser step.
 
     ``on_start()`` runs at the first step (the trainer's construction is off the clock); ``after_step(stepped,
     model)`` after each, told whether AdamW stepped and given the model being trained, returns True to stop.
-    With ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`, β = 0 only)."""
+    With ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`, β = 0 only).
+    ``on_trainer(trainer)``, if given, sees the trainer once it is built and before it trains (a unit reads its
+    resolved ``args``; a benchmark wraps its reward or generation calls)."""
     from transformers import TrainerCallback
 
     if skip_empty and config.beta != 0:
@@ -81,6 +83,9 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
             control.should_training_stop = after_step(stepped[-1], kwargs["model"])
 
     with tempfile.TemporaryDirectory() as output_dir:
-        trl_trainer(config, model, tokenizer, problems, output_dir,
-                    callbacks=[Clocked(), *([skipper] if skip_empty else [])]).train()
+        trainer = trl_trainer(config, model, tokenizer, problems, output_dir,
+                              callbacks=[Clocked(), *([skipper] if skip_empty else [])])
+        if on_trainer is not None:
+            on_trainer(trainer)
+        trainer.train()
     return stepped

@@ -24,11 +24,25 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from studies.lag_frontier.frontier import claim, exact_j, provenance
+
+
+class Clock(Protocol):
+    """What a trainer's loop calls: ``start()`` at the first step, ``after_step(stepped, evaluate)`` after each
+    (True: stop). :class:`MarkClock` evaluates at marks of training seconds; a study may evaluate at other marks
+    (``studies.steps_to_target.units.StepClock``: every k optimiser steps)."""
+
+    points: list[dict[str, Any]]
+    step_log: list[dict[str, Any]]
+    eval_seconds: float
+
+    def start(self) -> None: ...
+
+    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool: ...
 
 
 class MarkClock:
@@ -98,7 +112,7 @@ def evaluator(questions: Sequence[Any], config: Any, threads: int | None) -> Cal
     return evaluate
 
 
-def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: MarkClock,
+def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: Clock,
                    evaluate: Callable[[Any, Any], tuple]) -> dict[str, Any]:
     """The loop (:func:`~grpo_lab.lm.build.build_loop`, set-up off the clock) until the clock says stop; J of
     ``loop.policy``'s model. Returns the unit's ``records``."""
@@ -113,15 +127,18 @@ def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[A
     return {"records": [dataclasses.asdict(r) for r in loop.history]}
 
 
-def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: MarkClock,
+def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: Clock,
               evaluate: Callable[[Any, Any], tuple], skip_empty: bool) -> dict[str, Any]:
     """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`) until the clock says stop; the unit
-    records TRL's resolved ``GRPOConfig`` (``trl_config``), not only the kit's config it was built from."""
-    from studies.time_to_accuracy.trl_side import run_trl, trl_config
+    records TRL's resolved ``GRPOConfig`` as the trainer holds it (``trl_config``: ``trainer.args``, after its own
+    defaults and checks), not only the kit's config it was built from."""
+    from studies.time_to_accuracy.trl_side import run_trl
 
+    resolved: dict[str, Any] = {}
     run_trl(config, model, tokenizer, problems, clock.start,
-            lambda stepped, trained: clock.after_step(stepped, lambda: evaluate(trained, tokenizer)), skip_empty)
-    return {"trl_config": json.loads(trl_config(config, "<temporary folder>").to_json_string())}
+            lambda stepped, trained: clock.after_step(stepped, lambda: evaluate(trained, tokenizer)), skip_empty,
+            on_trainer=lambda trainer: resolved.update(json.loads(trainer.args.to_json_string())))
+    return {"trl_config": resolved}
 
 
 def write_json(path: Path, content: dict[str, Any]) -> None:
@@ -145,24 +162,33 @@ def run_unit(arm: Any, seed: int, config: Any, out_dir: Path, root: Path, design
     try:
         unit: dict[str, Any] = {"arm": arm.name, "seed": seed, "design_sha": design_sha, **provenance(root),
                                 "config": config.to_dict()}
-        wall, cpu = time.perf_counter(), time.process_time()
         clock = MarkClock(budget, every, stop_at)
         evaluate = evaluator(questions, config, eval_threads)
-        trained = copy.deepcopy(model)
-        if arm.trainer == "trl":
-            extra = train_trl(config, trained, tokenizer, problems, clock, evaluate, arm.skip_empty)
-        else:
-            extra = train_grpo_lab(config, trained, tokenizer, problems, clock, evaluate)
+        unit |= {"untrained_j": untrained_j,
+                 **train_unit(arm, config, clock, evaluate, model, tokenizer, problems)}
         last = clock.points[-1]
-        unit |= {"untrained_j": untrained_j, "points": clock.points, "step_log": clock.step_log, **extra,
-                 "steps": len(clock.step_log), "optimizer_steps": last["optimizer_steps"],
-                 "stopped_early": last["marks"][-1] < budget, "follow_up_seconds": last["training_seconds"],
-                 "load_end": list(os.getloadavg()), "wall_seconds": time.perf_counter() - wall,
-                 "cpu_seconds": time.process_time() - cpu, "eval_seconds": clock.eval_seconds}
+        unit |= {"optimizer_steps": last["optimizer_steps"], "stopped_early": last["marks"][-1] < budget,
+                 "follow_up_seconds": last["training_seconds"]}
         write_json(path, unit)
     finally:
         path.with_suffix(".lock").unlink(missing_ok=True)
     return unit
+
+
+def train_unit(arm: Any, config: Any, clock: Clock, evaluate: Callable[[Any, Any], tuple], model: Any,
+               tokenizer: Any, problems: Sequence[Any]) -> dict[str, Any]:
+    """Train a copy of ``model`` as ``arm`` says (the loop, or TRL with its empty-batch rule) until ``clock`` says
+    stop; what every unit records of it: the clock's ``points`` and ``step_log``, the trainer's extras (the loop's
+    ``records``, TRL's ``trl_config``), ``steps``, the load at the end, wall, CPU and evaluation seconds."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    trained = copy.deepcopy(model)
+    if arm.trainer == "trl":
+        extra = train_trl(config, trained, tokenizer, problems, clock, evaluate, arm.skip_empty)
+    else:
+        extra = train_grpo_lab(config, trained, tokenizer, problems, clock, evaluate)
+    return {"points": clock.points, "step_log": clock.step_log, **extra, "steps": len(clock.step_log),
+            "load_end": list(os.getloadavg()), "wall_seconds": time.perf_counter() - wall,
+            "cpu_seconds": time.process_time() - cpu, "eval_seconds": clock.eval_seconds}
 
 
 def run_untrained(out_dir: Path, root: Path, design_sha: str, config: Any, questions: Sequence[Any],

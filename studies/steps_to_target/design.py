@@ -1,0 +1,336 @@
+"""Steps to target against TRL: time to an exact-J target as (optimiser steps to reach it) × (seconds per optimiser
+step), each half measured where it is clean. Everything here is fixed before the first unit runs; the units and
+the benchmark only fill it in.
+
+**Why.** The time-to-accuracy study timed wall clock within 600 s; TRL (29–46 s a step) reached no target in any
+seed, so every ratio to TRL was a bound set by the budget. A step count does not depend on the machine's load, so
+the steps half runs as long as TRL needs, at one thread, two units side by side; the seconds half is a short
+interleaved benchmark run alone.
+
+**Recipe.** The time-to-accuracy study's (:func:`studies.time_to_accuracy.design.shared_recipe`): ``cpu_arith_smollm2``
+on ``addsubmul1`` at lr 1e-5, strict scoring, v = 1, one micro-batch of P·G = 32 rows, empty steps skipped, one
+thread. Targets: read from ``studies/time_to_accuracy/results/targets.json`` (50 % and 80 % of the frontier's
+``v1`` gain over the untrained J: J 0.420 and 0.630) and nowhere else, on that file's question set (every 3rd of
+the 363, 121); the untrained unit must match the file's untrained J.
+
+**Steps half: arms and units.** ``grpo_lab_v1`` (the loop's defaults) and ``trl`` (TRL's ``GRPOTrainer``, a batch
+with no signal takes no AdamW step: the loop's rule), seeds :data:`LOOP_SEEDS` and :data:`TRL_SEEDS` (fresh: no
+earlier unit used them). Exact J every :data:`EVERY` = 2 optimiser steps, off the clock. A unit trains until it
+has passed both targets and at least :data:`MIN_STEPS` = 60 optimiser steps (the largest TOST step count), or until
+the cap :data:`CAP` = 142 optimiser steps: twice the loop's slowest seed in the time-to-accuracy units (71 optimiser
+steps to the 80 % target, :func:`issue38_passages`), rounded up to a multiple of k; a seed that has not reached a
+target by then is censored at the cap, and said so. A unit that takes :data:`BATCH_CAP` batches without reaching
+the cap (empty batches take no optimiser step) stops too; its restricted steps are not observed and the summary
+refuses it. Order: seed by seed, TRL before the loop (:func:`unit_order`); processes share it by advisory locks.
+
+**First passage** N: the optimiser steps at the first evaluation with J ≥ the target (no interpolation: N is
+overstated by at most k − 1 = 1 step), with E, the empty batches by then (:class:`grpo_lab.stats.passage.StepPassage`).
+
+**Seconds half.** ``benchmarks/step_seconds.py``, alone on the machine: the sides of :data:`SIDES` take their steps
+in turn, round by round, :data:`PAIRS` = 20 rounds after :data:`WARMUP_ROUNDS` = 1; in a round each side takes one
+step whose rewards are replaced by a fixed pattern with signal in every group (it trains) and one whose rewards are
+all zero (it is empty), the order of the sides drawn per round from :data:`ORDER_SEED`. The reward function still
+runs; only its output is replaced, so a step's seconds hold everything but the draw of which batches are empty,
+which the units count. Per round: c (seconds of a step that trains) and c∅ (of one that does not) for every side.
+
+**Time ratio** (:func:`grpo_lab.stats.passage.product_time_ratio`): mean N·c̄ + E·c̄∅ over the loop's seeds / the
+same over TRL's = steps ratio × seconds-per-step ratio, each arm's seconds per optimiser step at its own empty
+share; 95 % percentile bootstrap, :data:`RESAMPLES` resamples seeded :data:`BOOTSTRAP_SEED`, seeds of each arm and
+the benchmark's rounds resampled together. A censored seed makes the ratio a bound (``≤`` when only TRL's are).
+
+**Per update** (:func:`decide_per_update`): is TRL's exact J the loop's within ±:data:`MARGIN` (0.051 of J, the lag
+frontier's margin) after the same number of optimiser steps? Welch TOST (:func:`grpo_lab.stats.paired.welch_tost`),
+unpaired (the trainers share no randomness seed by seed), at 60, 40 and 20 optimiser steps in that fixed sequence
+(:data:`TOST_SEQUENCE`, :func:`per_update_verdicts`): each at α = 0.05 until the first that does not reject, the
+counts after it not tested; "the same per update" at every count only if all three reject. Late counts come first
+because the seeds agree most there. The difference and its 95 % interval are reported beside, as estimates.
+
+**Decomposition** (the benchmark's sides; per-step ratios to ``grpo_lab_v1`` at the loop's empty share
+e₀ = :data:`EMPTY_SHARE` = 0.31 empty batches per optimiser step, pooled from the time-to-accuracy ``v1`` units to
+the 80 % target, and at a step that trains): ``no_share_prompt`` (every row runs its own prompt),
+``empty_backward`` (an empty batch runs forward and backward, then drops them, as TRL does), ``generate_sampler``
+(α decodes through ``model.generate``, one row per completion, as TRL: :class:`grpo_lab.lm.sampling.GenerateSampler`),
+``trl_like`` (all three at once) and ``trl``. Each factor with its interval; the product of the three against
+``trl_like`` (``interaction``: 1 where they multiply), and ``trl`` / ``trl_like`` (``unexplained``: what the three
+leave, TRL's trainer around them). The same benchmark at 128-token completions on ``gsm_symbolic``, 10 rounds,
+sides ``grpo_lab_v1``, ``generate_sampler``, ``trl_like``, ``trl`` (:data:`SECONDS_TASKS`), answers whether the
+per-step ratio holds as completions lengthen (no steps half there).
+
+**Precision and power** (:func:`precision`, :func:`power_table`; both in ``design.json``), from the time-to-accuracy
+units (2 threads, alone; J interpolated between their 30-second evaluations, so the spreads are approximate, and
+only 3 seeds ran to 60 optimiser steps):
+
+- N to the 50 % / 80 % target, ``grpo_lab_v1``: 24–39 / 43–71 optimiser steps, coefficient of variation 0.19 / 0.19.
+- a batch's seconds: the loop's trained batches vary by 0.40 (CV), TRL's batches by 0.19.
+- with 10 loop seeds, 5 TRL seeds and 20 rounds, if TRL's N spreads as the loop's, the time ratio's relative
+  standard error is about 0.14: a 95 % interval of about ×/÷ 1.33 around the estimate.
+- the loop's J across seeds at 60, 40, 20 optimiser steps: SD 0.014, 0.030, 0.048 (TRL's, unknown, taken equal).
+  Power of the fixed sequence, 20,000 simulated studies a row:
+
+====== ============= ============= ============= ============
+true d at 60 steps   at 40 steps   at 20 steps   all three
+====== ============= ============= ============= ============
+0      1.00          0.75          0.14          0.14
+0.02   0.98          0.51          0.08          0.08
+0.04   0.37          0.06          0.00          0.00
+====== ============= ============= ============= ============
+
+What the design can decide: equivalence per update late in training (60 steps, where seeds agree) if TRL's J
+spreads as the loop's, and at 40 steps three times in four if the arms agree; at 20 steps it cannot (a spread of
+0.048 at 10 and 5 seeds is as wide as the margin), so an early gap shows as "not resolved", not as a difference.
+The time ratio's interval, about ×/÷ 1.33, resolves any ratio further than that from 1.
+
+**Budget at one thread** (from the lag-decided units, the same recipe at one thread with two units side by side: a
+batch 5.4 s, exact J on the 121 questions ≈ 23 s): a loop unit ≈ 85 batches + 33 evaluations ≈ 20 min; a TRL unit,
+if its batch takes ~60 s at one thread (36 s at two, alone), ≈ 1.7 h when it passes 80 % near the loop's 65 steps,
+≈ 3.5 h censored at 142. All 15 units on two processes: ≈ 6–11 h. The benchmark alone at two threads: ≈ 35 min at 8
+tokens, ≈ 1.5–2 h at 128 (from the P1 rows at 128 tokens, doubled for P = 4). TRL's one-thread batch is a guess:
+no unit has timed it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpo_lab.stats import passage
+from grpo_lab.stats.paired import tost_p, welch_t, welch_tost
+from studies.time_to_accuracy import design as tta
+
+HERE = Path(__file__).resolve().parent
+TARGETS = tta.committed_dir() / "targets.json"
+ISSUE38_UNITS = tta.committed_dir() / "units"
+"""The time-to-accuracy units the cap, the empty share and the spreads are computed from."""
+
+ARMS = ("grpo_lab_v1", "trl")
+"""The steps half's arms, by their names in :func:`studies.time_to_accuracy.design.arms`."""
+LOOP, REFERENCE = ARMS
+LOOP_SEEDS = tuple(range(530, 540))
+TRL_SEEDS = tuple(range(530, 535))
+EVERY = 2
+"""Exact J every this many optimiser steps."""
+TOST_SEQUENCE = (60, 40, 20)
+"""The per-update step counts in the order the fixed sequence tests them: where the seeds agree most first."""
+TOST_STEPS = tuple(sorted(TOST_SEQUENCE))
+MIN_STEPS = max(TOST_STEPS)
+"""Every unit trains at least this far, so every TOST step count has J in every seed."""
+CAP_FACTOR = 2
+CAP = 142
+"""Optimiser steps at which a unit stops, reached or not: :data:`CAP_FACTOR` × the loop's slowest seed in the
+time-to-accuracy units, up to a multiple of :data:`EVERY` (:func:`cap_from`; a test checks it against the data)."""
+BATCH_CAP = 4 * CAP
+"""Batches at which a unit stops short of the cap (it stalled on empty batches): its restricted steps are not
+observed. The time-to-accuracy units took at most 1.4 batches per optimiser step."""
+MARGIN = 0.051
+ALPHA = 0.05
+RESAMPLES = passage.RESAMPLES
+BOOTSTRAP_SEED = 53
+LEVEL = passage.LEVEL
+
+SIDES = {
+    "grpo_lab_v1": {},
+    "no_share_prompt": {"share_prompt": False},
+    "empty_backward": {"empty_step": "skip_after_backward"},
+    "generate_sampler": {"sampler": "hf_generate"},
+    "trl_like": {"share_prompt": False, "empty_step": "skip_after_backward", "sampler": "hf_generate"},
+    "trl": None,
+}
+"""The benchmark's sides: the loop with these config fields changed on the recipe, or TRL (None)."""
+FACTORS = ("no_share_prompt", "empty_backward", "generate_sampler")
+"""The sides that each switch one of TRL's ways on in the loop; ``trl_like`` switches all three."""
+WARMUP_ROUNDS = 1
+ORDER_SEED = 53
+SECONDS_TASKS = (("addsubmul1", 8, 20, tuple(SIDES)),
+                 ("gsm_symbolic", 128, 10, ("grpo_lab_v1", "generate_sampler", "trl_like", "trl")))
+"""(task, completion tokens, rounds kept, sides) the benchmark runs: the recipe's, every side, 20 rounds (the
+seconds are most of the time ratio's error: :func:`precision`); and 128-token chains of thought, 10 rounds, the four
+sides that say how much of the gap sampling explains there (six sides at 128 tokens, a loop ~3 GB of weights, α,
+gradients and AdamW before activations, are estimated past this machine's 23 GB)."""
+PAIRS = SECONDS_TASKS[0][2]
+
+TOST_SCENARIOS = (0.0, 0.02, 0.04)
+"""True per-update differences |d| for :func:`power_table`, the same at every step count."""
+
+
+# ----------------------------------------------------------------------------- from the time-to-accuracy units
+
+
+def issue38_units(arm: str, units_dir: Path = ISSUE38_UNITS) -> list[dict[str, Any]]:
+    """The time-to-accuracy units of ``arm``, in seed order."""
+    return [json.loads(p.read_text()) for p in sorted(units_dir.glob(f"{arm}_s[0-9]*.json"))]
+
+
+def j_by_optimizer_steps(unit: Mapping[str, Any]) -> tuple[list[int], list[float]]:
+    """A time-to-accuracy unit's exact J against optimiser steps, from (0, its untrained J); of evaluations at the
+    same step count (empty batches between them) the last."""
+    by_steps = {0: unit["untrained_j"]} | {p["optimizer_steps"]: p["j"] for p in unit["points"]}
+    steps = sorted(by_steps)
+    return steps, [by_steps[s] for s in steps]
+
+
+def step_passage(points: Sequence[Mapping[str, Any]], level: float) -> passage.StepPassage | None:
+    """The first passage in optimiser steps: at the first of ``points`` (evaluations with ``optimizer_steps``,
+    ``steps`` (batches) and ``j``, in order) with J ≥ ``level``, N and E = batches − N; None if none reached it."""
+    hit = next((p for p in points if p["j"] >= level), None)
+    return None if hit is None else passage.StepPassage(hit["optimizer_steps"], hit["steps"] - hit["optimizer_steps"],
+                                                        True)
+
+
+def issue38_passages(arm: str = LOOP, units_dir: Path = ISSUE38_UNITS,
+                     targets_path: Path = TARGETS) -> dict[str, list[passage.StepPassage]]:
+    """Target name → each seed's first passage in optimiser steps (:func:`step_passage`) in the time-to-accuracy
+    units of ``arm`` (evaluated every 30 s, so each N is the first such evaluation's)."""
+    levels = tta.load_targets(targets_path)["targets"]
+    units = issue38_units(arm, units_dir)
+    out: dict[str, list[passage.StepPassage]] = {}
+    for name, level in levels.items():
+        out[name] = [step_passage(unit["points"], level) for unit in units]
+        if None in out[name]:
+            raise ValueError(f"a seed of {arm} did not reach {name}: no cap can be set from it")
+    return out
+
+
+def cap_from(passages: Mapping[str, Sequence[passage.StepPassage]], factor: int = CAP_FACTOR,
+             every: int = EVERY) -> int:
+    """``factor`` × the slowest seed's optimiser steps over every target, up to a multiple of ``every``."""
+    slowest = max(p.steps for seeds in passages.values() for p in seeds)
+    return every * math.ceil(factor * slowest / every)
+
+
+def empty_share(passages: Sequence[passage.StepPassage]) -> float:
+    """Empty batches per optimiser step, pooled over seeds: ΣE / ΣN."""
+    return sum(p.empty for p in passages) / sum(p.steps for p in passages)
+
+
+EMPTY_SHARE = 0.3125
+"""e₀: :func:`empty_share` of the loop's passages to the 80 % target in the time-to-accuracy units (a test checks
+it)."""
+
+
+def j_spread_at(steps: Sequence[int], arm: str = LOOP, units_dir: Path = ISSUE38_UNITS) -> list[float]:
+    """The SD over ``arm``'s seeds of exact J at each optimiser-step count, J interpolated linearly between the
+    unit's evaluations (seeds that stopped before a count are left out of it)."""
+    curves = [j_by_optimizer_steps(u) for u in issue38_units(arm, units_dir)]
+    return [float(np.std([np.interp(n, x, y) for x, y in curves if x[-1] >= n], ddof=1)) for n in steps]
+
+
+def batch_seconds_spread(units_dir: Path = ISSUE38_UNITS) -> dict[str, float]:
+    """The coefficient of variation of a batch's seconds: the loop's batches that trained (``grpo_lab_v1``'s records:
+    sample + train + sync), TRL's batches (the steps between its clock's readings)."""
+    def cv(values: Sequence[float]) -> float:
+        return float(np.std(values, ddof=1) / np.mean(values))
+
+    loop = [r["sample_seconds"] + r["train_seconds"] + r["sync_seconds"]
+            for unit in issue38_units(LOOP, units_dir) for r in unit["records"] if not r["skipped"]]
+    trl = [float(s) for unit in issue38_units(REFERENCE, units_dir)
+           for s in np.diff([0.0] + [step["training_seconds"] for step in unit["step_log"]])]
+    return {LOOP: cv(loop), REFERENCE: cv(trl)}
+
+
+# ----------------------------------------------------------------------------- the decision rule
+
+
+def per_update_verdicts(p_equivalence: Sequence[float], alpha: float = ALPHA) -> list[str]:
+    """The fixed-sequence rule over the step counts in :data:`TOST_SEQUENCE` order (``p_equivalence`` in that order):
+    each TOST at the full ``alpha`` until the first that does not reject; the counts after it are not tested. The
+    family's error stays at ``alpha`` because a count is tested only once every count before it rejected."""
+    verdicts, open_ = [], True
+    for p in p_equivalence:
+        verdicts.append(("equivalent" if p < alpha else "not resolved") if open_ else "not tested")
+        open_ = open_ and p < alpha
+    return verdicts
+
+
+def decide_per_update(loop_j: Mapping[int, Sequence[float]], trl_j: Mapping[int, Sequence[float]],
+                      sequence: Sequence[int] = TOST_SEQUENCE, margin: float = MARGIN,
+                      alpha: float = ALPHA) -> dict[int, dict[str, Any]]:
+    """Per step count (``loop_j[n]``, ``trl_j[n]``: exact J of each seed at n optimiser steps): Welch TOST of TRL −
+    loop (:func:`~grpo_lab.stats.paired.welch_tost`) and the verdict of the fixed sequence over ``sequence``
+    (:func:`per_update_verdicts`): ``equivalent``, ``not resolved`` or ``not tested``. The difference's two-sided
+    p and 95 % interval (``ci95``) ride along as estimates; ``ci`` is TOST's (1 − 2α) interval."""
+    tests = {n: welch_tost(trl_j[n], loop_j[n], margin, alpha) for n in sequence}
+    verdicts = per_update_verdicts([tests[n]["p_equivalence"] for n in sequence], alpha)
+    return {n: {**tests[n], "ci95": welch_tost(trl_j[n], loop_j[n], margin, alpha / 2)["ci"], "verdict": verdict}
+            for n, verdict in zip(sequence, verdicts, strict=True)}
+
+
+# ----------------------------------------------------------------------------- precision and power
+
+
+def precision(passages: Mapping[str, Sequence[passage.StepPassage]], seconds_cv: Mapping[str, float],
+              loop_seeds: int = len(LOOP_SEEDS), trl_seeds: int = len(TRL_SEEDS), pairs: int = PAIRS) -> dict[str, Any]:
+    """The time ratio's relative standard error to first order: √(CV_N²/n_loop + CV_N²/n_trl + CV_c,loop²/pairs +
+    CV_c,trl²/pairs), TRL's N taken to spread as the loop's (the larger CV of the two targets), the rounds taken
+    as independent (pairing can only shrink it); and the 95 % interval's factor exp(1.96 · that)."""
+    cv_n = max(float(np.std([p.steps for p in seeds], ddof=1) / np.mean([p.steps for p in seeds]))
+               for seeds in passages.values())
+    se = math.sqrt(cv_n**2 / loop_seeds + cv_n**2 / trl_seeds
+                   + (seconds_cv[LOOP] ** 2 + seconds_cv[REFERENCE] ** 2) / pairs)
+    return {"cv_steps": cv_n, "cv_seconds": dict(seconds_cv), "relative_se": se, "interval_factor": math.exp(1.96 * se)}
+
+
+def power(d: float, spreads: Sequence[float], reps: int = 20_000, seed: int = 0, loop_seeds: int = len(LOOP_SEEDS),
+          trl_seeds: int = len(TRL_SEEDS), margin: float = MARGIN) -> dict[str, Any]:
+    """Monte Carlo power of the per-update family: ``reps`` studies of normal J at each step count of
+    :data:`TOST_SEQUENCE` (SD from ``spreads``, in that order, in both arms; TRL's mean ``d`` above the loop's), Welch
+    TOST at each, the fixed sequence (:func:`per_update_verdicts`). The share decided equivalent at each count; the
+    last is the share equivalent at all of them."""
+    rng = np.random.default_rng(seed)
+    p = np.column_stack([tost_p(*welch_t(d + s * rng.standard_normal((reps, trl_seeds)),
+                                         s * rng.standard_normal((reps, loop_seeds))), margin) for s in spreads])
+    hits = np.cumprod(p < ALPHA, axis=1).astype(bool)      # the fixed sequence: rejected, and every count before
+    return {"d": d, "steps": list(TOST_SEQUENCE), "equivalent": hits.mean(axis=0).round(3).tolist(),
+            "all": float(hits[:, -1].mean().round(3))}
+
+
+def power_table(spreads: Sequence[float]) -> list[dict[str, Any]]:
+    """:func:`power` for each of :data:`TOST_SCENARIOS` (``spreads`` in :data:`TOST_SEQUENCE` order)."""
+    return [power(d, spreads) for d in TOST_SCENARIOS]
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def unit_order(loop_seeds: Sequence[int] = LOOP_SEEDS, trl_seeds: Sequence[int] = TRL_SEEDS) -> list[tuple[str, int]]:
+    """Seed by seed, TRL's unit before the loop's (the long units start first), then the loop's further seeds."""
+    return [(arm, seed) for seed in sorted({*loop_seeds, *trl_seeds})
+            for arm, seeds in ((REFERENCE, trl_seeds), (LOOP, loop_seeds)) if seed in seeds]
+
+
+def design_record() -> dict[str, Any]:
+    """``design.json``: every fixed choice of this module, the targets, and what the time-to-accuracy units give:
+    the passages the cap is computed from, the empty share, the spreads, the precision and the power table."""
+    targets = tta.load_targets(TARGETS)
+    passages = issue38_passages()
+    spreads = j_spread_at(TOST_SEQUENCE)
+    seconds_cv = batch_seconds_spread()
+    return {"recipe": tta.RECIPE, "task": targets["task"], "lr": targets["lr"], "evaluation": "exact",
+            "targets": {k: targets[k] for k in ("targets", "fixed_on", "untrained_j", "questions", "question_count")},
+            "arms": list(ARMS), "seeds": {LOOP: list(LOOP_SEEDS), REFERENCE: list(TRL_SEEDS)},
+            "order": [list(u) for u in unit_order()], "every": EVERY, "min_steps": MIN_STEPS, "cap": CAP,
+            "batch_cap": BATCH_CAP, "threads": 1, "eval_threads": 1,
+            "cap_rule": f"{CAP_FACTOR} x the slowest {LOOP} seed in optimiser steps, up to a multiple of {EVERY}",
+            "issue38_passages": {name: [[p.steps, p.empty] for p in seeds] for name, seeds in passages.items()},
+            "time_ratio": {"statistic": "mean (N c + E c_empty) over the loop's seeds / over TRL's",
+                           "interval": "percentile bootstrap over each arm's seeds and the benchmark's rounds",
+                           "resamples": RESAMPLES, "bootstrap_seed": BOOTSTRAP_SEED, "level": LEVEL},
+            "per_update": {"steps": list(TOST_SEQUENCE), "margin": MARGIN, "alpha": ALPHA,
+                           "test": "Welch TOST, TRL - loop, df rounded down",
+                           "multiplicity": "fixed sequence in the order of steps, each at alpha",
+                           "loop_j_spread": [round(s, 4) for s in spreads]},
+            "benchmark": {"sides": SIDES, "factors": list(FACTORS), "warmup_rounds": WARMUP_ROUNDS,
+                          "order_seed": ORDER_SEED, "empty_share": EMPTY_SHARE,
+                          "runs": [{"task": task, "tokens": tokens, "pairs": pairs, "sides": list(sides)}
+                                   for task, tokens, pairs, sides in SECONDS_TASKS],
+                          "steps": "per round and side: one step with signal in every group, one empty"},
+            "precision": precision(passages, seconds_cv), "power": power_table(spreads)}
+
+
+def load_design(out: Path = HERE) -> dict[str, Any]:
+    """The design in force: ``<out>/design.json``."""
+    return json.loads((out / "design.json").read_text())

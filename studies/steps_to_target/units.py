@@ -1,0 +1,141 @@
+"""Running the steps half of the steps-to-target study: one arm at one seed, exact J every k optimiser steps (off the
+clock), until both targets and the last TOST step count are passed or the cap; the units of ``design.json``'s order.
+
+The design (arms, seeds, k, the cap, the targets, threads) is ``design.json``'s, written by :mod:`.design`; the
+training and the evaluation are the time-to-accuracy study's (:func:`studies.time_to_accuracy.units.train_unit`,
+its :func:`~studies.time_to_accuracy.units.evaluator` and untrained unit), driven here by :class:`StepClock`. A unit
+file ``units/<arm>_s<seed>.json`` holds ``points`` (per evaluation: ``optimizer_steps``, ``steps`` (batches),
+``training_seconds``, ``j``, ``j_per_question``, ``pruned_max``), ``step_log``, ``stopped_by`` (``targets``,
+``cap`` or ``batch_cap``), the loop's ``records`` or TRL's resolved ``trl_config``, and its provenance
+(:func:`studies.provenance.provenance`: commit and whether the tree had changes outside the units folder, CPU
+model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU
+and evaluation seconds and ``design_sha``. Its training seconds are a record only: units share the machine, so
+they measure nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from studies.locks import UnitLock
+from studies.provenance import provenance
+from studies.time_to_accuracy import design as tta
+from studies.time_to_accuracy.units import evaluator, train_unit, write_json
+
+UNITS = "units"
+
+
+class StepClock:
+    """Exact J every ``every`` optimiser steps, and when a unit stops (the time-to-accuracy study's clock interface,
+    :class:`studies.time_to_accuracy.units.Clock`).
+
+    ``after_step(stepped, evaluate)`` after each batch: on a batch that stepped and brought the optimiser steps to
+    a multiple of ``every``, ``evaluate()`` (→ (J, extras)) runs with the clock paused and one point is recorded.
+    It returns True to stop: once an evaluation has found J ≥ ``stop_at`` (every target passed) and at least
+    ``min_steps`` optimiser steps are done (``stopped_by = "targets"``); at ``cap`` optimiser steps, reached or not
+    (``"cap"``); at ``batch_cap`` batches short of the cap (``"batch_cap"``: the unit stalled on empty batches)."""
+
+    def __init__(self, every: int, cap: int, min_steps: int, stop_at: float, batch_cap: int) -> None:
+        if not 0 < every <= min_steps <= cap or cap % every or min_steps % every:
+            raise ValueError(f"need 0 < every ≤ min_steps ≤ cap, both multiples of every; got {every}, {min_steps}, "
+                             f"{cap}")
+        if batch_cap < cap:
+            raise ValueError(f"the batch cap {batch_cap} lies below the cap {cap}")
+        self.every, self.cap, self.min_steps, self.stop_at, self.batch_cap = every, cap, min_steps, stop_at, batch_cap
+        self.points: list[dict[str, Any]] = []
+        self.step_log: list[dict[str, Any]] = []
+        self.eval_seconds = 0.0
+        self.optimizer_steps = 0
+        self.stopped_by: str | None = None
+        self._reached = False
+        self._started: float | None = None
+        self._paused = 0.0
+
+    def start(self) -> None:
+        self._started, self._paused = time.perf_counter(), 0.0
+
+    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool:
+        if self._started is None:
+            raise RuntimeError("the clock was not started")
+        now = time.perf_counter() - self._started - self._paused
+        self.optimizer_steps += bool(stepped)
+        self.step_log.append({"training_seconds": now, "optimizer_step": bool(stepped)})
+        if stepped and self.optimizer_steps % self.every == 0:
+            paused = time.perf_counter()
+            j, extras = evaluate()
+            self.points.append({"optimizer_steps": self.optimizer_steps, "steps": len(self.step_log),
+                                "training_seconds": now, "j": j, **extras})
+            spent = time.perf_counter() - paused
+            self._paused += spent
+            self.eval_seconds += spent
+            self._reached |= j >= self.stop_at
+        if self._reached and self.optimizer_steps >= self.min_steps:
+            self.stopped_by = "targets"
+        elif self.optimizer_steps >= self.cap:
+            self.stopped_by = "cap"
+        elif len(self.step_log) >= self.batch_cap:
+            self.stopped_by = "batch_cap"
+        return self.stopped_by is not None
+
+
+def arms_by_name() -> dict[str, tta.Arm]:
+    """The time-to-accuracy study's arms (:func:`studies.time_to_accuracy.design.arms`) by name."""
+    return {arm.name: arm for arm in tta.arms()}
+
+
+def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design: dict[str, Any], *,
+             questions: Sequence[Any], untrained_j: float, model: Any, tokenizer: Any,
+             problems: Sequence[Any]) -> dict[str, Any] | None:
+    """Train one unit on a copy of ``model`` under :class:`StepClock` and write ``<out>/units/<arm>_s<seed>.json``;
+    None if the file exists or another process holds its lock (:class:`studies.locks.UnitLock`)."""
+    path = out / UNITS / f"{arm.name}_s{seed}.json"
+    if path.exists():
+        return None
+    with UnitLock(path) as held:
+        if not held or path.exists():
+            return None
+        unit: dict[str, Any] = {"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
+                                **provenance(root, ignore=path.parent), "config": config.to_dict()}
+        clock = StepClock(design["every"], design["cap"], design["min_steps"],
+                          max(design["targets"]["targets"].values()), design["batch_cap"])
+        evaluate = evaluator(questions, config, design["eval_threads"])
+        unit |= {"untrained_j": untrained_j, **train_unit(arm, config, clock, evaluate, model, tokenizer, problems),
+                 "optimizer_steps": clock.optimizer_steps, "stopped_by": clock.stopped_by}
+        write_json(path, unit)
+        return unit
+
+
+def run_units(out: Path, root: Path, *, units: int | None = None, arms: Sequence[str] | None = None,
+              model: Any = None, tokenizer: Any = None, questions: Sequence[Any] | None = None,
+              problems: Callable[[Any], Sequence[Any]] | None = None, base: Any = None,
+              log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run the next units of ``<out>/design.json``'s order (only ``arms`` if given) that no file or lock holds, at
+    most ``units``, after the untrained unit (:func:`studies.time_to_accuracy.design.prepare_sitting`: its J must be
+    the targets'). ``model``/``tokenizer`` (default: the recipe's, loaded), ``questions`` (default: the targets'
+    set), ``problems`` (config → training problems) and ``base`` (the shared recipe) are for tests on a tiny
+    model."""
+    from grpo_lab.lm.text_task import train_problems
+
+    design = json.loads((out / "design.json").read_text())
+    base, model, tokenizer, questions, untrained = tta.prepare_sitting(out, root, design, base, model, tokenizer,
+                                                                       questions)
+    known = arms_by_name()
+    done: list[dict[str, Any]] = []
+    for name, seed in design["order"]:
+        if units is not None and len(done) >= units:
+            break
+        if arms is not None and name not in arms:
+            continue
+        config = tta.arm_config(base, known[name], seed)
+        unit = run_unit(known[name], seed, config, out, root, design, questions=questions, untrained_j=untrained["j"],
+                        model=model, tokenizer=tokenizer, problems=(problems or train_problems)(config))
+        if unit is not None:
+            done.append(unit)
+            log(f"unit {name}_s{seed}: {unit['optimizer_steps']} optimiser steps in {unit['steps']} batches, "
+                f"stopped by {unit['stopped_by']}; {unit['wall_seconds']:.0f} s wall, "
+                f"{unit['eval_seconds']:.0f} s of exact J")
+    return done

@@ -1,0 +1,331 @@
+"""Steps to target: the product time ratio and Welch TOST on made-up data worked out by hand, censoring at the cap,
+the fixed-sequence verdicts, the step clock, the committed design against design.py, the interleaved benchmark's
+pieces, and a sitting of the loop and TRL on a tiny model (a unit each, the summary)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from reliability_runs import problems, tiny_model, tokenizer
+
+from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.stats import passage
+from grpo_lab.stats.paired import welch_tost
+from studies.locks import UnitLock
+from studies.steps_to_target import design as std
+from studies.steps_to_target.summary import decomposition, summarize, summary_lines, unit_passages
+from studies.steps_to_target.units import StepClock, run_units
+from studies.time_to_accuracy.design import design_sha
+
+ROOT = Path(__file__).resolve().parents[1]
+StepPassage = passage.StepPassage
+
+
+def benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("step_seconds", ROOT / "benchmarks" / "step_seconds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ----------------------------------------------------------------------------- the statistics, by hand
+
+
+def test_the_product_time_ratio_and_its_interval_by_hand():
+    """Loop: N = 20, E = 4 in every seed, c = 1 or 3 s in the two rounds, c∅ = 0.5 s; TRL: N = 40, E = 10, 2 s a
+    batch either way. Times: loop 20·2 + 4·0.5 = 42 s, TRL 40·2 + 10·2 = 100 s, ratio 0.42 = steps ratio 0.5 ×
+    seconds-per-step ratio (2 + 0.2·0.5) / (2 + 0.25·2) = 0.84. Only the rounds vary: a resample's mean c is 1, 2
+    or 3 (¼, ½, ¼), so the ratio is 0.22, 0.42 or 0.62, and the 95 % interval is [0.22, 0.62] exactly."""
+    loop, trl = [StepPassage(20, 4, True)] * 3, [StepPassage(40, 10, True)] * 3
+    result = passage.product_time_ratio(loop, trl, ([1.0, 3.0], [0.5, 0.5]), ([2.0, 2.0], [2.0, 2.0]))
+    assert result["ratio"] == pytest.approx(0.42) and result["steps_ratio"] == pytest.approx(0.5)
+    assert result["seconds_ratio"] == pytest.approx(2.1 / 2.5)
+    assert [result["seconds_per_step"], result["reference_seconds_per_step"]] == pytest.approx([2.1, 2.5])
+    assert (result["ci_low"], result["ci_high"]) == (pytest.approx(0.22), pytest.approx(0.62))
+    assert result["bound"] == "exact" and result["pairs"] == 2 and result["note"] == ""
+
+
+def test_the_product_interval_matches_the_exact_bootstrap_over_seeds_and_rounds():
+    """3 loop seeds (27 resamples) × 2 rounds (4 resamples), TRL constant: the exact bootstrap distribution of the
+    ratio is every combination, equally likely; the Monte Carlo interval lies within its sampling error."""
+    import itertools
+
+    loop = [StepPassage(n, 0, True) for n in (10, 20, 30)]
+    trl = [StepPassage(40, 0, True)] * 3
+    result = passage.product_time_ratio(loop, trl, ([1.0, 3.0], [0.0, 0.0]), ([2.0, 2.0], [0.0, 0.0]))
+    means_n = [np.mean(draw) for draw in itertools.product((10, 20, 30), repeat=3)]
+    means_c = [np.mean(draw) for draw in itertools.product((1.0, 3.0), repeat=2)]
+    exact = np.array([n * c / 80 for n in means_n for c in means_c])
+    low, high = np.quantile(exact, [0.025, 0.975])
+    assert result["ratio"] == pytest.approx(20 * 2 / 80)
+    assert result["ci_low"] == pytest.approx(low, abs=0.01) and result["ci_high"] == pytest.approx(high, abs=0.01)
+
+
+def test_seeds_censored_at_the_cap_make_the_ratio_a_bound_or_leave_it_unresolved():
+    seconds = ([1.0, 1.0], [0.5, 0.5])
+    censored = [StepPassage(142, 40, False), StepPassage(60, 10, True), StepPassage(142, 50, False)]
+    bound = passage.product_time_ratio([StepPassage(30, 5, True)] * 3, censored, seconds, seconds)
+    assert bound["bound"] == "upper" and bound["reference_reached_share"] == pytest.approx(1 / 3)
+    assert bound["ratio"] == pytest.approx((30 + 2.5) / ((142 + 60 + 142) / 3 + 0.5 * 100 / 3))
+    none = passage.product_time_ratio([StepPassage(142, 3, False)] * 3, [StepPassage(142, 9, False)] * 3, seconds,
+                                      seconds)
+    assert none["ratio"] is None and "neither arm reached" in none["note"]
+    few = passage.product_time_ratio([StepPassage(30, 5, True)] * 2, censored, seconds, seconds)
+    assert few["ci_low"] is None and "3 needed" in few["note"]
+    with pytest.raises(ValueError, match="one value per pair"):
+        passage.product_time_ratio(censored, censored, ([1.0], [1.0]), seconds)
+
+
+def test_a_unit_that_missed_a_target_counts_at_the_cap_unless_it_stopped_short():
+    points = [{"optimizer_steps": n, "steps": b, "j": j} for n, b, j in ((2, 3, 0.2), (4, 6, 0.45), (6, 8, 0.5))]
+    unit = {"arm": "trl", "seed": 1, "points": points, "stopped_by": "cap"}
+    got = unit_passages(unit, {"50%": 0.4, "80%": 0.6}, cap=6)
+    assert got == {"50%": StepPassage(4, 2, True), "80%": StepPassage(6, 2, False)}
+    with pytest.raises(ValueError, match="restricted steps are not observed"):
+        unit_passages({**unit, "stopped_by": "batch_cap"}, {"80%": 0.6}, cap=6)
+
+
+def test_welch_tost_by_hand():
+    """a = (1, 3), b = (2, 2, 2): d = 0, se = √(2/2) = 1, df = 1 (b has no spread), Student's t with 1 df is the
+    Cauchy: P(T ≤ 1) = ¾, so each one-sided p at m = 1 is ¼; the 90 % interval ±tan(0.45π) = ±6.314."""
+    result = welch_tost([1.0, 3.0], [2.0, 2.0, 2.0], margin=1.0)
+    assert (result["estimate"], result["se"], result["df"]) == (0.0, pytest.approx(1.0), 1)
+    assert result["p_equivalence"] == pytest.approx(0.25, abs=1e-9) and result["p_difference"] == pytest.approx(1.0)
+    assert result["ci"] == pytest.approx([-math.tan(0.45 * math.pi), math.tan(0.45 * math.pi)], abs=1e-6)
+    # no spread anywhere: decided by where the estimate lies
+    assert welch_tost([1.0, 1.0], [1.02, 1.02], 0.051)["p_equivalence"] == 0.0
+    assert welch_tost([1.0, 1.0], [1.1, 1.1], 0.051)["p_equivalence"] == 1.0
+
+
+def test_the_fixed_sequence_stops_testing_at_the_first_count_not_resolved():
+    assert std.per_update_verdicts([0.01, 0.2, 0.001]) == ["equivalent", "not resolved", "not tested"]
+    assert std.per_update_verdicts([0.04, 0.049, 0.01]) == ["equivalent"] * 3      # each at the full α
+    assert std.per_update_verdicts([0.5, 0.0, 0.0]) == ["not resolved", "not tested", "not tested"]
+
+
+def test_the_fixed_sequence_keeps_its_error_at_alpha_on_the_margin():
+    """TRL's J exactly a margin off the loop's at every count (the null at its edge): the share of simulated studies
+    that call any count equivalent stays at α = 0.05 (within Monte Carlo error), though each test runs at the full
+    α; half a margin off, the first count is called equivalent more often than not."""
+    spreads = [0.014, 0.030, 0.048]
+    edge = std.power(std.MARGIN, spreads, reps=6000, seed=3)
+    assert edge["equivalent"][0] <= std.ALPHA + 0.01 and edge["equivalent"][-1] <= edge["equivalent"][0]
+    assert std.power(std.MARGIN / 2, spreads, reps=2000, seed=3)["equivalent"][0] > 0.5
+
+
+def test_the_per_update_decision_on_made_up_curves():
+    """At 60 steps TRL's J is the loop's to within 0.005 (tight seeds): equivalent; at 40 it trails by 0.1: not
+    resolved (its interval lies below −m), so 20 is not tested."""
+    rng = np.random.default_rng(0)
+    loop = {60: 0.6 + 0.01 * rng.standard_normal(10), 40: 0.5 + 0.01 * rng.standard_normal(10),
+            20: 0.3 + 0.05 * rng.standard_normal(10)}
+    trl = {60: 0.6 + 0.01 * rng.standard_normal(5), 40: 0.4 + 0.01 * rng.standard_normal(5),
+           20: 0.3 + 0.05 * rng.standard_normal(5)}
+    decided = std.decide_per_update(loop, trl)
+    assert [decided[n]["verdict"] for n in (60, 40, 20)] == ["equivalent", "not resolved", "not tested"]
+    assert decided[40]["ci95"][1] < -std.MARGIN and decided[40]["p_difference"] < 0.001
+    assert decided[60]["ci"][0] > -std.MARGIN and decided[60]["ci"][1] < std.MARGIN
+
+
+def test_the_decomposition_by_hand():
+    """Constant seconds, so every interval is its point: at e = 0.5, v1 1 + 0.5·0.4 = 1.2 s a step; the factors
+    1.5, 1.25 and 2 times that; trl_like 4.8 (interaction 4.8/1.2 / 3.75 = 16/15); TRL 9.6 (unexplained 2)."""
+    def const(c, e):
+        return ([c, c, c], [e, e, e])
+
+    seconds = {"grpo_lab_v1": const(1.0, 0.4), "no_share_prompt": const(1.6, 0.4), "empty_backward": const(1.0, 1.0),
+               "generate_sampler": const(2.0, 0.8), "trl_like": const(4.0, 1.6), "trl": const(8.0, 3.2)}
+    out = decomposition(seconds, 0.5)
+    ratios = {name: r["ratio"] for name, r in out["to_v1"].items()}
+    assert ratios == pytest.approx({"no_share_prompt": 1.5, "empty_backward": 1.25, "generate_sampler": 2.0,
+                                    "trl_like": 4.0, "trl": 8.0})
+    assert out["factors_product"]["ratio"] == pytest.approx(3.75)
+    assert out["interaction"]["ratio"] == pytest.approx(4.0 / 3.75) and out["unexplained"]["ratio"] == pytest.approx(2)
+    assert out["unexplained"]["ci_low"] == pytest.approx(2) == out["unexplained"]["ci_high"]
+
+
+# ----------------------------------------------------------------------------- the step clock
+
+
+def test_the_step_clock_evaluates_every_k_optimiser_steps_and_stops_by_its_rules():
+    def run(stepped, js, **kwargs):
+        clock = StepClock(**{"every": 2, "cap": 8, "min_steps": 4, "stop_at": 0.6, "batch_cap": 12, **kwargs})
+        clock.start()
+        values = iter(js)
+        for s in stepped:
+            if clock.after_step(s, lambda: (next(values), {})):
+                break
+        return clock
+
+    # passes 0.6 at 2 optimiser steps, but trains on to min_steps = 4
+    clock = run([True, False, True, True, True, True], [0.7, 0.5])
+    assert [(p["optimizer_steps"], p["steps"]) for p in clock.points] == [(2, 3), (4, 5)]
+    assert clock.stopped_by == "targets" and len(clock.step_log) == 5
+    clock = run([True] * 20, [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert clock.stopped_by == "cap" and clock.optimizer_steps == 8 and len(clock.points) == 4
+    clock = run([False] * 20, [])
+    assert clock.stopped_by == "batch_cap" and clock.points == [] and len(clock.step_log) == 12
+    with pytest.raises(ValueError, match="multiples of every"):
+        StepClock(every=2, cap=7, min_steps=4, stop_at=0.6, batch_cap=12)
+
+
+# ----------------------------------------------------------------------------- the committed design
+
+
+def test_the_committed_design_is_design_py_and_its_numbers_follow_from_the_data():
+    committed = json.loads((std.HERE / "design.json").read_text())
+    assert committed == json.loads(json.dumps(std.design_record()))
+    passages = std.issue38_passages()
+    slowest = max(p.steps for seeds in passages.values() for p in seeds)
+    assert slowest == 71 and std.CAP == std.cap_from(passages) >= 2 * slowest and std.CAP % std.EVERY == 0
+    assert std.EMPTY_SHARE == pytest.approx(std.empty_share(passages["80%"]))
+    assert [p.steps for p in passages["50%"]] == [29, 39, 38, 24, 34]
+    assert std.EVERY <= 5 and all(n % std.EVERY == 0 for n in std.TOST_STEPS) and std.MIN_STEPS <= std.CAP
+    assert min(len(std.LOOP_SEEDS), len(std.TRL_SEEDS)) >= 5 and std.PAIRS >= 10
+    assert all(pairs >= 10 for _, _, pairs, _ in std.SECONDS_TASKS)
+    assert sorted(committed["order"]) == sorted([[std.LOOP, s] for s in std.LOOP_SEEDS]
+                                                + [[std.REFERENCE, s] for s in std.TRL_SEEDS])
+    assert committed["targets"]["targets"] == json.loads((std.TARGETS).read_text())["targets"]
+
+
+# ----------------------------------------------------------------------------- the benchmark's pieces
+
+
+def test_forced_rewards_give_every_group_signal_or_none():
+    bench = benchmark_module()
+    loop = bench.forced_rewards(torch.rand(3, 4), "signal", 4, per_completion=False)
+    assert loop.tolist() == [[1.0, 0.0, 0.0, 0.0]] * 3
+    trl = bench.forced_rewards(torch.rand(8, 1, dtype=torch.float64), "signal", 4, per_completion=True)
+    assert trl.dtype == torch.float64 and trl[:, 0].tolist() == [1, 0, 0, 0, 1, 0, 0, 0]
+    assert not bench.forced_rewards(torch.rand(8, 2), "empty", 4, per_completion=True).any()
+    with pytest.raises(ValueError, match="mode"):
+        bench.forced_rewards(torch.rand(2, 2), "half", 2, per_completion=False)
+
+
+def test_turns_run_a_trainer_one_step_per_turn_and_stop_it():
+    bench = benchmark_module()
+    done = []
+
+    def trainer(between):
+        between()                    # built, before the first step
+        while True:
+            done.append(len(done))
+            if between():
+                return
+
+    turns = bench.Turns(trainer)
+    assert done == []
+    turns.turn()
+    turns.turn()
+    assert done == [0, 1]
+    turns.close()
+    assert done == [0, 1] and not turns._thread.is_alive()      # told to stop between steps: no step more
+
+    def failing(between):
+        between()
+        raise KeyError("boom")
+
+    turns = bench.Turns(failing)
+    with pytest.raises(RuntimeError, match="failed"):
+        turns.turn()
+
+
+def test_interleave_draws_an_order_per_round_and_checks_the_steps():
+    bench = benchmark_module()
+
+    class Fake:
+        def __init__(self, honest=True):
+            self.honest, self.calls = honest, []
+
+        def step(self, mode):
+            self.calls.append(mode)
+            return {"seconds": 1.0, "stepped": (mode == "signal") == self.honest, "tokens": 3}
+
+    sides = {"a": Fake(), "b": Fake(), "c": Fake()}
+    rounds = bench.interleave(sides, rounds=3, warmup=1, order_seed=5)
+    assert [r["warmup"] for r in rounds] == [True, False, False, False]
+    assert all(s.calls == ["signal", "empty"] * 4 for s in sides.values())
+    assert len({tuple(r["order"]["signal"]) for r in rounds}) > 1          # the order changes between rounds
+    with pytest.raises(RuntimeError, match="did not step"):
+        bench.interleave({"a": Fake(honest=False)}, rounds=1, warmup=0, order_seed=5)
+
+
+def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
+    """The loop's sides (the defaults and the TRL-like one) and TRL's, one signal and one empty step each: the
+    forced rewards reach every trainer (the signal step steps, the empty one does not), TRL in its own thread."""
+    bench = benchmark_module()
+    base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
+                       micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False, seed=0)
+    sides = bench.build_sides(["grpo_lab_v1", "trl_like", "trl"], base, tiny_model(), tokenizer(), problems())
+    try:
+        rounds = bench.interleave(sides, rounds=1, warmup=0, order_seed=0)
+    finally:
+        sides["trl"].turns.close()
+    steps = rounds[0]["sides"]
+    assert all(steps[name]["signal"]["stepped"] and not steps[name]["empty"]["stepped"] for name in sides)
+    assert steps["trl"]["signal"]["tokens"] == steps["grpo_lab_v1"]["signal"]["tokens"] == 4 * 3   # P·G rows, 3 each
+    assert sides["trl_like"].described()["sampler"] == "GenerateSampler"
+    assert sides["trl"].described()["trl_config"]["num_generations"] == 2
+
+
+# ----------------------------------------------------------------------------- a sitting on a tiny model
+
+
+def test_a_sitting_of_the_loop_and_trl_on_a_tiny_model(tmp_path, one_thread):
+    """A unit of the loop and one of TRL (stock, so that a tiny model's empty batches still step AdamW), exact J
+    every 2 optimiser steps to a cap of 4 (the targets are out of reach: both are censored there), one held by
+    another process first; then the summary with a made-up benchmark file."""
+    from studies.lag_frontier.frontier import exact_j
+
+    model, tok, questions = tiny_model(), tokenizer(), list(problems()[:2])
+    base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
+                       micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False,
+                       empty_step="optimizer_step")
+    untrained = exact_j(model, tok, questions, base).mean
+    design = {"task": "add1", "lr": 1e-3, "targets": {"targets": {"50%": untrained + 0.3, "80%": untrained + 0.5},
+                                                      "untrained_j": untrained, "questions": "all",
+                                                      "question_count": 2, "fixed_on": "made up"},
+              "arms": ["grpo_lab_v1", "trl_every_batch"], "order": [["trl_every_batch", 7], ["grpo_lab_v1", 7]],
+              "every": 2, "min_steps": 2, "cap": 4, "batch_cap": 6, "threads": 1, "eval_threads": 1,
+              "per_update": {"steps": [4, 2], "margin": 0.051, "alpha": 0.05},
+              "time_ratio": {"resamples": 200, "bootstrap_seed": 1, "level": 0.95}}
+    (tmp_path / "design.json").write_text(json.dumps(design))
+    kwargs = dict(model=model, tokenizer=tok, questions=questions, problems=lambda config: problems(), base=base,
+                  log=lambda line: None)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with UnitLock(tmp_path / "units" / "trl_every_batch_s7.json") as held:   # another process runs TRL's unit
+        assert held
+        done = run_units(tmp_path, ROOT, **kwargs)
+    assert [u["arm"] for u in done] == ["grpo_lab_v1"]
+    done += run_units(tmp_path, ROOT, arms=["trl_every_batch"], **kwargs)
+    assert [u["arm"] for u in done] == ["grpo_lab_v1", "trl_every_batch"] and run_units(tmp_path, ROOT, **kwargs) == []
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())     # each unit trained a copy
+    assert not list((tmp_path / "units").glob("*.lock"))
+    for unit in done:
+        assert {"git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers", "trl",
+                "torch_threads", "load_start", "load_end", "wall_seconds", "eval_seconds"} <= set(unit)
+        assert unit["design_sha"] == design_sha(design) and unit["stopped_by"] == "cap"
+        assert [p["optimizer_steps"] for p in unit["points"]] == [2, 4] and unit["optimizer_steps"] == 4
+        assert all(len(p["j_per_question"]) == 2 for p in unit["points"])
+    trl = next(u for u in done if u["arm"] == "trl_every_batch")
+    assert trl["trl_config"]["num_generations"] == 2 and trl["trl_config"]["beta"] == 0.0    # TRL's resolved args
+    assert "records" in next(u for u in done if u["arm"] == "grpo_lab_v1")
+
+    rounds = [{"warmup": w, "sides": {s: {m: {"seconds": c, "stepped": m == "signal", "tokens": 4}
+                                          for m, c in (("signal", 1.0 + i), ("empty", 0.5))}
+                                      for s in ("grpo_lab_v1", "trl")}} for i, w in enumerate((True, False, False))]
+    bench = {"task": "add1", "tokens": 3, "design_sha": design_sha(design), "sides": {"grpo_lab_v1": {}, "trl": {}},
+             "rounds": rounds}
+    summary = summarize(design, done, [bench])
+    assert summary["passages"]["grpo_lab_v1"]["80%"] == [[4, 0, False]] and summary["missing"] == []
+    assert summary["per_update"] is None                                 # one seed an arm: no test yet
+    assert summary["time_ratios"]["50%"]["ratio"] is None                # both censored at the cap
+    assert summary["seconds"]["add1_3"]["sides"]["trl"] == {"c": 2.5, "c_empty": 0.5, "tokens": 4.0}
+    assert summary["runs"][0]["curve"].keys() == {"0", "2", "4"} and summary_lines(summary)
+    with pytest.raises(ValueError, match="another design"):
+        summarize(design, done, [{**bench, "design_sha": "other"}])
