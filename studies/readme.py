@@ -61,7 +61,11 @@ def lag_decided_table(summary: Mapping[str, Any]) -> str:
                      "verdict": c["verdict"] if c else "first look not due",
                      "estimate [repeated CI]": f"{c['estimate']:+.3f} [{c['rci'][0]:+.3f}, {c['rci'][1]:+.3f}]"
                      if c else "—", "seeds": summary["looks_reached"][-1] if c else summary["seeds_in"]})
-    return markdown(rows)
+    arms = [{"arm (seeds of the last look)": f"`{name}` ({len(arm['seeds'])})",
+             "J_auc [95 % CI]": _interval(arm["j_auc"]), "held-out J_auc": _interval(arm["held_out_j_auc"]),
+             "final J": f"{arm['j_final']['mean']:.3f}", "collapsed": arm["collapsed"],
+             "drift (nats a token)": f"{arm['drift']['mean']:.3g}"} for name, arm in summary["arms"].items()]
+    return markdown(rows) + (f"\n\n{markdown(arms)}" if arms else "")
 
 
 TABLES: dict[str, Callable[[Mapping[str, Any]], str]] = {
