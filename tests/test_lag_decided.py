@@ -119,3 +119,26 @@ def test_the_correction_arms_are_the_knob_values_issue_52_names():
     assert (seqmask.is_correction, seqmask.level, seqmask.is_cap, seqmask.is_floor) == ("icepop", "sequence", 3.0, None)
     assert recipe(design.RECIPE, **design.arm_fields("v10_mask")).is_correction == "mask"
     assert set(design.CORRECTION_SEEDS) <= set(design.SEEDS[:8])
+
+
+def test_the_drift_picture_adds_the_corrections_once_they_are_all_in(tmp_path):
+    from studies.lag_decided.plots import study_points
+
+    units, extra = tmp_path / "units", tmp_path / "units_corrections"
+    units.mkdir(), extra.mkdir()
+    for seed in design.SEEDS[:8]:
+        for arm, fields in design.ARMS.items():
+            unit = _unit(arm, seed, 0.50 if arm == "v1" else 0.40) | {"is_correction": fields.get("is_correction",
+                                                                                                  "ratio")}
+            (units / f"{arm}_s{seed}.json").write_text(json.dumps(unit))
+    for seed in design.CORRECTION_SEEDS:
+        for arm, fields in design.CORRECTION_ARMS.items():
+            (extra / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, 0.45) | fields))
+    frontier = tmp_path / "frontier"
+    frontier.mkdir()
+    points = study_points(frontier, tmp_path)
+    by_arm = {p["arm"]: p for p in points}
+    assert set(by_arm) == {"v10_ratio", "v10_none", *design.CORRECTION_ARMS}
+    assert by_arm["v10_seqmask"]["correction"] == "icepop (sequence)" and by_arm["v10_icepop"]["correction"] == "icepop"
+    assert by_arm["v10_mask"]["cost"] == pytest.approx(-0.05)
+    assert sum(p["arm"] == "v10_mask" for p in points) == len(design.CORRECTION_SEEDS)

@@ -25,7 +25,7 @@ from studies.lag_decided.design import COMPARISONS, PLAN
 from studies.lag_decided.summary import drift, load
 
 CORRECTION_COLORS = {"ratio": "#1f77b4", "truncated": "#2ca02c", "none": "#d62728", "mask": "#9467bd",
-                     "icepop": "#8c564b"}
+                     "icepop": "#8c564b", "icepop (sequence)": "#e377c2"}
 STUDY_MARKERS = {"frontier (lr 1e-5)": "circle", "decided (lr 1e-5)": "diamond", "decided (lr 3e-6)": "square"}
 
 
@@ -34,14 +34,15 @@ def drift_points(units: Iterable[Mapping[str, Any]], study: str) -> list[dict[st
     (units without a ``v1`` partner, and the β > 0 mask arms, are left out)."""
     units = [u for u in units if u.get("beta", 0.0) == 0.0]
     v1 = {u["seed"]: u["j_auc"] for u in units if u["arm"] == "v1"}
-    return [{"study": study, "arm": u["arm"], "correction": u["is_correction"], "seed": u["seed"],
+    return [{"study": study, "arm": u["arm"], "seed": u["seed"],
+             "correction": u["is_correction"] + (" (sequence)" if u.get("level") == "sequence" else ""),
              "drift": drift(u), "cost": u["j_auc"] - v1[u["seed"]]}
             for u in units if u["arm"] != "v1" and u["seed"] in v1]
 
 
 def study_points(frontier_units: Path, decided: Path) -> list[dict[str, Any]]:
     """The points of every study that has units: the frontier's, this study's at 1e-5 (only once a look is due,
-    as the summary reads them) and its second regime's."""
+    as the summary reads them), its exploratory corrections' (once all are in) and its second regime's."""
     from studies.lag_decided import design
     from studies.lag_decided.summary import rebuild_summary
 
@@ -50,6 +51,11 @@ def study_points(frontier_units: Path, decided: Path) -> list[dict[str, Any]]:
     if summary["looks_reached"]:
         seeds = set(summary["arms"]["v1"]["seeds"])
         units = [u for (arm, seed), u in load(decided / "units").items() if seed in seeds]
+        points += drift_points(units, "decided (lr 1e-5)")
+    if summary["corrections"]["arms"]:   # the field's corrections, each paired with v1 at its seed
+        seeds = set(design.CORRECTION_SEEDS)
+        units = [u for (arm, seed), u in (load(decided / "units") | load(decided / "units_corrections")).items()
+                 if seed in seeds and (arm == "v1" or arm in design.CORRECTION_ARMS)]
         points += drift_points(units, "decided (lr 1e-5)")
     if summary["regime2"]["arms"]:
         lr = summary["regime2"]["lr"]
