@@ -302,10 +302,9 @@ def fake_records(v: int, steps: int = 9) -> list[StepRecord]:
 
 def notebook02() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
     from grpo_lab.viz.study_plots import token_ratio_figure
+    from studies.lag_decided import plots as decided_plots
     from studies.lag_frontier import frontier
     from studies.lag_frontier import plots as frontier_plots
-
-    from studies.lag_decided import plots as decided_plots
     from studies.readme import summary_path
 
     summary = json.loads((frontier.RESULTS / "summary.json").read_text())
@@ -384,8 +383,8 @@ CASES = [("01", name) for name in ("01 whitening", "01 surrogate", "01 timeline"
                                    "01 Theorem 1", "01 constants", "01 TV", "01 lag", "01 weight", "01 findings",
                                    "01 (a′) optimisers", "01 wall clock", "01 live panel")]
 CASES += [("01b", "01b Theorem 1")]
-CASES += [("02", name) for name in ("02 decided", "02 drift cost", "02 frontier", "02 drift", "02 questions", "02 mask", "02 group's r′",
-                                    "02 dashboard", "02 side by side")]
+CASES += [("02", name) for name in ("02 decided", "02 drift cost", "02 frontier", "02 drift", "02 questions",
+                                    "02 mask", "02 group's r′", "02 dashboard", "02 side by side")]
 CASES += [("03", name) for name in ("03 fit", "03 step time", "03 speed-up v", "03 speed-up size", "03 split",
                                     "03 TTA seconds", "03 TTA steps", "03 TTA ratios", "03 TTA ratios to v1",
                                     "03 dashboard")]
