@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import re
 from pathlib import Path
 
@@ -280,3 +281,11 @@ def test_no_table_cell_in_the_readme_or_the_benchmarks_is_a_paragraph():
                 if len(visible) > TABLE_CELL_CHARS:
                     long.append(f"{name}:{number}: {len(visible)} characters: {visible[:60]}…")
     assert not long, "\n".join(long)
+
+
+def test_every_notebook_cell_has_its_own_id():
+    """nbformat 4.5 cells carry an id (nbformat warns without one, and will refuse); two cells may not share one."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        ids = [cell.get("id") for cell in json.loads(path.read_text())["cells"]]
+        assert None not in ids, f"{path.name}: cell {ids.index(None)} has no id"
+        assert len(set(ids)) == len(ids), f"{path.name}: repeated cell ids"
