@@ -192,29 +192,6 @@ def build_sides(names: Sequence[str], base: Any, model: Any, tokenizer: Any,
     return sides
 
 
-def require_memory(names: Sequence[str], base: Any, model: Any, prompt_length: int,
-                   available: int | None = None) -> int:
-    """The bytes the sides need at once, at the least: each keeps its π_θ and its run's lasting state (α, π_ref,
-    gradients, AdamW's moments), and one side at a time adds its sampling and training peak at one row a
-    micro-batch, beside the process's overhead (:func:`grpo_lab.lm.memory.estimate_memory`; each loop's memory guard then picks the largest
-    micro-batch that fits and says so; TRL's side is counted as the loop's recipe). SystemExit naming
-    ``--sides`` if that exceeds ``available`` (default: this machine's), instead of the kernel killing the run
-    midway, as it did to all six sides beside 7 GiB of other processes on a 23 GiB machine."""
-    from grpo_lab.lm.memory import ModelShape, available_memory, estimate_memory, gib
-
-    shape = ModelShape.of(model)
-    estimates = [estimate_memory(shape, base.replace(**(design.SIDES[name] or {})), prompt_length, micro_batch_size=1)
-                 for name in names]
-    need = (sum(shape.weights + e.sampler + e.reference + e.gradients + e.optimizer + e.autocast for e in estimates)
-            + max(e.overhead + e.sampling + e.training for e in estimates))   # one process: its overhead once
-    available = available_memory() if available is None else available
-    if need > available:
-        raise SystemExit(f"step_seconds: the {len(names)} sides {tuple(names)} need about {gib(need)} at once, "
-                         f"{gib(available)} is available: stop what else holds memory, or run fewer sides at once "
-                         "with --sides (keep grpo_lab_v1 and trl in each run: the ratios are paired within a run)")
-    return need
-
-
 def interleave(sides: Mapping[str, LoopSide | TRLSide], rounds: int, warmup: int,
                order_seed: int) -> list[dict[str, Any]]:
     """``warmup`` + ``rounds`` rounds: in each, every side's ``signal`` step, then every side's ``empty`` step, the
@@ -263,13 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     base = tta.shared_recipe(args.task, design.load_design()["lr"]).replace(
         max_completion_length=tokens, train_problems=200, seed=0)
     model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
-    from grpo_lab.lm.memory import longest_prompt
-    from grpo_lab.lm.tasks import build_prompt
-
-    problems = train_problems(base)
-    require_memory(names, base, model,
-                   longest_prompt(tokenizer, [build_prompt(p, tokenizer, base.system_prompt) for p in problems]))
-    sides = build_sides(names, base, model, tokenizer, problems)
+    sides = build_sides(names, base, model, tokenizer, train_problems(base))
     print(f"{args.task}, {tokens} tokens: sides {names}, {design.WARMUP_ROUNDS} + {pairs} rounds, "
           f"{torch.get_num_threads()} threads", flush=True)
     rounds = interleave(sides, pairs, design.WARMUP_ROUNDS, design.ORDER_SEED)

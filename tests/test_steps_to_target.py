@@ -329,13 +329,3 @@ def test_a_sitting_of_the_loop_and_trl_on_a_tiny_model(tmp_path, one_thread):
     assert summary["runs"][0]["curve"].keys() == {"0", "2", "4"} and summary_lines(summary)
     with pytest.raises(ValueError, match="another design"):
         summarize(design, done, [{**bench, "design_sha": "other"}])
-
-
-def test_the_benchmark_refuses_sides_that_do_not_fit_in_memory():
-    """The sides' memory is summed before any is built: too little for all six is a SystemExit naming --sides,
-    not a run the kernel kills midway."""
-    bench = benchmark_module()
-    base = TrainConfig(G=2, prompts_per_step=2, max_completion_length=3, micro_batch_size=4, beta=0.04)
-    need = bench.require_memory(["grpo_lab_v1", "trl"], base, tiny_model(), prompt_length=8, available=10**12)
-    with pytest.raises(SystemExit, match="--sides"):
-        bench.require_memory(list(std.SIDES), base, tiny_model(), prompt_length=8, available=need)
