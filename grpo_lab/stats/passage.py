@@ -175,8 +175,7 @@ def time_ratio(arm: Sequence[float | None], reference: Sequence[float | None], b
                        f"(at most {tail:.1%} allowed)")
         return out
     # Unresolved resamples (fewer than the tail) are resamples where the restricted ratio is 1 by construction.
-    low, high = np.quantile(np.where(np.isnan(ratios), 1.0, ratios), [tail, 1.0 - tail])
-    out["ci_low"], out["ci_high"] = float(low), float(high)
+    out["ci_low"], out["ci_high"] = percentile_interval(np.where(np.isnan(ratios), 1.0, ratios), level)
     return out
 
 
@@ -244,16 +243,15 @@ def product_time_ratio(arm: Sequence[StepPassage], reference: Sequence[StepPassa
     r_n, r_e = (np.array([getattr(p, k) for p in reference], dtype=float) for k in ("steps", "empty"))
     a_time = _mean_time(a_n, a_e, a_step.mean(), a_empty.mean())
     r_time = _mean_time(r_n, r_e, r_step.mean(), r_empty.mean())
+    a_spp = float(seconds_per_step(a_step.mean(), a_empty.mean(), a_e.mean() / a_n.mean()))
+    r_spp = float(seconds_per_step(r_step.mean(), r_empty.mean(), r_e.mean() / r_n.mean()))
     times = [[p.steps if p.reached else None for p in side] for side in (arm, reference)]
     out: dict[str, Any] = {
         "ratio": float(a_time / r_time), "ci_low": None, "ci_high": None, "note": "",
-        "steps_ratio": float(a_n.mean() / r_n.mean()),
-        "seconds_ratio": float(seconds_per_step(a_step.mean(), a_empty.mean(), a_e.mean() / a_n.mean())
-                               / seconds_per_step(r_step.mean(), r_empty.mean(), r_e.mean() / r_n.mean())),
+        "steps_ratio": float(a_n.mean() / r_n.mean()), "seconds_ratio": a_spp / r_spp,
         "steps": float(a_n.mean()), "reference_steps": float(r_n.mean()),
         "empty": float(a_e.mean()), "reference_empty": float(r_e.mean()),
-        "seconds_per_step": float(seconds_per_step(a_step.mean(), a_empty.mean(), a_e.mean() / a_n.mean())),
-        "reference_seconds_per_step": float(seconds_per_step(r_step.mean(), r_empty.mean(), r_e.mean() / r_n.mean())),
+        "seconds_per_step": a_spp, "reference_seconds_per_step": r_spp,
         "reached_share": reached_share(times[0]), "reference_reached_share": reached_share(times[1]),
         "seeds": len(arm), "reference_seeds": len(reference), "pairs": int(a_step.size),
         "bound": censoring_bound(*times)}
