@@ -48,13 +48,13 @@ def study_points(frontier_units: Path, decided: Path) -> list[dict[str, Any]]:
 
     points = drift_points(load(frontier_units).values(), "frontier (lr 1e-5)")
     summary = rebuild_summary(decided, write=False)
+    confirmatory = load(decided / "units") if summary["looks_reached"] else {}
     if summary["looks_reached"]:
         seeds = set(summary["arms"]["v1"]["seeds"])
-        units = [u for (arm, seed), u in load(decided / "units").items() if seed in seeds]
-        points += drift_points(units, "decided (lr 1e-5)")
+        points += drift_points([u for (arm, seed), u in confirmatory.items() if seed in seeds], "decided (lr 1e-5)")
     if summary["corrections"]["arms"]:   # the field's corrections, each paired with v1 at its seed
         seeds = set(design.CORRECTION_SEEDS)
-        units = [u for (arm, seed), u in (load(decided / "units") | load(decided / "units_corrections")).items()
+        units = [u for (arm, seed), u in (confirmatory | load(decided / "units_corrections")).items()
                  if seed in seeds and (arm == "v1" or arm in design.CORRECTION_ARMS)]
         points += drift_points(units, "decided (lr 1e-5)")
     if summary["regime2"]["arms"]:
