@@ -9,12 +9,15 @@ only one side computes at a time and a step's seconds are its own. A round gives
 drawn per round: one whose rewards are replaced by a fixed pattern with signal in every group (it trains: c) and
 one whose rewards are all zero (it is empty: c∅). The reward function still runs; only its output is replaced, so
 the seconds hold all the work but the chance of which batches are empty, which the study's units count instead.
-The first rounds are a warm-up, kept in the file and marked. Written to ``--out`` with provenance (commit, CPU
+The first rounds are a warm-up, kept in the file and marked. Six sides do not fit in 23 GiB at once, so the
+sides run in the design's groups (``studies.steps_to_target.design.RECIPE_GROUPS``), one after another, each with
+``grpo_lab_v1``; one file per group. Written to ``--out`` with provenance (commit, CPU
 model and vector extensions, library versions, threads, load at the start and end), every side's config (TRL's as
 its trainer resolved it) and, per round and side, each step's seconds, whether it stepped, its parts and its
 completion tokens. Run it alone on the machine::
 
     .venv/bin/python benchmarks/step_seconds.py                                   # addsubmul1, 8 tokens, 20 rounds
+    .venv/bin/python benchmarks/step_seconds.py --group 2                         # one group of its sides only
     .venv/bin/python benchmarks/step_seconds.py --task gsm_symbolic --tokens 128  # 128-token chains, 10 rounds
     .venv/bin/python studies/steps_to_target/run.py --summary                     # the ratios, with intervals
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import sys
@@ -212,36 +216,25 @@ def interleave(sides: Mapping[str, LoopSide | TRLSide], rounds: int, warmup: int
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[str], out: Path) -> dict[str, Any]:
+    """One group of sides on the recipe at ``tokens`` completion tokens: build them, interleave warm-up + ``pairs``
+    rounds, write ``out`` with provenance and return the record. The sides are freed when it returns, so the next
+    group's fit in memory."""
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.text_task import train_problems
     from studies.provenance import provenance
     from studies.time_to_accuracy import design as tta
 
-    settings = {task: (tokens, pairs, sides) for task, tokens, pairs, sides in design.SECONDS_TASKS}
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default=design.SECONDS_TASKS[0][0], choices=sorted(settings))
-    parser.add_argument("--tokens", type=int, default=None, help="completion tokens (default: the design's)")
-    parser.add_argument("--pairs", type=int, default=None, help="rounds kept (default: the design's, at least 10)")
-    parser.add_argument("--sides", nargs="+", default=None, choices=list(design.SIDES),
-                        help="default: the design's for the task")
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--out", type=Path, default=None, help="default: studies/steps_to_target/seconds/")
-    args = parser.parse_args(argv)
-    tokens, pairs, names = settings[args.task]
-    tokens, pairs, names = args.tokens or tokens, args.pairs or pairs, args.sides or names
-    out = args.out or design.HERE / "seconds" / f"{args.task}_{tokens}.json"
-    torch.set_num_threads(args.threads)
-    record: dict[str, Any] = {"task": args.task, "tokens": tokens, "pairs": pairs,
+    record: dict[str, Any] = {"task": task, "tokens": tokens, "pairs": pairs, "group": group,
                               "warmup_rounds": design.WARMUP_ROUNDS, "order_seed": design.ORDER_SEED,
                               "design_sha": tta.design_sha(json.loads((design.HERE / "design.json").read_text())),
                               **provenance(ROOT, ignore=out.parent)}
     wall = time.perf_counter()
-    base = tta.shared_recipe(args.task, design.load_design()["lr"]).replace(
+    base = tta.shared_recipe(task, design.load_design()["lr"]).replace(
         max_completion_length=tokens, train_problems=200, seed=0)
     model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
     sides = build_sides(names, base, model, tokenizer, train_problems(base))
-    print(f"{args.task}, {tokens} tokens: sides {names}, {design.WARMUP_ROUNDS} + {pairs} rounds, "
+    print(f"{task}, {tokens} tokens, group {group}: sides {list(names)}, {design.WARMUP_ROUNDS} + {pairs} rounds, "
           f"{torch.get_num_threads()} threads", flush=True)
     rounds = interleave(sides, pairs, design.WARMUP_ROUNDS, design.ORDER_SEED)
     for side in sides.values():
@@ -256,7 +249,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         c = np.mean([r["sides"][name]["signal"]["seconds"] for r in kept])
         c_empty = np.mean([r["sides"][name]["empty"]["seconds"] for r in kept])
         print(f"{name:18s} c {c:7.2f} s   c_empty {c_empty:7.2f} s", flush=True)
-    print(f"written to {out}")
+    print(f"written to {out}", flush=True)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = {task: (tokens, pairs, groups) for task, tokens, pairs, groups in design.SECONDS_TASKS}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default=design.SECONDS_TASKS[0][0], choices=sorted(settings))
+    parser.add_argument("--tokens", type=int, default=None, help="completion tokens (default: the design's)")
+    parser.add_argument("--pairs", type=int, default=None, help="rounds kept (default: the design's, at least 10)")
+    parser.add_argument("--group", type=int, nargs="+", default=None,
+                        help="which of the task's groups of sides to run, from 1 (default: each in turn)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--out", type=Path, default=design.HERE / "seconds",
+                        help="folder of the files <task>_<tokens>_g<group>.json")
+    args = parser.parse_args(argv)
+    tokens, pairs, groups = settings[args.task]
+    tokens, pairs = args.tokens or tokens, args.pairs or pairs
+    chosen = args.group or range(1, len(groups) + 1)
+    bad = [g for g in chosen if not 1 <= g <= len(groups)]
+    if bad:
+        parser.error(f"--group {bad}: {args.task} has groups 1 to {len(groups)}: {[list(g) for g in groups]}")
+    torch.set_num_threads(args.threads)
+    for group in chosen:
+        run_group(args.task, tokens, pairs, group, groups[group - 1],
+                  args.out / f"{args.task}_{tokens}_g{group}.json")
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -130,23 +130,58 @@ def test_the_per_update_decision_on_made_up_curves():
     assert [decided[n]["verdict"] for n in (60, 40, 20)] == ["equivalent", "not resolved", "not tested"]
     assert decided[40]["ci95"][1] < -std.MARGIN and decided[40]["p_difference"] < 0.001
     assert decided[60]["ci"][0] > -std.MARGIN and decided[60]["ci"][1] < std.MARGIN
+    lines = summary_lines({"time_ratios": {}, "per_update": {str(n): e for n, e in decided.items()}, "seconds": {},
+                           "missing": []})
+    assert lines[0].startswith("per update at 60 steps: TRL − loop") and "equivalent (TOST p" in lines[0]
 
 
 def test_the_decomposition_by_hand():
     """Constant seconds, so every interval is its point: at e = 0.5, v1 1 + 0.5·0.4 = 1.2 s a step; the factors
-    1.5, 1.25 and 2 times that; trl_like 4.8 (interaction 4.8/1.2 / 3.75 = 16/15); TRL 9.6 (unexplained 2)."""
+    1.5, 1.25 and 2 times that; trl_like 4.8 (interaction 4.8/1.2 / 3.75 = 16/15); TRL 9.6 (unexplained 2). Each
+    group's ratios are to its own v1: the second group's v1 runs twice as slow, and so do its sides."""
     def const(c, e):
         return ([c, c, c], [e, e, e])
 
-    seconds = {"grpo_lab_v1": const(1.0, 0.4), "no_share_prompt": const(1.6, 0.4), "empty_backward": const(1.0, 1.0),
-               "generate_sampler": const(2.0, 0.8), "trl_like": const(4.0, 1.6), "trl": const(8.0, 3.2)}
-    out = decomposition(seconds, 0.5)
+    first = {"grpo_lab_v1": const(1.0, 0.4), "trl": const(8.0, 3.2), "generate_sampler": const(2.0, 0.8),
+             "trl_like": const(4.0, 1.6)}
+    second = {"grpo_lab_v1": const(2.0, 0.8), "no_share_prompt": const(3.2, 0.8), "empty_backward": const(2.0, 2.0)}
+    out = decomposition([first, second], 0.5)
     ratios = {name: r["ratio"] for name, r in out["to_v1"].items()}
     assert ratios == pytest.approx({"no_share_prompt": 1.5, "empty_backward": 1.25, "generate_sampler": 2.0,
                                     "trl_like": 4.0, "trl": 8.0})
+    assert out["seconds_per_step"][1]["grpo_lab_v1"] == pytest.approx(2.4)
     assert out["factors_product"]["ratio"] == pytest.approx(3.75)
     assert out["interaction"]["ratio"] == pytest.approx(4.0 / 3.75) and out["unexplained"]["ratio"] == pytest.approx(2)
     assert out["unexplained"]["ci_low"] == pytest.approx(2) == out["unexplained"]["ci_high"]
+
+
+def test_the_groups_resample_independently_and_must_be_joinable():
+    """Two groups of noisy rounds: the product's interval is that of independent draws per group (by hand, the same
+    generator order), and groups that cannot be joined are refused by name."""
+    rng = np.random.default_rng(3)
+    first = {"grpo_lab_v1": (list(1 + 0.1 * rng.random(5)), [0.5] * 5),
+             "generate_sampler": (list(2 + 0.3 * rng.random(5)), [0.5] * 5)}
+    second = {"grpo_lab_v1": (list(1 + 0.1 * rng.random(4)), [0.5] * 4),
+              "no_share_prompt": (list(1.5 + 0.2 * rng.random(4)), [0.5] * 4)}
+    out = decomposition([first, second], 0.0, resamples=400, seed=9, level=0.9)
+    draws = np.random.default_rng(9)
+    a, b = draws.integers(0, 5, (400, 5)), draws.integers(0, 4, (400, 4))
+    ratio_a = np.asarray(first["generate_sampler"][0])[a].mean(-1) / np.asarray(first["grpo_lab_v1"][0])[a].mean(-1)
+    ratio_b = np.asarray(second["no_share_prompt"][0])[b].mean(-1) / np.asarray(second["grpo_lab_v1"][0])[b].mean(-1)
+    assert [out["to_v1"]["no_share_prompt"]["ci_low"], out["to_v1"]["no_share_prompt"]["ci_high"]] == pytest.approx(
+        np.quantile(ratio_b, [0.05, 0.95]))
+    assert out["to_v1"]["generate_sampler"]["ci_low"] == pytest.approx(np.quantile(ratio_a, 0.05))
+    assert "factors_product" not in out                      # empty_backward was not run
+    with pytest.raises(ValueError, match="lack grpo_lab_v1"):
+        std.check_groups([["grpo_lab_v1", "trl"], ["no_share_prompt"]])
+    with pytest.raises(ValueError, match=r"\['trl'\] are in more than one group"):
+        std.check_groups([["grpo_lab_v1", "trl"], ["grpo_lab_v1", "trl"]])
+    with pytest.raises(ValueError, match="different groups"):
+        std.check_groups([["grpo_lab_v1", "trl"], ["grpo_lab_v1", "trl_like"]])
+    with pytest.raises(ValueError, match="unknown sides"):
+        std.check_groups([["grpo_lab_v1", "vllm"]])
+    for _, _, _, groups in std.SECONDS_TASKS:
+        std.check_groups(groups)
 
 
 # ----------------------------------------------------------------------------- the step clock
@@ -188,6 +223,8 @@ def test_the_committed_design_is_design_py_and_its_numbers_follow_from_the_data(
     assert std.EVERY <= 5 and all(n % std.EVERY == 0 for n in std.TOST_STEPS) and std.MIN_STEPS <= std.CAP
     assert min(len(std.LOOP_SEEDS), len(std.TRL_SEEDS)) >= 5 and std.PAIRS >= 10
     assert all(pairs >= 10 for _, _, pairs, _ in std.SECONDS_TASKS)
+    assert {name for group in std.RECIPE_GROUPS for name in group} == set(std.SIDES)         # every side, in groups
+    assert all(len(group) <= 4 for _, _, _, groups in std.SECONDS_TASKS for group in groups)  # 4 sides fit in 23 GiB
     assert sorted(committed["order"]) == sorted([[std.LOOP, s] for s in std.LOOP_SEEDS]
                                                 + [[std.REFERENCE, s] for s in std.TRL_SEEDS])
     assert committed["targets"]["targets"] == json.loads((std.TARGETS).read_text())["targets"]
@@ -233,6 +270,12 @@ def test_turns_run_a_trainer_one_step_per_turn_and_stop_it():
     turns = bench.Turns(failing)
     with pytest.raises(RuntimeError, match="failed"):
         turns.turn()
+
+
+def test_the_benchmark_refuses_a_group_the_task_does_not_have(capsys):
+    with pytest.raises(SystemExit):
+        benchmark_module().main(["--group", "3"])
+    assert "--group [3]: addsubmul1 has groups 1 to 2" in capsys.readouterr().err
 
 
 def test_interleave_draws_an_order_per_round_and_checks_the_steps():
@@ -293,7 +336,9 @@ def test_a_sitting_of_the_loop_and_trl_on_a_tiny_model(tmp_path, one_thread):
               "arms": ["grpo_lab_v1", "trl_every_batch"], "order": [["trl_every_batch", 7], ["grpo_lab_v1", 7]],
               "every": 2, "min_steps": 2, "cap": 4, "batch_cap": 6, "threads": 1, "eval_threads": 1,
               "per_update": {"steps": [4, 2], "margin": 0.051, "alpha": 0.05},
-              "time_ratio": {"resamples": 200, "bootstrap_seed": 1, "level": 0.95}}
+              "time_ratio": {"resamples": 200, "bootstrap_seed": 1, "level": 0.95},
+              "benchmark": {"runs": [{"task": "add1", "tokens": 3, "groups": [["grpo_lab_v1", "trl"],
+                                                                              ["grpo_lab_v1", "empty_backward"]]}]}}
     (tmp_path / "design.json").write_text(json.dumps(design))
     kwargs = dict(model=model, tokenizer=tok, questions=questions, problems=lambda config: problems(), base=base,
                   log=lambda line: None)
@@ -319,13 +364,14 @@ def test_a_sitting_of_the_loop_and_trl_on_a_tiny_model(tmp_path, one_thread):
     rounds = [{"warmup": w, "sides": {s: {m: {"seconds": c, "stepped": m == "signal", "tokens": 4}
                                           for m, c in (("signal", 1.0 + i), ("empty", 0.5))}
                                       for s in ("grpo_lab_v1", "trl")}} for i, w in enumerate((True, False, False))]
-    bench = {"task": "add1", "tokens": 3, "design_sha": design_sha(design), "sides": {"grpo_lab_v1": {}, "trl": {}},
-             "rounds": rounds}
+    bench = {"task": "add1", "tokens": 3, "group": 1, "design_sha": design_sha(design),
+             "sides": {"grpo_lab_v1": {}, "trl": {}}, "rounds": rounds}
     summary = summarize(design, done, [bench])
     assert summary["passages"]["grpo_lab_v1"]["80%"] == [[4, 0, False]] and summary["missing"] == []
     assert summary["per_update"] is None                                 # one seed an arm: no test yet
     assert summary["time_ratios"]["50%"]["ratio"] is None                # both censored at the cap
-    assert summary["seconds"]["add1_3"]["sides"]["trl"] == {"c": 2.5, "c_empty": 0.5, "tokens": 4.0}
+    assert summary["seconds"]["add1_3"]["groups"][0]["sides"]["trl"] == {"c": 2.5, "c_empty": 0.5, "tokens": 4.0}
+    assert summary["missing_seconds"] == ["add1_3_g2"]
     assert summary["runs"][0]["curve"].keys() == {"0", "2", "4"} and summary_lines(summary)
     with pytest.raises(ValueError, match="another design"):
         summarize(design, done, [{**bench, "design_sha": "other"}])

@@ -52,9 +52,11 @@ the 80 % target, and at a step that trains): ``no_share_prompt`` (every row runs
 (α decodes through ``model.generate``, one row per completion, as TRL: :class:`grpo_lab.lm.sampling.GenerateSampler`),
 ``trl_like`` (all three at once) and ``trl``. Each factor with its interval; the product of the three against
 ``trl_like`` (``interaction``: 1 where they multiply), and ``trl`` / ``trl_like`` (``unexplained``: what the three
-leave, TRL's trainer around them). The same benchmark at 128-token completions on ``gsm_symbolic``, 10 rounds,
-sides ``grpo_lab_v1``, ``generate_sampler``, ``trl_like``, ``trl`` (:data:`SECONDS_TASKS`), answers whether the
-per-step ratio holds as completions lengthen (no steps half there).
+leave, TRL's trainer around them). Six sides do not fit in this machine's memory at once: they run in two groups
+(:data:`RECIPE_GROUPS`), each with ``grpo_lab_v1``, so each ratio is paired within its group's run, and the groups'
+rounds are resampled independently. The same benchmark at 128-token completions on ``gsm_symbolic``, 10 rounds,
+sides ``grpo_lab_v1``, ``generate_sampler``, ``trl_like``, ``trl`` in one group (:data:`SECONDS_TASKS`), answers
+whether the per-step ratio holds as completions lengthen (no steps half there).
 
 **Precision and power** (:func:`precision`, :func:`power_table`; both in ``design.json``), from the time-to-accuracy
 units (2 threads, alone; J interpolated between their 30-second evaluations, so the spreads are approximate, and
@@ -84,8 +86,8 @@ The time ratio's interval, about ×/÷ 1.33, resolves any ratio further than tha
 batch 5.4 s, exact J on the 121 questions ≈ 23 s): a loop unit ≈ 85 batches + 33 evaluations ≈ 20 min; a TRL unit,
 if its batch takes ~60 s at one thread (36 s at two, alone), ≈ 1.7 h when it passes 80 % near the loop's 65 steps,
 ≈ 3.5 h censored at 142. All 15 units on two processes: ≈ 6–11 h. The benchmark alone at two threads: ≈ 35 min at 8
-tokens, ≈ 1.5–2 h at 128 (from the P1 rows at 128 tokens, doubled for P = 4). TRL's one-thread batch is a guess:
-no unit has timed it.
+tokens (its first group; the second, without TRL, a few minutes), ≈ 1.5–2 h at 128 (from the P1 rows at 128
+tokens, doubled for P = 4). TRL's one-thread batch is a guess: no unit has timed it.
 """
 
 from __future__ import annotations
@@ -145,13 +147,36 @@ FACTORS = ("no_share_prompt", "empty_backward", "generate_sampler")
 """The sides that each switch one of TRL's ways on in the loop; ``trl_like`` switches all three."""
 WARMUP_ROUNDS = 1
 ORDER_SEED = 53
-SECONDS_TASKS = (("addsubmul1", 8, 20, tuple(SIDES)),
-                 ("gsm_symbolic", 128, 10, ("grpo_lab_v1", "generate_sampler", "trl_like", "trl")))
-"""(task, completion tokens, rounds kept, sides) the benchmark runs: the recipe's, every side, 20 rounds (the
-seconds are most of the time ratio's error: :func:`precision`); and 128-token chains of thought, 10 rounds, the four
-sides that say how much of the gap sampling explains there (six sides at 128 tokens, a loop ~3 GB of weights, α,
-gradients and AdamW before activations, are estimated past this machine's 23 GB)."""
+RECIPE_GROUPS = (("grpo_lab_v1", "trl", "generate_sampler", "trl_like"),
+                 ("grpo_lab_v1", "no_share_prompt", "empty_backward"))
+"""The recipe's sides in the groups the benchmark runs one after another, each group in one process of its own.
+All six sides at once held 24.3 GB and were killed on a 23 GiB machine (about 4 GB a side: π_θ, its gradients and
+AdamW's moments, and α); four fit. Each group holds ``grpo_lab_v1``, so every ratio to it is paired within a run;
+``trl`` and ``trl_like`` share a group, so what the three factors leave (``trl`` / ``trl_like``) is paired too, and
+the time ratio takes ``trl`` and ``grpo_lab_v1`` from that group."""
+SECONDS_TASKS = (("addsubmul1", 8, 20, RECIPE_GROUPS),
+                 ("gsm_symbolic", 128, 10, (("grpo_lab_v1", "generate_sampler", "trl_like", "trl"),)))
+"""(task, completion tokens, rounds kept, groups of sides) the benchmark runs: the recipe's, every side in two groups
+(:data:`RECIPE_GROUPS`), 20 rounds (the seconds are most of the time ratio's error: :func:`precision`); and
+128-token chains of thought, 10 rounds, the four sides that say how much of the gap sampling explains there."""
 PAIRS = SECONDS_TASKS[0][2]
+
+
+def check_groups(groups: Sequence[Sequence[str]]) -> None:
+    """ValueError unless the groups can be joined (:data:`RECIPE_GROUPS`): every side known, ``grpo_lab_v1`` in
+    every group, every other side in one group only, and ``trl`` with ``trl_like`` where both run."""
+    sides = [name for group in groups for name in group if name != LOOP]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown:
+        raise ValueError(f"unknown sides {unknown}; the sides are {list(SIDES)}")
+    missing = [list(group) for group in groups if LOOP not in group]
+    if missing:
+        raise ValueError(f"groups {missing} lack {LOOP}: their ratios to it would not be paired")
+    repeated = sorted({name for name in sides if sides.count(name) > 1})
+    if repeated:
+        raise ValueError(f"sides {repeated} are in more than one group")
+    if {"trl", "trl_like"} <= set(sides) and not any({"trl", "trl_like"} <= set(group) for group in groups):
+        raise ValueError("trl and trl_like run in different groups: trl / trl_like would not be paired")
 
 TOST_SCENARIOS = (0.0, 0.02, 0.04)
 """True per-update differences |d| for :func:`power_table`, the same at every step count."""
@@ -325,8 +350,9 @@ def design_record() -> dict[str, Any]:
                            "loop_j_spread": [round(s, 4) for s in spreads]},
             "benchmark": {"sides": SIDES, "factors": list(FACTORS), "warmup_rounds": WARMUP_ROUNDS,
                           "order_seed": ORDER_SEED, "empty_share": EMPTY_SHARE,
-                          "runs": [{"task": task, "tokens": tokens, "pairs": pairs, "sides": list(sides)}
-                                   for task, tokens, pairs, sides in SECONDS_TASKS],
+                          "runs": [{"task": task, "tokens": tokens, "pairs": pairs,
+                                    "groups": [list(group) for group in groups]}
+                                   for task, tokens, pairs, groups in SECONDS_TASKS],
                           "steps": "per round and side: one step with signal in every group, one empty"},
             "precision": precision(passages, seconds_cv), "power": power_table(spreads)}
 

@@ -4,10 +4,11 @@
 The summary holds ``runs`` (one row per unit: provenance, exact J by optimiser step, how it stopped); ``passages``
 (per arm and target, each seed's N, E and whether it reached the target, :func:`~.design.step_passage`, a seed that
 did not censored at the cap); ``per_update`` (:func:`~.design.decide_per_update` at the TOST step counts, once
-both arms have two seeds); ``seconds`` (per benchmark file: each side's c̄ and c̄∅, and :func:`decomposition`); and
-``time_ratios`` (per target, :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's
-benchmark), with ``missing``, the design's units without a file. A unit or a benchmark run under another design is
-refused.
+both arms have two seeds); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
+c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
+:func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
+``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one. A unit or
+a benchmark run under another design is refused.
 """
 
 from __future__ import annotations
@@ -56,50 +57,78 @@ def round_seconds(bench: Mapping[str, Any]) -> dict[str, tuple[list[float], list
                    [r["sides"][name]["empty"]["seconds"] for r in kept]) for name in bench["sides"]}
 
 
-def decomposition(seconds: Mapping[str, tuple[Sequence[float], Sequence[float]]], share: float,
+def decomposition(groups: Sequence[Mapping[str, tuple[Sequence[float], Sequence[float]]]], share: float,
                   resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
                   level: float = std.LEVEL) -> dict[str, Any]:
     """Seconds per optimiser step of every side at ``share`` empty batches per step
-    (:func:`~grpo_lab.stats.passage.seconds_per_step`), each side's ratio to ``grpo_lab_v1``, and where the sides
-    are there: the product of :data:`~.design.FACTORS`' ratios, ``interaction`` (``trl_like``'s ratio over that
-    product: 1 where the factors multiply) and ``unexplained`` (``trl`` over ``trl_like``: what the three leave).
-    Every interval from one bootstrap over the rounds, resampled jointly for every side."""
-    c = {name: (np.asarray(s), np.asarray(e)) for name, (s, e) in seconds.items()}
-    draws = passage.pair_draws(len(next(iter(c.values()))[0]), resamples, np.random.default_rng(seed))
-    point = {name: float(passage.seconds_per_step(s.mean(), e.mean(), share)) for name, (s, e) in c.items()}
-    boot = {name: passage.seconds_per_step(s[draws].mean(-1), e[draws].mean(-1), share) for name, (s, e) in c.items()}
+    (:func:`~grpo_lab.stats.passage.seconds_per_step`), per group of sides run together (each ``grpo_lab_v1``'s
+    among them: :func:`~.design.check_groups`); each side's ratio to its own group's ``grpo_lab_v1``; and where the
+    sides are there: the product of :data:`~.design.FACTORS`' ratios, ``interaction`` (``trl_like``'s ratio over
+    that product: 1 where the factors multiply) and ``unexplained`` (``trl`` over ``trl_like``, run together: what
+    the three leave). Intervals from one bootstrap: a group's rounds resampled jointly for its sides, the groups
+    independently (they are separate runs)."""
+    std.check_groups([list(g) for g in groups])
+    rng = np.random.default_rng(seed)
+    point: dict[str, float] = {}
+    boot: dict[str, np.ndarray] = {}
+    per_group: list[dict[str, float]] = []
+    for group in groups:
+        c = {name: (np.asarray(s), np.asarray(e)) for name, (s, e) in group.items()}
+        draws = passage.pair_draws(len(next(iter(c.values()))[0]), resamples, rng)
+        at = {name: float(passage.seconds_per_step(s.mean(), e.mean(), share)) for name, (s, e) in c.items()}
+        drawn = {name: passage.seconds_per_step(s[draws].mean(-1), e[draws].mean(-1), share)
+                 for name, (s, e) in c.items()}
+        per_group.append(at)
+        for name in c:
+            if name != V1:
+                point[name], boot[name] = at[name] / at[V1], drawn[name] / drawn[V1]
+        if {"trl", "trl_like"} <= set(c):
+            point["unexplained"], boot["unexplained"] = at["trl"] / at["trl_like"], drawn["trl"] / drawn["trl_like"]
 
     def entry(value: float, draws_: np.ndarray) -> dict[str, Any]:
         low, high = passage.percentile_interval(draws_, level)
         return {"ratio": value, "ci_low": low, "ci_high": high}
 
-    out: dict[str, Any] = {"share": share, "seconds_per_step": point}
-    if V1 in c:
-        out["to_v1"] = {name: entry(point[name] / point[V1], boot[name] / boot[V1]) for name in c if name != V1}
-        if set(std.FACTORS) <= set(c):
-            product = math.prod(point[f] / point[V1] for f in std.FACTORS)
-            product_draws = np.prod([boot[f] / boot[V1] for f in std.FACTORS], axis=0)
-            out["factors_product"] = entry(product, product_draws)
-            if "trl_like" in c:
-                out["interaction"] = entry(point["trl_like"] / point[V1] / product,
-                                           boot["trl_like"] / boot[V1] / product_draws)
-    if {"trl", "trl_like"} <= set(c):
-        out["unexplained"] = entry(point["trl"] / point["trl_like"], boot["trl"] / boot["trl_like"])
+    out: dict[str, Any] = {"share": share, "seconds_per_step": per_group,
+                           "to_v1": {name: entry(point[name], boot[name]) for name in point if name != "unexplained"}}
+    if set(std.FACTORS) <= set(point):
+        product = math.prod(point[f] for f in std.FACTORS)
+        product_draws = np.prod([boot[f] for f in std.FACTORS], axis=0)
+        out["factors_product"] = entry(product, product_draws)
+        if "trl_like" in point:
+            out["interaction"] = entry(point["trl_like"] / product, boot["trl_like"] / product_draws)
+    if "unexplained" in point:
+        out["unexplained"] = entry(point["unexplained"], boot["unexplained"])
     return out
 
 
-def seconds_entry(bench: Mapping[str, Any]) -> dict[str, Any]:
-    """A benchmark file's part of the summary: its settings and provenance, each side's mean c and c∅ and completion
-    tokens, and :func:`decomposition` at a step that trains (share 0) and at the loop's empty share e₀."""
-    seconds = round_seconds(bench)
-    kept = [r for r in bench["rounds"] if not r["warmup"]]
-    keys = ("task", "tokens", "pairs", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers",
-            "trl", "torch_threads", "load_start", "load_end", "wall_seconds")
-    return {**{k: bench.get(k) for k in keys},
-            "sides": {name: {"c": float(np.mean(s)), "c_empty": float(np.mean(e)),
-                             "tokens": float(np.mean([r["sides"][name]["signal"]["tokens"] for r in kept]))}
-                      for name, (s, e) in seconds.items()},
+def seconds_entry(benches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The part of the summary of one task and completion length, joined from its groups' benchmark files (in
+    group order): each group's settings and provenance with its sides' mean c, c∅ and completion tokens, and
+    :func:`decomposition` at a step that trains (share 0) and at the loop's empty share e₀."""
+    benches = sorted(benches, key=lambda b: b.get("group", 1))
+    seconds = [round_seconds(b) for b in benches]
+    keys = ("group", "pairs", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers", "trl",
+            "torch_threads", "load_start", "load_end", "wall_seconds")
+
+    def sides(bench: Mapping[str, Any], group: Mapping[str, tuple[list[float], list[float]]]) -> dict[str, Any]:
+        kept = [r for r in bench["rounds"] if not r["warmup"]]
+        return {name: {"c": float(np.mean(s)), "c_empty": float(np.mean(e)),
+                       "tokens": float(np.mean([r["sides"][name]["signal"]["tokens"] for r in kept]))}
+                for name, (s, e) in group.items()}
+
+    return {"task": benches[0]["task"], "tokens": benches[0]["tokens"],
+            "groups": [{**{k: b.get(k) for k in keys}, "sides": sides(b, g)} for b, g in zip(benches, seconds,
+                                                                                            strict=True)],
             "at_share": {f"{share:g}": decomposition(seconds, share) for share in (0.0, std.EMPTY_SHARE)}}
+
+
+def benchmark_runs(benches: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The benchmark files by run, ``<task>_<tokens>``, each run's groups together."""
+    runs: dict[str, list[Mapping[str, Any]]] = {}
+    for bench in benches:
+        runs.setdefault(f"{bench['task']}_{bench['tokens']}", []).append(bench)
+    return runs
 
 
 def run_row(unit: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,7 +144,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]],
     """The summary (module docstring) of ``units`` and benchmark files ``benches`` run under ``design``."""
     sha = design_sha(design)
     foreign = [f"{u['arm']}_s{u['seed']}" for u in units if u.get("design_sha") != sha]
-    foreign += [f"{b['task']}_{b['tokens']}" for b in benches if b.get("design_sha") != sha]
+    foreign += [f"{b['task']}_{b['tokens']}_g{b.get('group', 1)}" for b in benches if b.get("design_sha") != sha]
     if foreign:
         raise ValueError(f"{foreign} were run under another design (design_sha differs)")
     levels, cap = design["targets"]["targets"], design["cap"]
@@ -128,7 +157,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]],
         "runs": [run_row(u) for u in units],
         "passages": {arm: {name: [[p.steps, p.empty, p.reached] for p in seeds] for name, seeds in targets.items()}
                      for arm, targets in passages.items()},
-        "per_update": None, "seconds": {f"{b['task']}_{b['tokens']}": seconds_entry(b) for b in benches},
+        "per_update": None, "seconds": {},
         "time_ratios": {},
         "missing": [f"{a}_s{s}" for a, s in design["order"] if not any(
             u["arm"] == a and u["seed"] == s for u in units)]}
@@ -140,13 +169,18 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]],
         decided = std.decide_per_update(j[loop], j[trl], steps, design["per_update"]["margin"],
                                         design["per_update"]["alpha"])
         summary["per_update"] = {str(n): entry for n, entry in decided.items()}
-    recipe = next((b for b in benches if b["task"] == design["task"]), None)
-    seconds = round_seconds(recipe) if recipe is not None else {}
-    if {V1, "trl"} <= set(seconds) and all(passages[arm][next(iter(levels))] for arm in (loop, trl)):
+    runs = benchmark_runs(benches)
+    recipe = next((round_seconds(b) for b in benches if b["task"] == design["task"]
+                   and {V1, "trl"} <= set(b["sides"])), {})
+    if recipe and all(passages[arm][next(iter(levels))] for arm in (loop, trl)):
         summary["time_ratios"] = {name: passage.product_time_ratio(
-            passages[loop][name], passages[trl][name], seconds[V1], seconds["trl"],
+            passages[loop][name], passages[trl][name], recipe[V1], recipe["trl"],
             design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"], design["time_ratio"]["level"])
             for name in levels}
+    summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
+    summary["missing_seconds"] = [
+        f"{run}_g{g}" for r in design.get("benchmark", {}).get("runs", []) for run in [f"{r['task']}_{r['tokens']}"]
+        for g in range(1, len(r["groups"]) + 1) if not any(b.get("group", 1) == g for b in runs.get(run, []))]
     return summary
 
 
@@ -179,9 +213,11 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
                      f"{r['seconds_ratio']:.2f}")
     for n, entry in (summary["per_update"] or {}).items():
         lines.append(f"per update at {n} steps: TRL − loop {entry['estimate']:+.3f} [{entry['ci95'][0]:+.3f}, "
-                     f"{entry['ci95'][1]:+.3f}], {entry['verdict']} (Holm p {entry['p_equivalence_holm']:.3f})")
+                     f"{entry['ci95'][1]:+.3f}], {entry['verdict']} (TOST p {entry['p_equivalence']:.3f})")
     for run, entry in summary["seconds"].items():
-        for side, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].get("to_v1", {}).items():
-            lines.append(f"{run}: {side} / {V1} a step: {r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+        at = entry["at_share"][f"{std.EMPTY_SHARE:g}"]
+        for side, r in {**at["to_v1"], **{k: at[k] for k in ("unexplained",) if k in at}}.items():
+            lines.append(f"{run}: {side} / {V1 if side != 'unexplained' else 'trl / trl_like'} a step: "
+                         f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
     lines.append(f"missing units: {len(summary['missing'])}")
     return lines
