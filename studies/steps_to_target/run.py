@@ -3,7 +3,8 @@
 A unit is one arm at one seed: exact J every k optimiser steps (off the clock) until both targets and the last TOST
 step count are passed, or the cap. It is written to ``units/<arm>_s<seed>.json`` with its provenance as it
 finishes; a unit whose file exists is skipped, and so is one another process is running (an advisory lock the OS
-releases if that process dies), so processes side by side, and sittings one after another, share one order. Step
+releases if that process dies), so processes side by side, and sittings one after another, share one order; a unit
+whose process died resumes from its last evaluation point (its checkpoint, ``units/<arm>_s<seed>.ckpt/``). Step
 counts do not depend on the load: TRL's units are meant to run as two processes at one thread each::
 
     python studies/steps_to_target/run.py --design                          # design.json, once, before any unit

@@ -8,9 +8,13 @@ file ``units/<arm>_s<seed>.json`` holds ``points`` (per evaluation: ``optimizer_
 ``training_seconds``, ``j``, ``j_per_question``, ``pruned_max``), ``step_log``, ``stopped_by`` (``targets``,
 ``cap`` or ``batch_cap``), the loop's ``records`` or TRL's resolved ``trl_config``, and its provenance
 (:func:`studies.provenance.provenance`: commit and whether the tree had changes outside the units folder, CPU
-model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU
-and evaluation seconds and ``design_sha``. Its training seconds are a record only: units share the machine, so
-they measure nothing.
+model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU,
+evaluation and checkpoint seconds and ``design_sha``. Its training seconds are a record only: units share the
+machine, so they measure nothing.
+
+Units resume from their last evaluation point: each point saves the trainer's and the clock's state
+(:mod:`.resume`), and a process that finds a killed unit's checkpoint continues it exactly where it was, recording
+each resume's provenance, time and step in ``resumes``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from studies.locks import UnitLock
 from studies.provenance import provenance
+from studies.steps_to_target.resume import UnitCheckpoint
 from studies.time_to_accuracy import design as tta
 from studies.time_to_accuracy.units import evaluator, train_unit, write_json
 
@@ -37,7 +42,10 @@ class StepClock:
     a multiple of ``every``, ``evaluate()`` (→ (J, extras)) runs with the clock paused and one point is recorded.
     It returns True to stop: once an evaluation has found J ≥ ``stop_at`` (every target passed) and at least
     ``min_steps`` optimiser steps are done (``stopped_by = "targets"``); at ``cap`` optimiser steps, reached or not
-    (``"cap"``); at ``batch_cap`` batches short of the cap (``"batch_cap"``: the unit stalled on empty batches)."""
+    (``"cap"``); at ``batch_cap`` batches short of the cap (``"batch_cap"``: the unit stalled on empty batches).
+    ``hold()``/``release()`` take other work off the clock (a checkpoint's writing); ``state_dict()`` and
+    ``load_state_dict()`` carry the clock across processes (a resumed unit's training seconds go on from its
+    checkpoint's)."""
 
     def __init__(self, every: int, cap: int, min_steps: int, stop_at: float, batch_cap: int) -> None:
         if not 0 < every <= min_steps <= cap or cap % every or min_steps % every:
@@ -54,24 +62,42 @@ class StepClock:
         self._reached = False
         self._started: float | None = None
         self._paused = 0.0
+        self._held: float | None = None
+        self._before = 0.0   # training seconds of the processes before this one (a resumed unit)
 
     def start(self) -> None:
         self._started, self._paused = time.perf_counter(), 0.0
 
-    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool:
+    @property
+    def seconds(self) -> float:
+        """Training seconds so far: this process's since ``start()``, less the time held, plus those before it."""
         if self._started is None:
             raise RuntimeError("the clock was not started")
-        now = time.perf_counter() - self._started - self._paused
+        now = time.perf_counter() if self._held is None else self._held
+        return now - self._started - self._paused + self._before
+
+    def hold(self) -> None:
+        """Stop the clock until :meth:`release`."""
+        self._held = time.perf_counter()
+
+    def release(self) -> float:
+        """Start the clock again; the seconds it was held."""
+        if self._held is None:
+            raise RuntimeError("the clock was not held")
+        spent, self._held = time.perf_counter() - self._held, None
+        self._paused += spent
+        return spent
+
+    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool:
+        now = self.seconds
         self.optimizer_steps += bool(stepped)
         self.step_log.append({"training_seconds": now, "optimizer_step": bool(stepped)})
         if stepped and self.optimizer_steps % self.every == 0:
-            paused = time.perf_counter()
+            self.hold()
             j, extras = evaluate()
             self.points.append({"optimizer_steps": self.optimizer_steps, "steps": len(self.step_log),
                                 "training_seconds": now, "j": j, **extras})
-            spent = time.perf_counter() - paused
-            self._paused += spent
-            self.eval_seconds += spent
+            self.eval_seconds += self.release()
             self._reached |= j >= self.stop_at
         if self._reached and self.optimizer_steps >= self.min_steps:
             self.stopped_by = "targets"
@@ -80,6 +106,17 @@ class StepClock:
         elif len(self.step_log) >= self.batch_cap:
             self.stopped_by = "batch_cap"
         return self.stopped_by is not None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed unit's clock needs (plain JSON values): points, step log, counters, training seconds."""
+        return {"points": self.points, "step_log": self.step_log, "eval_seconds": self.eval_seconds,
+                "optimizer_steps": self.optimizer_steps, "reached": self._reached, "training_seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (before :meth:`start`)."""
+        self.points, self.step_log = list(state["points"]), list(state["step_log"])
+        self.eval_seconds, self.optimizer_steps = float(state["eval_seconds"]), int(state["optimizer_steps"])
+        self._reached, self._before = bool(state["reached"]), float(state["training_seconds"])
 
 
 def arms_by_name() -> dict[str, tta.Arm]:
@@ -90,22 +127,27 @@ def arms_by_name() -> dict[str, tta.Arm]:
 def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design: dict[str, Any], *,
              questions: Sequence[Any], untrained_j: float, model: Any, tokenizer: Any,
              problems: Sequence[Any]) -> dict[str, Any] | None:
-    """Train one unit on a copy of ``model`` under :class:`StepClock` and write ``<out>/units/<arm>_s<seed>.json``;
-    None if the file exists or another process holds its lock (:class:`studies.locks.UnitLock`)."""
+    """Train one unit on a copy of ``model`` under :class:`StepClock` and write ``<out>/units/<arm>_s<seed>.json``,
+    resuming from its checkpoint if a process left one (:class:`~studies.steps_to_target.resume.UnitCheckpoint`,
+    saved at every evaluation point, removed once the file is written); None if the file exists or another process
+    holds its lock (:class:`studies.locks.UnitLock`)."""
     path = out / UNITS / f"{arm.name}_s{seed}.json"
     if path.exists():
         return None
     with UnitLock(path) as held:
         if not held or path.exists():
             return None
-        unit: dict[str, Any] = {"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
-                                **provenance(root, ignore=path.parent), "config": config.to_dict()}
         clock = StepClock(design["every"], design["cap"], design["min_steps"],
                           max(design["targets"]["targets"].values()), design["batch_cap"])
+        checkpoint = UnitCheckpoint(path, clock)
+        unit = checkpoint.open({"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
+                                **provenance(root, ignore=path.parent), "config": config.to_dict()})
         evaluate = evaluator(questions, config, design["eval_threads"])
-        unit |= {"untrained_j": untrained_j, **train_unit(arm, config, clock, evaluate, model, tokenizer, problems),
+        trained = train_unit(arm, config, clock, evaluate, model, tokenizer, problems, checkpoint)
+        unit |= {"untrained_j": untrained_j, **trained, **checkpoint.totals(trained),
                  "optimizer_steps": clock.optimizer_steps, "stopped_by": clock.stopped_by}
         write_json(path, unit)
+        checkpoint.remove()
         return unit
 
 

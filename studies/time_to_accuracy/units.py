@@ -45,6 +45,27 @@ class Clock(Protocol):
     def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool: ...
 
 
+class Checkpoint(Protocol):
+    """Where a resumable unit keeps its state (``studies.steps_to_target.resume.UnitCheckpoint``). A trainer resumes
+    from ``resume_from`` (its own files, None on a fresh start) with its extras ``trainer_state``; after a step it
+    saves when ``due()`` (an evaluation point passed since the last save): ``begin()`` (off the clock), its files in
+    a folder under ``staging``, then ``commit(folder, extras)``, which seals them with the unit's state."""
+
+    resume_from: Path | None
+    trainer_state: dict[str, Any]
+    staging: Path
+
+    def due(self) -> bool: ...
+
+    def begin(self) -> None: ...
+
+    def commit(self, folder: Path, trainer_state: dict[str, Any]) -> None: ...
+
+
+LOOP_STATE = "loop.pt"
+"""The loop's file in a checkpoint folder (:func:`grpo_lab.lm.checkpoint.save_checkpoint`)."""
+
+
 class MarkClock:
     """Training seconds with evaluations taken out, an evaluation at every mark, and when to stop.
 
@@ -113,31 +134,44 @@ def evaluator(questions: Sequence[Any], config: Any, threads: int | None) -> Cal
 
 
 def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: Clock,
-                   evaluate: Callable[[Any, Any], tuple]) -> dict[str, Any]:
+                   evaluate: Callable[[Any, Any], tuple], checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """The loop (:func:`~grpo_lab.lm.build.build_loop`, set-up off the clock) until the clock says stop; J of
-    ``loop.policy``'s model. Returns the unit's ``records``."""
+    ``loop.policy``'s model. With ``checkpoint``, the loop resumes from its file there (``GRPOLoop.state_dict``:
+    π_θ, α, optimiser, schedules, generator, history: an exact resume) and saves one at each evaluation point.
+    Returns the unit's ``records``."""
     from grpo_lab.lm.build import build_loop
+    from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
 
     loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems)
+    if checkpoint is not None and checkpoint.resume_from is not None:
+        load_checkpoint(loop, checkpoint.resume_from / LOOP_STATE)
     clock.start()
     while True:
         record = loop.step()
         if clock.after_step(not record.skipped, lambda: evaluate(loop.policy.model, tokenizer)):
             break
+        if checkpoint is not None and checkpoint.due():
+            checkpoint.begin()
+            folder = checkpoint.staging / f"loop-{loop.k}"
+            save_checkpoint(loop, folder / LOOP_STATE)
+            checkpoint.commit(folder, {})
     return {"records": [dataclasses.asdict(r) for r in loop.history]}
 
 
 def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: Clock,
-              evaluate: Callable[[Any, Any], tuple], skip_empty: bool) -> dict[str, Any]:
-    """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`) until the clock says stop; the unit
-    records TRL's resolved ``GRPOConfig`` as the trainer holds it (``trl_config``: ``trainer.args``, after its own
-    defaults and checks), not only the kit's config it was built from."""
+              evaluate: Callable[[Any, Any], tuple], skip_empty: bool,
+              checkpoint: Checkpoint | None = None) -> dict[str, Any]:
+    """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`, resumable with ``checkpoint``)
+    until the clock says stop; the unit records TRL's resolved ``GRPOConfig`` as the trainer holds it
+    (``trl_config``: ``trainer.args``, after its own defaults and checks), not only the kit's config it was built
+    from."""
     from studies.time_to_accuracy.trl_side import run_trl
 
     resolved: dict[str, Any] = {}
     run_trl(config, model, tokenizer, problems, clock.start,
             lambda stepped, trained: clock.after_step(stepped, lambda: evaluate(trained, tokenizer)), skip_empty,
-            on_trainer=lambda trainer: resolved.update(json.loads(trainer.args.to_json_string())))
+            on_trainer=lambda trainer: resolved.update(json.loads(trainer.args.to_json_string())),
+            checkpoint=checkpoint)
     return {"trl_config": resolved}
 
 
@@ -176,16 +210,17 @@ def run_unit(arm: Any, seed: int, config: Any, out_dir: Path, root: Path, design
 
 
 def train_unit(arm: Any, config: Any, clock: Clock, evaluate: Callable[[Any, Any], tuple], model: Any,
-               tokenizer: Any, problems: Sequence[Any]) -> dict[str, Any]:
+               tokenizer: Any, problems: Sequence[Any], checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """Train a copy of ``model`` as ``arm`` says (the loop, or TRL with its empty-batch rule) until ``clock`` says
-    stop; what every unit records of it: the clock's ``points`` and ``step_log``, the trainer's extras (the loop's
-    ``records``, TRL's ``trl_config``), ``steps``, the load at the end, wall, CPU and evaluation seconds."""
+    stop, resuming from and saving to ``checkpoint`` if given; what every unit records of it: the clock's ``points``
+    and ``step_log``, the trainer's extras (the loop's ``records``, TRL's ``trl_config``), ``steps``, the load at
+    the end, wall, CPU and evaluation seconds (this process's wall and CPU seconds)."""
     wall, cpu = time.perf_counter(), time.process_time()
     trained = copy.deepcopy(model)
     if arm.trainer == "trl":
-        extra = train_trl(config, trained, tokenizer, problems, clock, evaluate, arm.skip_empty)
+        extra = train_trl(config, trained, tokenizer, problems, clock, evaluate, arm.skip_empty, checkpoint)
     else:
-        extra = train_grpo_lab(config, trained, tokenizer, problems, clock, evaluate)
+        extra = train_grpo_lab(config, trained, tokenizer, problems, clock, evaluate, checkpoint)
     return {"points": clock.points, "step_log": clock.step_log, **extra, "steps": len(clock.step_log),
             "load_end": list(os.getloadavg()), "wall_seconds": time.perf_counter() - wall,
             "cpu_seconds": time.process_time() - cpu, "eval_seconds": clock.eval_seconds}
