@@ -11,6 +11,7 @@ from reliability_runs import TIMING, problems, tiny_model, tokenizer
 
 import grpo_lab.lm.rewards
 from grpo_lab.lm.train_config import TrainConfig
+from studies.steps_to_target import resume
 from studies.steps_to_target import units as stu
 from studies.steps_to_target.resume import UnitCheckpoint
 
@@ -38,6 +39,7 @@ def sitting(tmp_path, monkeypatch, one_thread):
     from studies.lag_frontier.frontier import exact_j
 
     monkeypatch.setattr(grpo_lab.lm.rewards, "strict_reward", even_length)
+    monkeypatch.setattr(resume, "SPACING_SECONDS", 0.0)      # a checkpoint at every evaluation point
     model, tok, questions = tiny_model(), tokenizer(), list(problems()[:1])
     base = TrainConfig(G=2, prompts_per_step=2, lr=1e-2, max_completion_length=3, train_problems=PROBLEMS,
                        micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False, empty_step="skip")
@@ -123,7 +125,8 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_killed_save_is_dropped(
         clock.after_step(True, lambda: (0.25, {}))
     unit = {"arm": "trl", "seed": 1, "design_sha": "a", "config": {"lr": 1.0}, "load_start": [0.0]}
     path = tmp_path / "units" / "trl_s1.json"
-    saver = UnitCheckpoint(path, clock)
+    assert not UnitCheckpoint(path, clock).due()                  # 600 s have not passed since the start
+    saver = UnitCheckpoint(path, clock, spacing=0.0)
     saver.open(unit)
     assert saver.due()
     saver.begin()
@@ -133,7 +136,7 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_killed_save_is_dropped(
     (saver.folder / "point-2").mkdir()
     (saver.staging / "half").mkdir(parents=True)
     again = stu.StepClock(every=2, cap=8, min_steps=2, stop_at=1.0, batch_cap=8)
-    resumed = UnitCheckpoint(path, again)
+    resumed = UnitCheckpoint(path, again, spacing=0.0)
     record = resumed.open(unit | {"load_start": [1.0]})
     assert [p.name for p in saver.points()] == ["point-4"] and not saver.staging.exists()
     assert again.points == clock.points and again.optimizer_steps == 4 and resumed.trainer_state == {"skipped": 3}

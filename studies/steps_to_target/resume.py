@@ -1,7 +1,8 @@
 """Checkpoints of a steps-to-target unit: a unit killed with its process (a work session ends after a few hours; a
-TRL unit takes longer) resumes from its last evaluation point instead of starting over.
+TRL unit takes longer) resumes from its last checkpoint, taken at an evaluation point, instead of starting over.
 
-``units/<arm>_s<seed>.ckpt/`` holds one sealed folder ``point-<n>/`` (n: the optimiser steps of the evaluation
+At the first evaluation point after :data:`SPACING_SECONDS` of wall time since the last save,
+``units/<arm>_s<seed>.ckpt/`` gets one sealed folder ``point-<n>/`` (n: the optimiser steps of the evaluation
 point): the trainer's own state (the loop's ``loop.pt``, :func:`grpo_lab.lm.checkpoint.save_checkpoint`; TRL's:
 Hugging Face's checkpoint of the model, optimiser, scheduler, trainer state and RNG states) and ``unit.json``, the
 study's state as JSON (the unit's record so far, with the provenance at its first start and at each resume; the
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 POINT = "point-"
 STATE = "unit.json"
+SPACING_SECONDS = 600.0
+"""Wall seconds at least between two checkpoints: a save writes ~2 GB (several seconds on this disk), so a loop unit
+(~20 min, an evaluation point every ~30 s) saves about twice and a TRL unit loses at most ~10 min to a kill."""
 IDENTITY = ("arm", "seed", "design_sha", "config")
 """What a checkpoint must share with the unit that resumes it; the rest of a fresh unit's record is provenance."""
 
@@ -38,8 +42,9 @@ class UnitCheckpoint:
     the last sealed point (or starts them fresh); the trainer saves through :meth:`due`, :meth:`begin` and
     :meth:`commit`; :meth:`totals` adds the seconds of the processes before; :meth:`remove` once the unit is done."""
 
-    def __init__(self, unit_path: Path, clock: StepClock) -> None:
+    def __init__(self, unit_path: Path, clock: StepClock, spacing: float | None = None) -> None:
         self.folder = unit_path.with_suffix(".ckpt")
+        self.spacing = SPACING_SECONDS if spacing is None else spacing
         self.staging = self.folder / "staging"
         self.clock = clock
         self.unit: dict[str, Any] = {}
@@ -50,6 +55,7 @@ class UnitCheckpoint:
         self._spent = 0.0               # this process's seconds writing checkpoints
         self._began: float | None = None
         self._saved = 0                 # the clock's points when the last checkpoint was sealed
+        self._sealed = time.perf_counter()  # when it was sealed (or this process started)
 
     def points(self) -> list[Path]:
         """The sealed point folders, oldest first (more than one only after a kill mid-replacement)."""
@@ -82,8 +88,9 @@ class UnitCheckpoint:
         return self.unit
 
     def due(self) -> bool:
-        """Whether the clock recorded an evaluation point since the last checkpoint."""
-        return len(self.clock.points) > self._saved
+        """Whether the clock recorded an evaluation point since the last checkpoint and :attr:`spacing` wall
+        seconds have passed since it (or since this process started)."""
+        return len(self.clock.points) > self._saved and time.perf_counter() - self._sealed >= self.spacing
 
     def begin(self) -> None:
         """A checkpoint starts: the clock holds until :meth:`commit` (saving is off the clock, as evaluating)."""
@@ -103,7 +110,7 @@ class UnitCheckpoint:
         for old in self.points():
             if old != target:
                 shutil.rmtree(old)
-        self._saved = len(self.clock.points)
+        self._saved, self._sealed = len(self.clock.points), time.perf_counter()
         self.clock.release()
 
     def _state(self, trainer_state: dict[str, Any]) -> dict[str, Any]:

@@ -12,9 +12,9 @@ model and vector extensions, library versions, threads, load at the start) with 
 evaluation and checkpoint seconds and ``design_sha``. Its training seconds are a record only: units share the
 machine, so they measure nothing.
 
-Units resume from their last evaluation point: each point saves the trainer's and the clock's state
-(:mod:`.resume`), and a process that finds a killed unit's checkpoint continues it exactly where it was, recording
-each resume's provenance, time and step in ``resumes``.
+Units resume from their last checkpoint: the first evaluation point 10 minutes after the last save saves the
+trainer's and the clock's state (:mod:`.resume`), and a process that finds a killed unit's checkpoint continues it
+exactly where it was, recording each resume's provenance, time and step in ``resumes``.
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design
              problems: Sequence[Any]) -> dict[str, Any] | None:
     """Train one unit on a copy of ``model`` under :class:`StepClock` and write ``<out>/units/<arm>_s<seed>.json``,
     resuming from its checkpoint if a process left one (:class:`~studies.steps_to_target.resume.UnitCheckpoint`,
-    saved at every evaluation point, removed once the file is written); None if the file exists or another process
-    holds its lock (:class:`studies.locks.UnitLock`)."""
+    saved at an evaluation point every 10 minutes or so, removed once the file is written); None if the file exists
+    or another process holds its lock (:class:`studies.locks.UnitLock`)."""
     path = out / UNITS / f"{arm.name}_s{seed}.json"
     if path.exists():
         return None
