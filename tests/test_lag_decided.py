@@ -74,6 +74,39 @@ def test_the_summary_reads_only_the_looks_that_are_due(tmp_path):
     assert rebuild_summary(tmp_path, write=False)["arms"] == {}
 
 
+def test_a_stopped_comparison_needs_no_more_seeds_and_no_arm_is_read_early(tmp_path):
+    """C2 stops at the first look (v10_ratio far above v10_none), so v10_none runs no further. C1 is read at 14 and
+    then 20 seeds of v1 and v10_ratio, C2 stays where it stopped and v10_none's entry at its 8; while v10_ratio had
+    only 14 seeds, v1's entry was read at 14 too, however many v1 had."""
+    units = tmp_path / "units"
+    units.mkdir()
+    rng = np.random.default_rng(7)
+
+    def write(arm, seed, j_auc):
+        (units / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, j_auc)))
+
+    for i, seed in enumerate(design.SEEDS):
+        write("v1", seed, 0.5 + 0.05 * rng.standard_normal())
+        if i < 14:
+            write("v10_ratio", seed, 0.5 + 0.05 * rng.standard_normal())
+        if i < 8:
+            write("v10_none", seed, 0.2 + 0.01 * rng.standard_normal())
+    early = rebuild_summary(tmp_path, write=False)
+    assert early["comparisons"]["C2"]["stopped_at_seeds"] == 8 and early["comparisons"]["C1"]["looks_reached"] == \
+        [8, 14]
+    assert [len(early["arms"][arm]["seeds"]) for arm in ("v1", "v10_ratio", "v10_none")] == [14, 14, 8]
+    for seed in design.SEEDS[14:]:
+        write("v10_ratio", seed, 0.5)
+    late = rebuild_summary(tmp_path, write=False)
+    assert late["comparisons"]["C1"]["looks_reached"] == [8, 14, 20] and late["looks_reached"] == [8, 14, 20]
+    assert late["comparisons"]["C2"] == early["comparisons"]["C2"] | {"level": late["comparisons"]["C2"]["level"]}
+    assert [len(late["arms"][arm]["seeds"]) for arm in ("v1", "v10_ratio", "v10_none")] == [20, 20, 8]
+    diffs = [json.loads((units / f"v10_ratio_s{s}.json").read_text())["j_auc"]
+             - json.loads((units / f"v1_s{s}.json").read_text())["j_auc"] for s in design.SEEDS]
+    verdict = design.decide({"C1": diffs, "C2": [1.0] * 8})["C1"]
+    assert late["comparisons"]["C1"]["estimate"] == pytest.approx(verdict.estimate)
+
+
 def test_the_drift_picture_pairs_each_lagged_unit_with_v1_at_its_seed():
     from studies.lag_decided.plots import drift_cost_figure, drift_points
 

@@ -37,6 +37,10 @@ its closed-testing form (C1's two nulls, |d| ≥ m and d = 0, cannot both be tru
 A comparison open at the maximum is "not resolved". Every comparison reports its estimate and its repeated
 confidence interval at the look it stopped at, whatever the verdict.
 
+**After a stop** (written at the second look, before any later unit, when C2 stopped): a stopped comparison needs
+no more seeds, so an arm runs on only while an open comparison uses it; ``v10_none`` is in C2 alone. Each
+comparison looks at the seeds both its arms have; the verdicts, levels and looks above are unchanged.
+
 **Power** (:func:`power`, 20,000 simulated studies a scenario, seed 0; the table is ``design.json``'s). The
 paired SDs come from the earlier frontier's five seeds: ``v4_ratio − v1`` 0.046, ``v16_ratio − v1`` 0.117,
 ``v4_ratio − v4_none`` 0.136, ``v16_ratio − v16_none`` 0.177. v = 10 lies between: the mean differences
@@ -182,23 +186,24 @@ class Verdict:
 def decide(diffs: Mapping[str, Sequence[float]], plan: SequentialPlan = PLAN, margin: float = MARGIN,
            alpha: float = ALPHA) -> dict[str, Verdict]:
     """Each comparison's verdict from its paired differences in seed order (``diffs["C1"]``, ``diffs["C2"]``),
-    looking only at the plan's looks that the data reach, with the closed-testing Holm levels of the module
-    docstring. A comparison's estimate and RCI are those of its stopping look, else of the last look reached."""
+    looking only at the plan's looks that its own data reach (a stopped comparison's arms need no further seeds),
+    with the closed-testing Holm levels of the module docstring. A comparison's estimate and RCI are those of its
+    stopping look, else of the last look reached."""
     verdicts = {name: Verdict(name) for name in COMPARISONS}
-    looks = [k for k, n in enumerate(plan.looks) if all(len(d) >= n for d in diffs.values())]
+    looks = {name: [k for k, n in enumerate(plan.looks) if len(diffs[name]) >= n] for name in COMPARISONS}
     while True:   # levels only rise; re-run the looks until nothing changes
         levels = {"C1": alpha if verdicts["C2"].differs else alpha / 2,
                   "C2": alpha if verdicts["C1"].differs and verdicts["C1"].equivalent else alpha / 2}
         changed = False
         for name, verdict in verdicts.items():
             verdict.level = levels[name]
-            for k in looks:
+            for k in looks[name]:
                 if verdict.look is not None and k > verdict.look:
                     break
                 result = Look.of(diffs[name][:plan.looks[k]])
                 differs = plan.rejects_difference(k, result, verdict.level)
                 equivalent = name == "C1" and plan.rejects_inequivalence(k, result, verdict.level, margin)
-                if differs or equivalent or k == looks[-1]:
+                if differs or equivalent or k == looks[name][-1]:
                     decided = differs or equivalent
                     new = (differs or verdict.differs, equivalent or verdict.equivalent,
                            k if decided else None, result.mean, plan.rci(k, result, verdict.level))

@@ -7,6 +7,7 @@ skipped, and a unit another process is running is skipped too (an advisory lock 
 dies), so processes side by side, and sittings one after another, share one unit order::
 
     python studies/lag_decided/run.py --units 4 [--threads 1]       # the next 4 confirmatory units
+    python studies/lag_decided/run.py --units 12 --arms v1 v10_ratio  # only the open comparison's arms (C1)
     python studies/lag_decided/run.py --regime2-pilot 3e-6          # the second regime's drift pilot
     python studies/lag_decided/run.py --regime2 3e-6 --units 2       # the second regime's units at that lr
     python studies/lag_decided/run.py --corrections --units 2        # the field's corrections (exploratory)
@@ -89,7 +90,8 @@ def queue(args: argparse.Namespace) -> list[tuple[str, int, float, int]]:
     if args.regime2 is not None:
         return [(arm, seed, args.regime2, args.regime2_steps)
                 for arm, seed in design.unit_order(list(design.ARMS), design.REGIME2_SEEDS)]
-    return [(arm, seed, design.LR, design.STEPS) for arm, seed in design.unit_order(list(design.ARMS), design.SEEDS)]
+    arms = [arm for arm in design.ARMS if args.arms is None or arm in args.arms]
+    return [(arm, seed, design.LR, design.STEPS) for arm, seed in design.unit_order(arms, design.SEEDS)]
 
 
 def unit_dir(out: Path, arm: str, lr: float) -> Path:
@@ -108,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--regime2", type=float, default=None, metavar="LR")
     parser.add_argument("--regime2-steps", type=int, default=design.STEPS)
     parser.add_argument("--corrections", action="store_true", help="the field's corrections (exploratory)")
+    parser.add_argument("--arms", nargs="+", choices=list(design.ARMS), default=None,
+                        help="only these confirmatory arms (those of the comparisons still open)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args(argv)

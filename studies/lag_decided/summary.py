@@ -1,7 +1,8 @@
 """``summary.json`` of the lag frontier, decided, rebuilt from its unit files.
 
-Nothing is read before its look is due: the confirmatory arms are read over the seeds of the last look that every
-arm has reached (seeds in the design's order, a seed counting once all three arms have it), and the second
+Nothing is read before its look is due: each comparison is read over the seeds of the last look that both its arms
+have reached (seeds in the design's order, a seed counting once both arms have it; a stopped comparison's arms
+need no more), an arm over its longest comparison's seeds, once every comparison has its first look; the second
 regime's arms and the exploratory corrections' once all their seeds are in (the corrections' paired
 baselines once the first look is due as well). The drift pilot is read as soon as it exists: it chooses the second
 regime's lr by the rule fixed in ``design.py``.
@@ -62,23 +63,35 @@ def provenance_rows(units: Mapping[tuple[str, int], Mapping[str, Any]]) -> list[
     return [{k: unit.get(k) for k in keys} for unit in units.values()]
 
 
+def seed_prefix(units: Mapping[tuple[str, int], Any], arms: Sequence[str]) -> list[int]:
+    """The design's seeds, in order, up to the first that one of ``arms`` lacks."""
+    prefix = []
+    for seed in design.SEEDS:
+        if not all((arm, seed) in units for arm in arms):
+            break
+        prefix.append(seed)
+    return prefix
+
+
+def looked(units: Mapping[tuple[str, int], Any], arms: Sequence[str]) -> list[int]:
+    """The seeds of the last look that ``arms``' units reach together (none before the first look): what a
+    comparison of these arms is read on (and an arm's entry, on its longest comparison's)."""
+    prefix = seed_prefix(units, arms)
+    return prefix[:max((n for n in design.PLAN.looks if n <= len(prefix)), default=0)]
+
+
 def rebuild_summary(out: Path, write: bool = True) -> dict[str, Any]:
     """Read the units under ``out`` and write (unless ``write`` is False) and return ``out/summary.json``."""
     units = load(out / "units")
-    complete = []
-    for seed in design.SEEDS:   # the prefix of seeds that every arm has
-        if not all((arm, seed) in units for arm in design.ARMS):
-            break
-        complete.append(seed)
-    reached = [n for n in design.PLAN.looks if n <= len(complete)]
+    due = {name: looked(units, arms) for name, arms in design.COMPARISONS.items()}
+    reached = [n for n in design.PLAN.looks if n <= max(len(seeds) for seeds in due.values())]
     summary: dict[str, Any] = {"design": design.design_record() | {"power": "design.json"},
-                               "seeds_in": len(complete), "looks_reached": reached, "arms": {},
-                               "comparisons": {}, "provenance": provenance_rows(units)}
-    if reached:
-        seeds = complete[:reached[-1]]
-        by_arm = {arm: [units[(arm, s)] for s in seeds] for arm in design.ARMS}
-        summary["arms"] = {arm: arm_entry(rows) for arm, rows in by_arm.items()}
-        diffs = {name: [units[(a, s)]["j_auc"] - units[(b, s)]["j_auc"] for s in seeds]
+                               "seeds_in": len(seed_prefix(units, design.ARMS)), "looks_reached": reached,
+                               "arms": {}, "comparisons": {}, "provenance": provenance_rows(units)}
+    if all(due.values()):
+        summary["arms"] = {arm: arm_entry([units[(arm, s)] for s in max(
+            (due[name] for name, pair in design.COMPARISONS.items() if arm in pair), key=len)]) for arm in design.ARMS}
+        diffs = {name: [units[(a, s)]["j_auc"] - units[(b, s)]["j_auc"] for s in due[name]]
                  for name, (a, b) in design.COMPARISONS.items()}
         for name, verdict in design.decide(diffs).items():
             a, b = design.COMPARISONS[name]
@@ -86,7 +99,7 @@ def rebuild_summary(out: Path, write: bool = True) -> dict[str, Any]:
                 "comparison": f"{a} - {b}", "verdict": verdict.word, "estimate": verdict.estimate,
                 "rci": list(verdict.rci), "level": verdict.level,
                 "stopped_at_seeds": None if verdict.look is None else design.PLAN.looks[verdict.look],
-                "looks_reached": reached}
+                "looks_reached": [n for n in design.PLAN.looks if n <= len(due[name])]}
     summary["regime2"] = regime2(out)
     summary["corrections"] = corrections(out, units, reached)
     if write:
