@@ -9,9 +9,11 @@ only one side computes at a time and a step's seconds are its own. A round gives
 drawn per round: one whose rewards are replaced by a fixed pattern with signal in every group (it trains: c) and
 one whose rewards are all zero (it is empty: c∅). The reward function still runs; only its output is replaced, so
 the seconds hold all the work but the chance of which batches are empty, which the study's units count instead.
+After every step π_θ is put back to its starting weights, off the clock (:class:`Untrained`), so every side keeps
+sampling from the same policy and times the same kind of completions.
 The first rounds are a warm-up, kept in the file and marked. Six sides do not fit in 23 GiB at once, so the
-sides run in the design's groups (``studies.steps_to_target.design.RECIPE_GROUPS``), one after another, each with
-``grpo_lab_v1``; one file per group. Written to ``--out`` with provenance (commit, CPU
+sides run in the design's groups (``studies.steps_to_target.design.RECIPE_GROUPS``), one after another, each in a
+process of its own and with ``grpo_lab_v1``; one file per group. Written to ``--out`` with provenance (commit, CPU
 model and vector extensions, library versions, threads, load at the start and end), every side's config (TRL's as
 its trainer resolved it) and, per round and side, each step's seconds, whether it stepped, its parts and its
 completion tokens. Run it alone on the machine::
@@ -26,9 +28,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -61,8 +63,25 @@ def forced_rewards(real: torch.Tensor, mode: str, group_size: int, per_completio
     return out
 
 
+class Untrained:
+    """π_θ's starting weights, put back after every step (off the clock): the forced rewards would otherwise train
+    each side's policy its own way, and its completion lengths with it (a first run drifted the loop's and TRL's
+    completions to the 8-token cap and the ``model.generate`` sides' to 2 tokens within ~10 rounds), so the sides
+    would time different work. With the weights restored every step samples from the same untrained policy; AdamW
+    still takes its full step, and the loop's next sync copies the restored π_θ into α."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.weights = {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(self.weights)
+
+
 class LoopSide:
-    """One of the loop's sides: ``build_loop`` on the recipe with the side's changes, rewards forced by mode."""
+    """One of the loop's sides: ``build_loop`` on the recipe with the side's changes, rewards forced by mode, π_θ
+    put back to its starting weights after each step (:class:`Untrained`)."""
 
     def __init__(self, config: Any, model: Any, tokenizer: Any, problems: Sequence[Any]) -> None:
         from grpo_lab.lm.build import build_loop
@@ -80,12 +99,15 @@ class LoopSide:
             return rollout
 
         self.loop.task.rewards, self.loop.sampler.sample = forced, counted
+        self.untrained = Untrained(self.loop.policy.model)
 
     def step(self, mode: str) -> dict[str, Any]:
         self.mode = mode
         start = time.perf_counter()
         record = self.loop.step()
-        return {"seconds": time.perf_counter() - start, "stepped": not record.skipped, "tokens": self.tokens,
+        seconds = time.perf_counter() - start
+        self.untrained.restore()
+        return {"seconds": seconds, "stepped": not record.skipped, "tokens": self.tokens,
                 "sample": record.sample_seconds, "train": record.train_seconds,
                 "sync": record.sync_seconds + record.audit_seconds}
 
@@ -147,7 +169,8 @@ class Turns:
 
 class TRLSide:
     """TRL's side: the TRL units' ``run_trl`` (the empty-batch rule on) in :class:`Turns`, its reward calls forced by
-    mode and its generation calls counted; ``trl_config`` is the trainer's resolved ``args``."""
+    mode and its generation calls counted, its model put back to its starting weights after each step
+    (:class:`Untrained`); ``trl_config`` is the trainer's resolved ``args``."""
 
     def __init__(self, config: Any, model: Any, tokenizer: Any, problems: Sequence[Any]) -> None:
         from studies.time_to_accuracy.trl_side import run_trl
@@ -157,6 +180,7 @@ class TRLSide:
 
         def wrap(trainer: Any) -> None:
             self.trl_config = json.loads(trainer.args.to_json_string())
+            self.untrained = Untrained(trainer.model)
             rewards, generate = trainer._calculate_rewards, trainer._generate
 
             def forced(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -178,6 +202,7 @@ class TRLSide:
     def step(self, mode: str) -> dict[str, Any]:
         self.mode = mode
         seconds = self.turns.turn()
+        self.untrained.restore()         # TRL's thread waits between steps: the weights are the caller's to set
         return {"seconds": seconds, "stepped": self.stepped[-1], "tokens": self.tokens[-1]}
 
     def described(self) -> dict[str, Any]:
@@ -218,8 +243,7 @@ def interleave(sides: Mapping[str, LoopSide | TRLSide], rounds: int, warmup: int
 
 def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[str], out: Path) -> dict[str, Any]:
     """One group of sides on the recipe at ``tokens`` completion tokens: build them, interleave warm-up + ``pairs``
-    rounds, write ``out`` with provenance and return the record. The sides are freed when it returns, so the next
-    group's fit in memory."""
+    rounds, write ``out`` with provenance and return the record."""
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.text_task import train_problems
     from studies.provenance import provenance
@@ -267,15 +291,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     tokens, pairs, groups = settings[args.task]
     tokens, pairs = args.tokens or tokens, args.pairs or pairs
-    chosen = args.group or range(1, len(groups) + 1)
+    chosen = args.group or list(range(1, len(groups) + 1))
     bad = [g for g in chosen if not 1 <= g <= len(groups)]
     if bad:
         parser.error(f"--group {bad}: {args.task} has groups 1 to {len(groups)}: {[list(g) for g in groups]}")
+    if len(chosen) > 1:     # each group in a fresh process: a group's freed memory would shrink the next one's
+        for group in chosen:   # micro-batches (the memory guard reads what the OS has free)
+            subprocess.run([sys.executable, __file__, "--task", args.task, "--tokens", str(tokens), "--pairs",
+                            str(pairs), "--group", str(group), "--threads", str(args.threads), "--out", str(args.out)],
+                           check=True)
+        return
     torch.set_num_threads(args.threads)
-    for group in chosen:
-        run_group(args.task, tokens, pairs, group, groups[group - 1],
-                  args.out / f"{args.task}_{tokens}_g{group}.json")
-        gc.collect()
+    group = chosen[0]
+    run_group(args.task, tokens, pairs, group, groups[group - 1], args.out / f"{args.task}_{tokens}_g{group}.json")
 
 
 if __name__ == "__main__":

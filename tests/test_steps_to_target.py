@@ -300,11 +300,13 @@ def test_interleave_draws_an_order_per_round_and_checks_the_steps():
 
 def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
     """The loop's sides (the defaults and the TRL-like one) and TRL's, one signal and one empty step each: the
-    forced rewards reach every trainer (the signal step steps, the empty one does not), TRL in its own thread."""
+    forced rewards reach every trainer (the signal step steps, the empty one does not), TRL in its own thread, and
+    every side's π_θ is back at its starting weights after its steps."""
     bench = benchmark_module()
     base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
                        micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False, seed=0)
-    sides = bench.build_sides(["grpo_lab_v1", "trl_like", "trl"], base, tiny_model(), tokenizer(), problems())
+    model = tiny_model()
+    sides = bench.build_sides(["grpo_lab_v1", "trl_like", "trl"], base, model, tokenizer(), problems())
     try:
         rounds = bench.interleave(sides, rounds=1, warmup=0, order_seed=0)
     finally:
@@ -314,6 +316,9 @@ def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
     assert steps["trl"]["signal"]["tokens"] == steps["grpo_lab_v1"]["signal"]["tokens"] == 4 * 3   # P·G rows, 3 each
     assert sides["trl_like"].described()["sampler"] == "GenerateSampler"
     assert sides["trl"].described()["trl_config"]["num_generations"] == 2
+    for side in sides.values():      # AdamW stepped, then π_θ went back to its starting weights
+        trained = side.untrained.model.state_dict()
+        assert all(torch.equal(trained[name], value) for name, value in model.state_dict().items())
 
 
 # ----------------------------------------------------------------------------- a sitting on a tiny model

@@ -31,7 +31,10 @@ in turn, round by round, :data:`PAIRS` = 20 rounds after :data:`WARMUP_ROUNDS` =
 step whose rewards are replaced by a fixed pattern with signal in every group (it trains) and one whose rewards are
 all zero (it is empty), the order of the sides drawn per round from :data:`ORDER_SEED`. The reward function still
 runs; only its output is replaced, so a step's seconds hold everything but the draw of which batches are empty,
-which the units count. Per round: c (seconds of a step that trains) and c∅ (of one that does not) for every side.
+which the units count. After every step π_θ goes back to its starting weights, off the clock: trained by the
+forced pattern, the sides' policies drifted apart in a first run (the loop's and TRL's completions to the 8-token
+cap, the ``model.generate`` sides' to 2 tokens), so they timed different work; that run is discarded. Per round:
+c (seconds of a step that trains) and c∅ (of one that does not) for every side.
 
 **Time ratio** (:func:`grpo_lab.stats.passage.product_time_ratio`): mean N·c̄ + E·c̄∅ over the loop's seeds / the
 same over TRL's = steps ratio × seconds-per-step ratio, each arm's seconds per optimiser step at its own empty
@@ -353,7 +356,8 @@ def design_record() -> dict[str, Any]:
                           "runs": [{"task": task, "tokens": tokens, "pairs": pairs,
                                     "groups": [list(group) for group in groups]}
                                    for task, tokens, pairs, groups in SECONDS_TASKS],
-                          "steps": "per round and side: one step with signal in every group, one empty"},
+                          "steps": "per round and side: one step with signal in every group, one empty; pi_theta "
+                                   "back to its starting weights after each step"},
             "precision": precision(passages, seconds_cv), "power": power_table(spreads)}
 
 
