@@ -278,6 +278,15 @@ def test_the_benchmark_refuses_a_group_the_task_does_not_have(capsys):
     assert "--group [3]: addsubmul1 has groups 1 to 2" in capsys.readouterr().err
 
 
+def test_the_benchmark_runs_each_group_in_a_process_of_its_own(monkeypatch, tmp_path):
+    bench = benchmark_module()
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda command, check: calls.append(command))
+    bench.main(["--threads", "2", "--out", str(tmp_path)])
+    assert [c[c.index("--group") + 1] for c in calls] == ["1", "2"]
+    assert all(c[1].endswith("step_seconds.py") and c[c.index("--out") + 1] == str(tmp_path) for c in calls)
+
+
 def test_interleave_draws_an_order_per_round_and_checks_the_steps():
     bench = benchmark_module()
 
