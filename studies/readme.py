@@ -60,7 +60,8 @@ def lag_decided_table(summary: Mapping[str, Any]) -> str:
         rows.append({"comparison": f"{name} `{a} − {b}`", "tests": what,
                      "verdict": c["verdict"] if c else "first look not due",
                      "estimate [repeated CI]": f"{c['estimate']:+.3f} [{c['rci'][0]:+.3f}, {c['rci'][1]:+.3f}]"
-                     if c else "—", "seeds": summary["looks_reached"][-1] if c else summary["seeds_in"]})
+                     if c else "—", "seeds": (c["stopped_at_seeds"] or c["looks_reached"][-1]) if c
+                     else summary["seeds_in"]})
     arms = [{"arm (seeds of the last look)": f"`{name}` ({len(arm['seeds'])})",
              "J_auc [95 % CI]": _interval(arm["j_auc"]), "held-out J_auc": _interval(arm["held_out_j_auc"]),
              "final J": f"{arm['j_final']['mean']:.3f}", "collapsed": arm["collapsed"],
