@@ -89,8 +89,9 @@ def rebuild_summary(out: Path, write: bool = True) -> dict[str, Any]:
                                "seeds_in": len(seed_prefix(units, design.ARMS)), "looks_reached": reached,
                                "arms": {}, "comparisons": {}, "provenance": provenance_rows(units)}
     if all(due.values()):
-        summary["arms"] = {arm: arm_entry([units[(arm, s)] for s in max(
-            (due[name] for name, pair in design.COMPARISONS.items() if arm in pair), key=len)]) for arm in design.ARMS}
+        arm_seeds = {arm: max((due[name] for name, pair in design.COMPARISONS.items() if arm in pair), key=len)
+                     for arm in design.ARMS}
+        summary["arms"] = {arm: arm_entry([units[(arm, s)] for s in seeds]) for arm, seeds in arm_seeds.items()}
         diffs = {name: [units[(a, s)]["j_auc"] - units[(b, s)]["j_auc"] for s in due[name]]
                  for name, (a, b) in design.COMPARISONS.items()}
         for name, verdict in design.decide(diffs).items():

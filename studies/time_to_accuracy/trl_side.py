@@ -6,7 +6,7 @@ gradient checkpointing off (memory does not bind here, and on it recomputes the 
 completions per step. Stock TRL takes an AdamW step on every batch, also on a zero gradient; the
 ``trl`` arm drops the step of a batch with no signal (:func:`skip_empty_batch`), the loop's ``empty_step="skip"``
 rule, after TRL has run that batch's forward and backward; ``trl_every_batch`` is stock TRL. A run given a unit's
-checkpoint resumes from Hugging Face's own checkpoint and saves one at each of the unit's evaluation points.
+checkpoint resumes from Hugging Face's own checkpoint and saves one at the evaluation points the unit says are due.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
     With ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`, β = 0 only).
     ``on_trainer(trainer)``, if given, sees the trainer once it is built and before it trains (a unit reads its
     resolved ``args``; a benchmark wraps its reward or generation calls). With ``checkpoint`` the run resumes
-    from Hugging Face's checkpoint there and saves one at each evaluation point (:func:`clocked`)."""
+    from Hugging Face's checkpoint there and saves one when an evaluation point is due (:func:`clocked`)."""
     if skip_empty and config.beta != 0:
         raise ValueError(f"skipping empty batches by their zero gradient needs beta = 0, got {config.beta}")
     skipper = skip_empty_batch()

@@ -48,8 +48,9 @@ class Clock(Protocol):
 class Checkpoint(Protocol):
     """Where a resumable unit keeps its state (``studies.steps_to_target.resume.UnitCheckpoint``). A trainer resumes
     from ``resume_from`` (its own files, None on a fresh start) with its extras ``trainer_state``; after a step it
-    saves when ``due()`` (an evaluation point passed since the last save): ``begin()`` (off the clock), its files in
-    a folder under ``staging``, then ``commit(folder, extras)``, which seals them with the unit's state."""
+    saves when ``due()`` (an evaluation point, and the spacing, passed since the last save): ``begin()`` (off the
+    clock), its files in a folder under ``staging``, then ``commit(folder, extras)``, which seals them with the
+    unit's state."""
 
     resume_from: Path | None
     trainer_state: dict[str, Any]
@@ -137,7 +138,7 @@ def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[A
                    evaluate: Callable[[Any, Any], tuple], checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """The loop (:func:`~grpo_lab.lm.build.build_loop`, set-up off the clock) until the clock says stop; J of
     ``loop.policy``'s model. With ``checkpoint``, the loop resumes from its file there (``GRPOLoop.state_dict``:
-    π_θ, α, optimiser, schedules, generator, history: an exact resume) and saves one at each evaluation point.
+    π_θ, α, optimiser, schedules, generator, history: an exact resume) and saves one when an evaluation point is due.
     Returns the unit's ``records``."""
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.checkpoint import load_checkpoint, save_checkpoint
