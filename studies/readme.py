@@ -62,11 +62,29 @@ def lag_decided_table(summary: Mapping[str, Any]) -> str:
                      "estimate [repeated CI]": f"{c['estimate']:+.3f} [{c['rci'][0]:+.3f}, {c['rci'][1]:+.3f}]"
                      if c else "—", "seeds": (c["stopped_at_seeds"] or c["looks_reached"][-1]) if c
                      else summary["seeds_in"]})
-    arms = [{"arm (seeds of the last look)": f"`{name}` ({len(arm['seeds'])})",
+    text = markdown(rows) + (f"\n\n{markdown(_arm_rows(summary['arms'], 'seeds of the last look'))}"
+                             if summary["arms"] else "")
+    for title, entry in ((f"Second regime, lr {_lr(summary['regime2']['lr'])}", summary["regime2"]),
+                         ("The field's corrections, lr 1e-5", summary["corrections"])):
+        if entry["arms"]:
+            differences = [{"difference (paired by seed)": f"`{name.replace(' - ', ' − ')}`",
+                            "estimate [95 % t CI, unadjusted]": f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, "
+                                                                 f"{d['ci'][1]:+.3f}]"}
+                           for name, d in entry["differences"].items()]
+            text += (f"\n\n*{title} (exploratory, no test):*\n\n{markdown(_arm_rows(entry['arms'], 'seeds'))}"
+                     f"\n\n{markdown(differences)}")
+    return text
+
+
+def _lr(lr: str | None) -> str:
+    return "—" if lr is None else f"{float(lr):.0e}".replace("e-0", "e-")
+
+
+def _arm_rows(arms: Mapping[str, Any], seeds: str) -> list[dict[str, Any]]:
+    return [{f"arm ({seeds})": f"`{name}` ({len(arm['seeds'])})",
              "J_auc [95 % CI]": _interval(arm["j_auc"]), "held-out J_auc": _interval(arm["held_out_j_auc"]),
              "final J": f"{arm['j_final']['mean']:.3f}", "collapsed": arm["collapsed"],
-             "drift (nats a token)": f"{arm['drift']['mean']:.3g}"} for name, arm in summary["arms"].items()]
-    return markdown(rows) + (f"\n\n{markdown(arms)}" if arms else "")
+             "drift (nats a token)": f"{arm['drift']['mean']:.3g}"} for name, arm in arms.items()]
 
 
 TABLES: dict[str, Callable[[Mapping[str, Any]], str]] = {

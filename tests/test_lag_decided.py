@@ -175,3 +175,30 @@ def test_the_drift_picture_adds_the_corrections_once_they_are_all_in(tmp_path):
     assert by_arm["v10_seqmask"]["correction"] == "icepop (sequence)" and by_arm["v10_icepop"]["correction"] == "icepop"
     assert by_arm["v10_mask"]["cost"] == pytest.approx(-0.05)
     assert sum(p["arm"] == "v10_mask" for p in points) == len(design.CORRECTION_SEEDS)
+
+
+def test_the_second_regime_is_read_at_the_pilots_lr_once_all_its_seeds_are_in(tmp_path):
+    """The pilot at 3e-6 drifts 0.02 at lag 1 (≤ 0.03), so the rule picks 3e-6; its arms and paired differences
+    appear only once every arm has every seed, and each difference pairs the two arms' units by seed."""
+    from studies.readme import lag_decided_table
+
+    folder = tmp_path / "units_lr3e-06"
+    folder.mkdir()
+    pilot = _unit("v10_ratio", design.REGIME2_PILOT_SEED, 0.3)
+    pilot["records"] = [{"skipped": False, "lag": 1, "log_ratio_k_abs": 0.02},
+                        {"skipped": False, "lag": 5, "log_ratio_k_abs": 0.2}]
+    (folder / f"v10_ratio_s{design.REGIME2_PILOT_SEED}.json").write_text(json.dumps(pilot))
+    level = {"v1": 0.50, "v10_ratio": 0.47, "v10_none": 0.40}
+    for seed in design.REGIME2_SEEDS:
+        for arm in design.ARMS:
+            (folder / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, level[arm] + seed / 1e4)))
+    entry = rebuild_summary(tmp_path, write=False)["regime2"]
+    assert entry["lr"] == "3e-06" and entry["pilots"]["3e-06"]["drift_lag1"] == pytest.approx(0.02)
+    assert entry["exploratory"] and set(entry["arms"]) == set(design.ARMS)
+    assert entry["arms"]["v1"]["seeds"] == list(design.REGIME2_SEEDS)     # the pilot's seed is not one of them
+    for name, expected in (("v10_ratio - v1", -0.03), ("v10_none - v1", -0.10), ("v10_ratio - v10_none", 0.07)):
+        assert entry["differences"][name]["mean"] == pytest.approx(expected)
+    table = lag_decided_table(rebuild_summary(tmp_path, write=False))
+    assert "*Second regime, lr 3e-6 (exploratory, no test):*" in table and "| `v10_none − v1` | -0.100 [" in table
+    (folder / f"v10_none_s{design.REGIME2_SEEDS[-1]}.json").unlink()
+    assert rebuild_summary(tmp_path, write=False)["regime2"]["arms"] == {}

@@ -20,6 +20,10 @@ import numpy as np
 from grpo_lab.stats.paired import mean_ci
 from studies.lag_decided import design
 
+REGIME2_DIFFERENCES = (("v10_ratio", "v1"), ("v10_none", "v1"), ("v10_ratio", "v10_none"))
+"""The second regime's paired differences (C1's, the lag's cost without the correction, C2's), each with an
+unadjusted t interval: exploratory, no test."""
+
 
 def load(folder: Path) -> dict[tuple[str, int], dict[str, Any]]:
     """(arm, seed) → unit, for the unit files in ``folder`` (none if it does not exist; a file that is no arm's
@@ -117,12 +121,13 @@ def regime2(out: Path) -> dict[str, Any]:
         if unit is not None:
             pilots[f"{lr:g}"] = {"drift_lag1": drift(unit, lag=1), "drift": drift(unit), "j_auc": unit["j_auc"]}
     chosen = next((lr for lr in pilots if pilots[lr]["drift_lag1"] <= design.REGIME2_DRIFT_LIMIT), None)
-    entry: dict[str, Any] = {"pilots": pilots, "lr": chosen, "arms": {}}
+    entry: dict[str, Any] = {"pilots": pilots, "lr": chosen, "exploratory": True, "arms": {}, "differences": {}}
     if chosen is not None:
         units = load(out / f"units_lr{chosen}")
         if all((arm, s) in units for arm in design.ARMS for s in design.REGIME2_SEEDS):
             entry["arms"] = {arm: arm_entry([units[(arm, s)] for s in design.REGIME2_SEEDS])
                              for arm in design.ARMS}
+            entry["differences"] = paired_differences(units, units, REGIME2_DIFFERENCES, design.REGIME2_SEEDS)
     return entry
 
 
@@ -136,10 +141,19 @@ def corrections(out: Path, units: Mapping[tuple[str, int], Mapping[str, Any]],
     entry: dict[str, Any] = {"seeds": list(seeds), "exploratory": True, "arms": {}, "differences": {}}
     if not looks_reached or not all((arm, s) in mine for arm in design.CORRECTION_ARMS for s in seeds):
         return entry
-    for arm in design.CORRECTION_ARMS:
-        entry["arms"][arm] = arm_entry([mine[(arm, s)] for s in seeds])
-        for base in design.CORRECTION_BASELINES:
-            mean, half = mean_ci([mine[(arm, s)]["j_auc"] - units[(base, s)]["j_auc"] for s in seeds])
-            entry["differences"][f"{arm} - {base}"] = {"mean": float(mean),
-                                                       "ci": [float(mean - half), float(mean + half)]}
+    entry["arms"] = {arm: arm_entry([mine[(arm, s)] for s in seeds]) for arm in design.CORRECTION_ARMS}
+    pairs = [(arm, base) for arm in design.CORRECTION_ARMS for base in design.CORRECTION_BASELINES]
+    entry["differences"] = paired_differences(mine, units, pairs, seeds)
     return entry
+
+
+def paired_differences(a_units: Mapping[tuple[str, int], Mapping[str, Any]],
+                       b_units: Mapping[tuple[str, int], Mapping[str, Any]],
+                       pairs: Sequence[tuple[str, str]], seeds: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """"a - b" → the mean of a's J_auc minus b's over ``seeds``, paired by seed, with its unadjusted 95 % t CI
+    (exploratory: no test); arm a's units from ``a_units``, b's from ``b_units``."""
+    out = {}
+    for a, b in pairs:
+        mean, half = mean_ci([a_units[(a, s)]["j_auc"] - b_units[(b, s)]["j_auc"] for s in seeds])
+        out[f"{a} - {b}"] = {"mean": float(mean), "ci": [float(mean - half), float(mean + half)]}
+    return out
