@@ -180,6 +180,7 @@ def test_the_drift_picture_adds_the_corrections_once_they_are_all_in(tmp_path):
 def test_the_second_regime_is_read_at_the_pilots_lr_once_all_its_seeds_are_in(tmp_path):
     """The pilot at 3e-6 drifts 0.02 at lag 1 (≤ 0.03), so the rule picks 3e-6; its arms and paired differences
     appear only once every arm has every seed, and each difference pairs the two arms' units by seed."""
+    from studies.lag_decided.plots import regime2_line
     from studies.readme import lag_decided_table
 
     folder = tmp_path / "units_lr3e-06"
@@ -198,7 +199,9 @@ def test_the_second_regime_is_read_at_the_pilots_lr_once_all_its_seeds_are_in(tm
     assert entry["arms"]["v1"]["seeds"] == list(design.REGIME2_SEEDS)     # the pilot's seed is not one of them
     for name, expected in (("v10_ratio - v1", -0.03), ("v10_none - v1", -0.10), ("v10_ratio - v10_none", 0.07)):
         assert entry["differences"][name]["mean"] == pytest.approx(expected)
+    assert regime2_line(rebuild_summary(tmp_path, write=False)).startswith("lr 3e-6, 6 seeds, exploratory")
     table = lag_decided_table(rebuild_summary(tmp_path, write=False))
     assert "*Second regime, lr 3e-6 (exploratory, no test):*" in table and "| `v10_none − v1` | -0.100 [" in table
     (folder / f"v10_none_s{design.REGIME2_SEEDS[-1]}.json").unlink()
     assert rebuild_summary(tmp_path, write=False)["regime2"]["arms"] == {}
+    assert regime2_line(rebuild_summary(tmp_path, write=False)).startswith("pending")

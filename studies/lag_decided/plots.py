@@ -104,6 +104,20 @@ def answer_line(summary: Mapping[str, Any]) -> str:
                      for name, c in summary["comparisons"].items())
 
 
+def regime2_line(summary: Mapping[str, Any]) -> str:
+    """One line: the second regime's paired differences with their t intervals and each arm's window drift, or
+    that its units are not all in."""
+    entry = summary["regime2"]
+    if not entry["arms"]:
+        return "pending: not all of its units are in"
+    differences = "; ".join(f"{name.replace(' - ', ' − ')} {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+                            for name, d in entry["differences"].items())
+    drifts = ", ".join(f"{arm} {arm_entry['drift']['mean']:.2g}" for arm, arm_entry in entry["arms"].items())
+    lr = f"{float(entry['lr']):.0e}".replace("e-0", "e-")
+    return (f"lr {lr}, {len(entry['arms']['v1']['seeds'])} seeds, exploratory (unadjusted 95 % t CIs): "
+            f"{differences}; window drift (nats a token) {drifts}")
+
+
 def decided_figure(summary: Mapping[str, Any]) -> go.Figure:
     """The estimates with their repeated CIs against ±margin (a look reached), else the looks against the seeds in."""
     margin = summary["design"]["margin"]

@@ -128,6 +128,7 @@ def regime2(out: Path) -> dict[str, Any]:
             entry["arms"] = {arm: arm_entry([units[(arm, s)] for s in design.REGIME2_SEEDS])
                              for arm in design.ARMS}
             entry["differences"] = paired_differences(units, units, REGIME2_DIFFERENCES, design.REGIME2_SEEDS)
+        entry["provenance"] = provenance_rows(units)
     return entry
 
 
@@ -141,6 +142,7 @@ def corrections(out: Path, units: Mapping[tuple[str, int], Mapping[str, Any]],
     entry: dict[str, Any] = {"seeds": list(seeds), "exploratory": True, "arms": {}, "differences": {}}
     if not looks_reached or not all((arm, s) in mine for arm in design.CORRECTION_ARMS for s in seeds):
         return entry
+    entry["provenance"] = provenance_rows(mine)
     entry["arms"] = {arm: arm_entry([mine[(arm, s)] for s in seeds]) for arm in design.CORRECTION_ARMS}
     pairs = [(arm, base) for arm in design.CORRECTION_ARMS for base in design.CORRECTION_BASELINES]
     entry["differences"] = paired_differences(mine, units, pairs, seeds)
