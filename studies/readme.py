@@ -26,6 +26,11 @@ def _interval(entry: Mapping[str, Any]) -> str:
     return f"{entry['mean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
+def signed_interval(entry: Mapping[str, Any]) -> str:
+    """A difference's mean and CI, signed: "+0.016 [-0.019, +0.052]"."""
+    return f"{entry['mean']:+.3f} [{entry['ci'][0]:+.3f}, {entry['ci'][1]:+.3f}]"
+
+
 def lag_frontier_table(summary: Mapping[str, Any]) -> str:
     arms = [{"arm": name, "J_auc [95 % CI]": _interval(arm["j_auc"]), "final J": f"{arm['j_final']['mean']:.3f}",
              "collapsed": arm["collapsed"]} for name, arm in summary["arms"].items()]
@@ -51,7 +56,7 @@ def time_to_accuracy_table(summary: Mapping[str, Any]) -> str:
 
 
 def lag_decided_table(summary: Mapping[str, Any]) -> str:
-    from studies.lag_decided.design import COMPARISONS
+    from studies.lag_decided.design import COMPARISONS, lr_label
 
     rows = []
     for name, what in (("C1", "equivalence (±0.051) and difference"), ("C2", "difference")):
@@ -64,20 +69,17 @@ def lag_decided_table(summary: Mapping[str, Any]) -> str:
                      else summary["seeds_in"]})
     text = markdown(rows) + (f"\n\n{markdown(_arm_rows(summary['arms'], 'seeds of the last look'))}"
                              if summary["arms"] else "")
-    for title, entry in ((f"Second regime, lr {_lr(summary['regime2']['lr'])}", summary["regime2"]),
-                         ("The field's corrections, lr 1e-5", summary["corrections"])):
+    sections = [("The field's corrections, lr 1e-5", summary["corrections"])]
+    if summary["regime2"]["arms"]:   # its lr is chosen once its arms are in
+        sections.insert(0, (f"Second regime, lr {lr_label(summary['regime2']['lr'])}", summary["regime2"]))
+    for title, entry in sections:
         if entry["arms"]:
             differences = [{"difference (paired by seed)": f"`{name.replace(' - ', ' − ')}`",
-                            "estimate [95 % t CI, unadjusted]": f"{d['mean']:+.3f} [{d['ci'][0]:+.3f}, "
-                                                                 f"{d['ci'][1]:+.3f}]"}
+                            "estimate [95 % t CI, unadjusted]": signed_interval(d)}
                            for name, d in entry["differences"].items()]
             text += (f"\n\n*{title} (exploratory, no test):*\n\n{markdown(_arm_rows(entry['arms'], 'seeds'))}"
                      f"\n\n{markdown(differences)}")
     return text
-
-
-def _lr(lr: str | None) -> str:
-    return "—" if lr is None else f"{float(lr):.0e}".replace("e-0", "e-")
 
 
 def _arm_rows(arms: Mapping[str, Any], seeds: str) -> list[dict[str, Any]]:

@@ -193,15 +193,16 @@ def test_the_second_regime_is_read_at_the_pilots_lr_once_all_its_seeds_are_in(tm
     for seed in design.REGIME2_SEEDS:
         for arm in design.ARMS:
             (folder / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, level[arm] + seed / 1e4)))
-    entry = rebuild_summary(tmp_path, write=False)["regime2"]
+    summary = rebuild_summary(tmp_path, write=False)
+    entry = summary["regime2"]
     assert entry["lr"] == "3e-06" and entry["pilots"]["3e-06"]["drift_lag1"] == pytest.approx(0.02)
     assert entry["exploratory"] and set(entry["arms"]) == set(design.ARMS)
     assert entry["arms"]["v1"]["seeds"] == list(design.REGIME2_SEEDS)     # the pilot's seed is not one of them
     for name, expected in (("v10_ratio - v1", -0.03), ("v10_none - v1", -0.10), ("v10_ratio - v10_none", 0.07)):
         assert entry["differences"][name]["mean"] == pytest.approx(expected)
-    assert regime2_line(rebuild_summary(tmp_path, write=False)).startswith("lr 3e-6, 6 seeds, exploratory")
-    table = lag_decided_table(rebuild_summary(tmp_path, write=False))
+    assert regime2_line(summary).startswith("lr 3e-6, 6 seeds, exploratory")
+    table = lag_decided_table(summary)
     assert "*Second regime, lr 3e-6 (exploratory, no test):*" in table and "| `v10_none − v1` | -0.100 [" in table
     (folder / f"v10_none_s{design.REGIME2_SEEDS[-1]}.json").unlink()
-    assert rebuild_summary(tmp_path, write=False)["regime2"]["arms"] == {}
-    assert regime2_line(rebuild_summary(tmp_path, write=False)).startswith("pending")
+    pending = rebuild_summary(tmp_path, write=False)
+    assert pending["regime2"]["arms"] == {} and regime2_line(pending).startswith("pending")

@@ -134,6 +134,11 @@ CORRECTION_BASELINES = ("v10_ratio", "v10_none")
 """The confirmatory arms each correction arm is paired with, by seed."""
 
 
+def lr_label(lr: float | str) -> str:
+    """The lr as the docs write it: 3e-06 (or the summary's "3e-06") as "3e-6"."""
+    return f"{float(lr):.0e}".replace("e-0", "e-")
+
+
 def arm_fields(arm: str) -> dict[str, Any]:
     """The config fields an arm sets, confirmatory or exploratory."""
     return (ARMS | CORRECTION_ARMS)[arm]

@@ -21,8 +21,9 @@ import plotly.graph_objects as go
 from grpo_lab.stats.paired import mean_ci
 from grpo_lab.viz.display import title_below_toolbar
 from grpo_lab.viz.plots import COLORS, HEIGHT
-from studies.lag_decided.design import COMPARISONS, PLAN
+from studies.lag_decided.design import COMPARISONS, PLAN, lr_label
 from studies.lag_decided.summary import drift, load
+from studies.readme import signed_interval
 
 CORRECTION_COLORS = {"ratio": "#1f77b4", "truncated": "#2ca02c", "none": "#d62728", "mask": "#9467bd",
                      "icepop": "#8c564b", "icepop (sequence)": "#e377c2"}
@@ -60,7 +61,7 @@ def study_points(frontier_units: Path, decided: Path) -> list[dict[str, Any]]:
     if summary["regime2"]["arms"]:
         lr = summary["regime2"]["lr"]
         units = [u for (arm, seed), u in load(decided / f"units_lr{lr}").items() if seed in design.REGIME2_SEEDS]
-        points += drift_points(units, f"decided (lr {lr})".replace("3e-06", "3e-6"))
+        points += drift_points(units, f"decided (lr {lr_label(lr)})")
     return points
 
 
@@ -110,12 +111,11 @@ def regime2_line(summary: Mapping[str, Any]) -> str:
     entry = summary["regime2"]
     if not entry["arms"]:
         return "pending: not all of its units are in"
-    differences = "; ".join(f"{name.replace(' - ', ' − ')} {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+    differences = "; ".join(f"{name.replace(' - ', ' − ')} {signed_interval(d)}"
                             for name, d in entry["differences"].items())
     drifts = ", ".join(f"{arm} {arm_entry['drift']['mean']:.2g}" for arm, arm_entry in entry["arms"].items())
-    lr = f"{float(entry['lr']):.0e}".replace("e-0", "e-")
-    return (f"lr {lr}, {len(entry['arms']['v1']['seeds'])} seeds, exploratory (unadjusted 95 % t CIs): "
-            f"{differences}; window drift (nats a token) {drifts}")
+    return (f"lr {lr_label(entry['lr'])}, {len(entry['arms']['v1']['seeds'])} seeds, exploratory (unadjusted 95 % t "
+            f"CIs): {differences}; window drift (nats a token) {drifts}")
 
 
 def decided_figure(summary: Mapping[str, Any]) -> go.Figure:
