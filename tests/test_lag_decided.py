@@ -3,11 +3,13 @@ power simulation and keeps its error rates, and the summary reads only the looks
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from studies.lag_decided import design
 from studies.lag_decided.summary import rebuild_summary
@@ -154,6 +156,25 @@ def test_the_correction_arms_are_the_knob_values_issue_52_names():
     assert set(design.CORRECTION_SEEDS) <= set(design.SEEDS[:8])
 
 
+def test_no_two_correction_arms_share_a_rule():
+    """Every exploratory arm weights π_k/α differently from every other arm, so no arm repeats another's units
+    (``mask`` at C is ``icepop`` at [1/C, C]: the design's first IcePop band was ``v10_mask``'s)."""
+    from grpo_lab.lm.recipes import recipe
+    from grpo_lab.objective import is_correction_terms
+
+    log_rho = torch.linspace(-3.0, 3.0, 601).reshape(1, -1)   # ρ from e^-3 to e^3, 0.01 apart in log ρ
+    rules = {}
+    for arm in {**design.ARMS, **design.CORRECTION_ARMS}:
+        config = recipe(design.RECIPE, **design.arm_fields(arm))
+        if config.v == 1:
+            continue
+        base, weight = is_correction_terms(torch.zeros_like(log_rho), -log_rho, config.is_correction,
+                                           config.is_cap, config.is_floor)
+        rules[arm] = (config.level, base.tolist(), None if weight is None else weight.tolist())
+    for a, b in itertools.combinations(rules, 2):
+        assert rules[a] != rules[b], f"{a} and {b} weight every ratio alike"
+
+
 def test_the_drift_picture_adds_the_corrections_once_they_are_all_in(tmp_path):
     from studies.lag_decided.plots import study_points
 
@@ -206,3 +227,16 @@ def test_the_second_regime_is_read_at_the_pilots_lr_once_all_its_seeds_are_in(tm
     (folder / f"v10_none_s{design.REGIME2_SEEDS[-1]}.json").unlink()
     pending = rebuild_summary(tmp_path, write=False)
     assert pending["regime2"]["arms"] == {} and regime2_line(pending).startswith("pending")
+
+
+def test_arms_narrows_every_queue_to_the_named_arms():
+    from studies.lag_decided.run import arguments, queue
+
+    def units(*argv: str) -> list[tuple[str, int]]:
+        return [(arm, seed) for arm, seed, _, _ in queue(arguments().parse_args(argv))]
+
+    assert units("--corrections", "--arms", "v10_icepop") == [("v10_icepop", s) for s in design.CORRECTION_SEEDS]
+    assert len(units("--corrections")) == len(design.CORRECTION_ARMS) * len(design.CORRECTION_SEEDS)
+    assert units("--arms", "v1")[:2] == [("v1", design.SEEDS[0]), ("v1", design.SEEDS[1])]
+    with pytest.raises(SystemExit):
+        arguments().parse_args(["--arms", "v10_nonsense"])

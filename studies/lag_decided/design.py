@@ -83,13 +83,21 @@ confirmatory units of the first look. At lr 1e-5 and v = 10, three more correcti
 ``v10_mask``     token mask: the ratio's weight kept inside [1/C, C], C = 2, else 0
 ``v10_seqmask``  TRL's default (``vllm_importance_sampling_mode="sequence_mask"``): the whole sequence's
                  ratio kept if ≤ C = 3, no lower bound (``icepop`` at ``level="sequence"``)
-``v10_icepop``   IcePop: token weight kept inside [a, C] = [0.5, 2], else 0
+``v10_icepop``   IcePop at verl's default band (``"0.5_5.0"``): token weight kept inside [a, C] = [0.5, 5],
+                 else 0 (amended; below)
 ================ =========================================================================================
 
 Seeds 100–107: fresh for these arms, and the same as the first look's, so each arm pairs by seed with
 ``v10_ratio`` and ``v10_none``. Reported once all 24 units are in: each arm's J_auc, held-out J_auc and window
 drift with t intervals, and its paired differences from ``v10_ratio`` and ``v10_none`` with unadjusted 95 % t
 intervals, labelled exploratory (no test, not in the confirmatory family).
+
+*Amendment (2026-12-05, after 18 of the 24 units).* ``v10_icepop`` was first fixed at [0.5, 2]: that band is
+[1/C, C] at C = 2, ``v10_mask``'s rule exactly, and its six units (seeds 100–105) were ``v10_mask``'s bit for bit
+(J_auc equal in every digit; they are in git history at commit 4f2f863, not read). So the arm was re-fixed to
+IcePop's own band [0.5, 5] (verl's ``"0.5_5.0"``) before any unit at it ran, all eight seeds run anew, and
+``tests/test_lag_decided.py::test_no_two_correction_arms_share_a_rule`` now guards the design. Nothing else
+changed.
 """
 
 from __future__ import annotations
@@ -127,7 +135,7 @@ REGIME2_SEEDS = tuple(range(200, 206))
 CORRECTION_ARMS = {"v10_mask": {"v": 10, "is_correction": "mask", "is_cap": 2.0},
                    "v10_seqmask": {"v": 10, "is_correction": "icepop", "level": "sequence", "is_cap": 3.0,
                                    "is_floor": None},
-                   "v10_icepop": {"v": 10, "is_correction": "icepop", "is_cap": 2.0, "is_floor": 0.5}}
+                   "v10_icepop": {"v": 10, "is_correction": "icepop", "is_cap": 5.0, "is_floor": 0.5}}
 """The exploratory corrections (issue 52 §3): arm name → the config fields it sets on the recipe."""
 CORRECTION_SEEDS = tuple(range(100, 108))
 CORRECTION_BASELINES = ("v10_ratio", "v10_none")

@@ -11,6 +11,7 @@ dies), so processes side by side, and sittings one after another, share one unit
     python studies/lag_decided/run.py --regime2-pilot 3e-6          # the second regime's drift pilot
     python studies/lag_decided/run.py --regime2 3e-6 --units 2       # the second regime's units at that lr
     python studies/lag_decided/run.py --corrections --units 2        # the field's corrections (exploratory)
+    python studies/lag_decided/run.py --corrections --arms v10_icepop --units 8   # one of them
     python studies/lag_decided/run.py --summary                      # rebuild summary.json
 """
 
@@ -81,17 +82,18 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
 
 
 def queue(args: argparse.Namespace) -> list[tuple[str, int, float, int]]:
-    """(arm, seed, lr, steps) of the units this call may run, in the design's order."""
+    """(arm, seed, lr, steps) of the units this call may run, in the design's order; ``--arms`` keeps only
+    those arms."""
     if args.regime2_pilot is not None:
         return [("v10_ratio", design.REGIME2_PILOT_SEED, args.regime2_pilot, design.STEPS)]
     if args.corrections:
-        return [(arm, seed, design.LR, design.STEPS)
-                for arm, seed in design.unit_order(list(design.CORRECTION_ARMS), design.CORRECTION_SEEDS)]
-    if args.regime2 is not None:
-        return [(arm, seed, args.regime2, args.regime2_steps)
-                for arm, seed in design.unit_order(list(design.ARMS), design.REGIME2_SEEDS)]
-    arms = [arm for arm in design.ARMS if args.arms is None or arm in args.arms]
-    return [(arm, seed, design.LR, design.STEPS) for arm, seed in design.unit_order(arms, design.SEEDS)]
+        arms, seeds, lr, steps = list(design.CORRECTION_ARMS), design.CORRECTION_SEEDS, design.LR, design.STEPS
+    elif args.regime2 is not None:
+        arms, seeds, lr, steps = list(design.ARMS), design.REGIME2_SEEDS, args.regime2, args.regime2_steps
+    else:
+        arms, seeds, lr, steps = list(design.ARMS), design.SEEDS, design.LR, design.STEPS
+    kept = [arm for arm in arms if args.arms is None or arm in args.arms]
+    return [(arm, seed, lr, steps) for arm, seed in design.unit_order(kept, seeds)]
 
 
 def unit_dir(out: Path, arm: str, lr: float) -> Path:
@@ -102,7 +104,8 @@ def unit_dir(out: Path, arm: str, lr: float) -> Path:
     return out / ("units_corrections" if arm in design.CORRECTION_ARMS else "units")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line of this script."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=1, help="how many units to run at most (0: none)")
     parser.add_argument("--threads", type=int, default=1)
@@ -110,11 +113,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--regime2", type=float, default=None, metavar="LR")
     parser.add_argument("--regime2-steps", type=int, default=design.STEPS)
     parser.add_argument("--corrections", action="store_true", help="the field's corrections (exploratory)")
-    parser.add_argument("--arms", nargs="+", choices=list(design.ARMS), default=None,
-                        help="only these confirmatory arms (those of the comparisons still open)")
+    parser.add_argument("--arms", nargs="+", choices=[*design.ARMS, *design.CORRECTION_ARMS], default=None,
+                        help="only these arms (those of the comparisons still open; one correction)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--summary", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     if args.summary:
         summary = rebuild_summary(args.out)
         print(json.dumps({"looks_reached": summary["looks_reached"], "seeds_in": summary["seeds_in"]}))
