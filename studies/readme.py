@@ -86,7 +86,13 @@ def _arm_rows(arms: Mapping[str, Any], seeds: str) -> list[dict[str, Any]]:
     return [{f"arm ({seeds})": f"`{name}` ({len(arm['seeds'])})",
              "J_auc [95 % CI]": _interval(arm["j_auc"]), "held-out J_auc": _interval(arm["held_out_j_auc"]),
              "final J": f"{arm['j_final']['mean']:.3f}", "collapsed": arm["collapsed"],
-             "drift (nats a token)": f"{arm['drift']['mean']:.3g}"} for name, arm in arms.items()]
+             "drift (nats a token)": f"{arm['drift']['mean']:.3g}",
+             **({"tokens dropped (at the last lag)": _dropped(arm["dropped"])} if "dropped" in arm else {})}
+            for name, arm in arms.items()]
+
+
+def _dropped(entry: Mapping[str, Any]) -> str:
+    return f"{entry['mean']:.1%} ({entry['at_last_lag']:.1%})"
 
 
 TABLES: dict[str, Callable[[Mapping[str, Any]], str]] = {

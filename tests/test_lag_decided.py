@@ -56,7 +56,8 @@ def test_error_rates_at_the_null(d, word):
 def _unit(arm: str, seed: int, j_auc: float) -> dict:
     per_question = {str(k): [j_auc] * 363 for k in (0, 32, 64, 96, 128)}
     return {"arm": arm, "seed": seed, "j_auc": j_auc, "j_final": j_auc, "j_curve": {k: j_auc for k in per_question},
-            "j_per_question": per_question, "records": [{"skipped": False, "lag": 1, "log_ratio_k_abs": 0.1}]}
+            "j_per_question": per_question,
+            "records": [{"skipped": False, "lag": 1, "log_ratio_k_abs": 0.1, "drop_frac": 0.0}]}
 
 
 def test_the_summary_reads_only_the_looks_that_are_due(tmp_path):
@@ -129,22 +130,34 @@ def test_the_drift_picture_pairs_each_lagged_unit_with_v1_at_its_seed():
 
 
 def test_the_corrections_are_read_only_when_all_their_units_and_the_first_look_are_in(tmp_path):
+    from studies.lag_decided.plots import corrections_line
+
     units, extra = tmp_path / "units", tmp_path / "units_corrections"
     units.mkdir(), extra.mkdir()
     for seed in design.CORRECTION_SEEDS:
         for arm in design.CORRECTION_ARMS:
-            (extra / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, 0.40 + seed / 1000)))
+            records = [{"skipped": False, "lag": 1, "log_ratio_k_abs": 0.1, "drop_frac": 0.1},
+                       {"skipped": False, "lag": 9, "log_ratio_k_abs": 0.2, "drop_frac": 0.3},
+                       {"skipped": True, "lag": 9, "log_ratio_k_abs": 0.0, "drop_frac": 0.9}]
+            unit = _unit(arm, seed, 0.40 + seed / 1000) | {"records": records}
+            (extra / f"{arm}_s{seed}.json").write_text(json.dumps(unit))
     assert rebuild_summary(tmp_path, write=False)["corrections"]["arms"] == {}   # first look not due
     for seed in design.SEEDS[:8]:
         for arm in design.ARMS:
             (units / f"{arm}_s{seed}.json").write_text(json.dumps(_unit(arm, seed, 0.30)))
-    entry = rebuild_summary(tmp_path, write=False)["corrections"]
+    summary = rebuild_summary(tmp_path, write=False)
+    entry = summary["corrections"]
     assert entry["exploratory"] and set(entry["arms"]) == set(design.CORRECTION_ARMS)
     diff = entry["differences"]["v10_mask - v10_ratio"]
     assert diff["mean"] == pytest.approx(0.10 + np.mean(design.CORRECTION_SEEDS) / 1000)
     assert diff["ci"][0] < diff["mean"] < diff["ci"][1]
+    assert entry["arms"]["v10_mask"]["dropped"]["mean"] == pytest.approx(0.2)   # the skipped step not counted
+    assert entry["arms"]["v10_mask"]["dropped"]["at_last_lag"] == pytest.approx(0.3)
+    line = corrections_line(summary)
+    assert line.startswith("lr 1e-5, v = 10, 8 seeds, exploratory") and "v10_mask − v10_ratio +0.204" in line
     (extra / f"v10_icepop_s{design.CORRECTION_SEEDS[-1]}.json").unlink()
-    assert rebuild_summary(tmp_path, write=False)["corrections"]["arms"] == {}
+    pending = rebuild_summary(tmp_path, write=False)
+    assert pending["corrections"]["arms"] == {} and corrections_line(pending).startswith("pending")
 
 
 def test_the_correction_arms_are_the_knob_values_issue_52_names():

@@ -105,17 +105,34 @@ def answer_line(summary: Mapping[str, Any]) -> str:
                      for name, c in summary["comparisons"].items())
 
 
+def differences_text(entry: Mapping[str, Any]) -> str:
+    """An exploratory entry's paired differences, each with its unadjusted 95 % t interval, joined by "; "."""
+    return "; ".join(f"{name.replace(' - ', ' − ')} {signed_interval(d)}" for name, d in entry["differences"].items())
+
+
+def drifts_text(entry: Mapping[str, Any]) -> str:
+    """An exploratory entry's arms with their mean window drift (nats a token)."""
+    return ", ".join(f"{arm} {arm_entry['drift']['mean']:.2g}" for arm, arm_entry in entry["arms"].items())
+
+
 def regime2_line(summary: Mapping[str, Any]) -> str:
     """One line: the second regime's paired differences with their t intervals and each arm's window drift, or
     that its units are not all in."""
     entry = summary["regime2"]
     if not entry["arms"]:
         return "pending: not all of its units are in"
-    differences = "; ".join(f"{name.replace(' - ', ' − ')} {signed_interval(d)}"
-                            for name, d in entry["differences"].items())
-    drifts = ", ".join(f"{arm} {arm_entry['drift']['mean']:.2g}" for arm, arm_entry in entry["arms"].items())
     return (f"lr {lr_label(entry['lr'])}, {len(entry['arms']['v1']['seeds'])} seeds, exploratory (unadjusted 95 % t "
-            f"CIs): {differences}; window drift (nats a token) {drifts}")
+            f"CIs): {differences_text(entry)}; window drift (nats a token) {drifts_text(entry)}")
+
+
+def corrections_line(summary: Mapping[str, Any]) -> str:
+    """One line: the field's corrections at v = 10, each paired with ``v10_ratio`` and ``v10_none`` by seed, with
+    their t intervals and window drift, or that their units are not all in."""
+    entry = summary["corrections"]
+    if not entry["arms"]:
+        return "pending: not all of their units are in"
+    return (f"lr {lr_label(summary['design']['lr'])}, v = 10, {len(entry['seeds'])} seeds, exploratory (unadjusted "
+            f"95 % t CIs): {differences_text(entry)}; window drift (nats a token) {drifts_text(entry)}")
 
 
 def decided_figure(summary: Mapping[str, Any]) -> go.Figure:

@@ -47,6 +47,13 @@ def drift(unit: Mapping[str, Any], lag: int | None = None) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def dropped(unit: Mapping[str, Any], lag: int | None = None) -> float:
+    """Mean share of sampled tokens a mask dropped (``drop_frac``: weight 0) over the unit's steps that trained (at
+    one ``lag`` if given): what a masking correction threw away."""
+    values = [r["drop_frac"] for r in unit["records"] if not r["skipped"] and (lag is None or r["lag"] == lag)]
+    return float(np.mean(values)) if values else float("nan")
+
+
 def arm_entry(units: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """An arm's endpoints (mean and 95 % t CI over its seeds), collapses (final J below the untrained model's,
     its own J at step 0) and window drift."""
@@ -135,15 +142,21 @@ def regime2(out: Path) -> dict[str, Any]:
 def corrections(out: Path, units: Mapping[tuple[str, int], Mapping[str, Any]],
                 looks_reached: Sequence[int]) -> dict[str, Any]:
     """The field's corrections (exploratory), once all their units are in and the first look is due: each arm's
-    entry, and its paired J_auc difference from each of :data:`design.CORRECTION_BASELINES` at the same seeds
-    (mean and unadjusted 95 % t CI)."""
+    entry with the share of tokens its mask dropped (over the window and at its last lag), and its paired J_auc
+    difference from each of :data:`design.CORRECTION_BASELINES` at the same seeds (mean and unadjusted 95 % t CI)."""
     mine = load(out / "units_corrections")
     seeds = design.CORRECTION_SEEDS
     entry: dict[str, Any] = {"seeds": list(seeds), "exploratory": True, "arms": {}, "differences": {}}
     if not looks_reached or not all((arm, s) in mine for arm in design.CORRECTION_ARMS for s in seeds):
         return entry
     entry["provenance"] = provenance_rows(mine)
-    entry["arms"] = {arm: arm_entry([mine[(arm, s)] for s in seeds]) for arm in design.CORRECTION_ARMS}
+    for arm in design.CORRECTION_ARMS:
+        arm_units = [mine[(arm, s)] for s in seeds]
+        mean, half = mean_ci([dropped(u) for u in arm_units])
+        last_lag = design.arm_fields(arm)["v"] - 1
+        entry["arms"][arm] = arm_entry(arm_units) | {"dropped": {
+            "mean": float(mean), "ci": [float(mean - half), float(mean + half)], "last_lag": last_lag,
+            "at_last_lag": float(np.mean([dropped(u, lag=last_lag) for u in arm_units]))}}
     pairs = [(arm, base) for arm in design.CORRECTION_ARMS for base in design.CORRECTION_BASELINES]
     entry["differences"] = paired_differences(mine, units, pairs, seeds)
     return entry
