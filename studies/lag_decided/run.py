@@ -114,7 +114,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--regime2-steps", type=int, default=design.STEPS)
     parser.add_argument("--corrections", action="store_true", help="the field's corrections (exploratory)")
     parser.add_argument("--arms", nargs="+", choices=[*design.ARMS, *design.CORRECTION_ARMS], default=None,
-                        help="only these arms (those of the comparisons still open; one correction)")
+                        help="only these arms (an open comparison's, or one correction's)")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--summary", action="store_true")
     return parser

@@ -155,7 +155,8 @@ def corrections(out: Path, units: Mapping[tuple[str, int], Mapping[str, Any]],
         mean, half = mean_ci([dropped(u) for u in arm_units])
         last_lag = design.arm_fields(arm)["v"] - 1
         entry["arms"][arm] = arm_entry(arm_units) | {"dropped": {
-            "mean": float(mean), "ci": [float(mean - half), float(mean + half)], "last_lag": last_lag,
+            "mean": float(mean), "ci": None if np.isnan(half) else [float(mean - half), float(mean + half)],
+            "last_lag": last_lag,
             "at_last_lag": float(np.mean([dropped(u, lag=last_lag) for u in arm_units]))}}
     pairs = [(arm, base) for arm in design.CORRECTION_ARMS for base in design.CORRECTION_BASELINES]
     entry["differences"] = paired_differences(mine, units, pairs, seeds)
