@@ -15,6 +15,9 @@ from grpo_lab.lm.policy import LMPolicy, packed_layout, prompt_groups
 from grpo_lab.lm.sampling import HFSampler
 
 LOGP_ATOL, GRAD_RTOL = 1e-4, 1e-5
+SMOLLM2_GRAD_RTOL = 1e-4
+"""SmolLM2's 30 float32 layers sum attention in another order when the prompt is shared: 1.1e-5 was seen once in
+CI (2 cores, loaded), 1e-5 otherwise; a wrong mask or position moves log π by far more (the std check below)."""
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +44,15 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def assert_same_scores(shared: LMPolicy, whole: LMPolicy, rollout: Rollout, micro: int | None) -> None:
+def assert_same_scores(shared: LMPolicy, whole: LMPolicy, rollout: Rollout, micro: int | None,
+                       grad_rtol: float = GRAD_RTOL) -> None:
     weights = torch.randn(rollout.completions.shape, generator=torch.Generator().manual_seed(1))
     logp, grad = score(shared, rollout, micro, weights)
     logp_whole, grad_whole = score(whole, rollout, micro, weights)
     mask = rollout.mask
     gap, rel = float((logp - logp_whole)[mask].abs().max()), relative(grad, grad_whole)
     print(f"max |Δ log π| = {gap:.2e}, |Δ∇| / |∇| = {rel:.2e}")
-    assert gap <= LOGP_ATOL and rel <= GRAD_RTOL
+    assert gap <= LOGP_ATOL and rel <= grad_rtol
     assert (logp[~mask] == 0).all()
     assert float(logp[mask].std()) > 0.5 and grad_whole.norm() > 0  # the comparison could see a shift
 
@@ -234,7 +238,8 @@ def test_shared_prompt_on_the_bundled_smollm2():
     prompts[1] = prompts[1] + " Think."  # another length, so that some prompts are left-padded
     rollout = HFSampler(shared, tokenizer, max_completion_length=8).sample(prompts, 3, torch.Generator())
     assert (rollout.extra["prompt_mask"] == 0).any()
+    noise = torch.Generator().manual_seed(0)   # seeded: the same perturbed weights whatever ran before
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(1e-3 * torch.randn_like(p))
-    assert_same_scores(shared, whole, rollout, micro=4)
+            p.add_(1e-3 * torch.randn(p.shape, generator=noise, dtype=p.dtype))
+    assert_same_scores(shared, whole, rollout, micro=4, grad_rtol=SMOLLM2_GRAD_RTOL)
