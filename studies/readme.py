@@ -69,7 +69,7 @@ def lag_decided_table(summary: Mapping[str, Any]) -> str:
                      else summary["seeds_in"]})
     text = markdown(rows) + (f"\n\n{markdown(_arm_rows(summary['arms'], 'seeds of the last look'))}"
                              if summary["arms"] else "")
-    sections = [("The field's corrections, lr 1e-5", summary["corrections"])]
+    sections = [(f"The field's corrections, lr {lr_label(summary['design']['lr'])}", summary["corrections"])]
     if summary["regime2"]["arms"]:   # its lr is chosen once its arms are in
         sections.insert(0, (f"Second regime, lr {lr_label(summary['regime2']['lr'])}", summary["regime2"]))
     for title, entry in sections:

@@ -42,16 +42,25 @@ def held_out_auc(unit: Mapping[str, Any]) -> float:
 def drift(unit: Mapping[str, Any], lag: int | None = None) -> float:
     """Mean |log r′| per token over the unit's steps that trained (at one ``lag`` if given): how far π_k had
     moved from α while the server waited."""
-    values = [r["log_ratio_k_abs"] for r in unit["records"]
-              if not r["skipped"] and (lag is None or r["lag"] == lag)]
-    return float(np.mean(values)) if values else float("nan")
+    return trained_mean(unit, "log_ratio_k_abs", lag)
 
 
 def dropped(unit: Mapping[str, Any], lag: int | None = None) -> float:
     """Mean share of sampled tokens a mask dropped (``drop_frac``: weight 0) over the unit's steps that trained (at
     one ``lag`` if given): what a masking correction threw away."""
-    values = [r["drop_frac"] for r in unit["records"] if not r["skipped"] and (lag is None or r["lag"] == lag)]
+    return trained_mean(unit, "drop_frac", lag)
+
+
+def trained_mean(unit: Mapping[str, Any], key: str, lag: int | None = None) -> float:
+    """Mean of the records' ``key`` over the unit's steps that trained (at one ``lag`` if given); NaN if none."""
+    values = [r[key] for r in unit["records"] if not r["skipped"] and (lag is None or r["lag"] == lag)]
     return float(np.mean(values)) if values else float("nan")
+
+
+def mean_and_ci(values: Sequence[float]) -> dict[str, Any]:
+    """``{"mean", "ci"}``: the mean and its 95 % t interval over seeds (None with one value)."""
+    mean, half = mean_ci(values)
+    return {"mean": float(mean), "ci": None if np.isnan(half) else [float(mean - half), float(mean + half)]}
 
 
 def arm_entry(units: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -61,8 +70,7 @@ def arm_entry(units: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for key, values in (("j_auc", [u["j_auc"] for u in units]), ("j_final", [u["j_final"] for u in units]),
                         ("held_out_j_auc", [held_out_auc(u) for u in units]),
                         ("drift", [drift(u) for u in units])):
-        mean, half = mean_ci(values)
-        entry[key] = {"mean": float(mean), "ci": None if np.isnan(half) else [float(mean - half), float(mean + half)]}
+        entry[key] = mean_and_ci(values)
     entry["j_curve"] = {s: float(np.mean([u["j_curve"][s] for u in units])) for s in units[0]["j_curve"]}
     entry["collapsed"] = sum(u["j_final"] < u["j_curve"]["0"] for u in units)
     return entry
@@ -152,12 +160,9 @@ def corrections(out: Path, units: Mapping[tuple[str, int], Mapping[str, Any]],
     entry["provenance"] = provenance_rows(mine)
     for arm in design.CORRECTION_ARMS:
         arm_units = [mine[(arm, s)] for s in seeds]
-        mean, half = mean_ci([dropped(u) for u in arm_units])
         last_lag = design.arm_fields(arm)["v"] - 1
-        entry["arms"][arm] = arm_entry(arm_units) | {"dropped": {
-            "mean": float(mean), "ci": None if np.isnan(half) else [float(mean - half), float(mean + half)],
-            "last_lag": last_lag,
-            "at_last_lag": float(np.mean([dropped(u, lag=last_lag) for u in arm_units]))}}
+        entry["arms"][arm] = arm_entry(arm_units) | {"dropped": mean_and_ci([dropped(u) for u in arm_units]) | {
+            "last_lag": last_lag, "at_last_lag": float(np.mean([dropped(u, lag=last_lag) for u in arm_units]))}}
     pairs = [(arm, base) for arm in design.CORRECTION_ARMS for base in design.CORRECTION_BASELINES]
     entry["differences"] = paired_differences(mine, units, pairs, seeds)
     return entry
@@ -170,6 +175,5 @@ def paired_differences(a_units: Mapping[tuple[str, int], Mapping[str, Any]],
     (exploratory: no test); arm a's units from ``a_units``, b's from ``b_units``."""
     out = {}
     for a, b in pairs:
-        mean, half = mean_ci([a_units[(a, s)]["j_auc"] - b_units[(b, s)]["j_auc"] for s in seeds])
-        out[f"{a} - {b}"] = {"mean": float(mean), "ci": [float(mean - half), float(mean + half)]}
+        out[f"{a} - {b}"] = mean_and_ci([a_units[(a, s)]["j_auc"] - b_units[(b, s)]["j_auc"] for s in seeds])
     return out
