@@ -21,20 +21,23 @@ completion tokens. Run it alone on the machine::
     .venv/bin/python benchmarks/step_seconds.py                                   # addsubmul1, 8 tokens, 20 rounds
     .venv/bin/python benchmarks/step_seconds.py --group 2                         # one group of its sides only
     .venv/bin/python benchmarks/step_seconds.py --task gsm_symbolic --tokens 128  # 128-token chains, 10 rounds
+    .venv/bin/python benchmarks/step_seconds.py --amendment 1                     # TRL scoring completions only
     .venv/bin/python studies/steps_to_target/run.py --summary                     # the ratios, with intervals
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +170,36 @@ class Turns:
             self._thread.join()
 
 
+@contextlib.contextmanager
+def completion_scoring() -> Iterator[None]:
+    """TRL's fused LM head scoring the completion positions only, as TRL does where Triton runs. Elsewhere (here:
+    the CPU) TRL scores every position, prompt included, and masks the prompt's afterwards; one name in
+    ``trl.trainer.utils``, ``_use_triton``, decides which, and it is switched here for the block. The tiles' kernel
+    (``trl.kernels.chunked_logprob``'s own ``_use_triton``) stays torch's."""
+    import trl.trainer.utils as trl_utils
+
+    if not callable(getattr(trl_utils, "_use_triton", None)):
+        raise RuntimeError(f"trl {importlib.metadata.version('trl')}: trl.trainer.utils has no _use_triton; the "
+                           "fused LM head's scoring switch has moved")
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: True
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
+
+
 class TRLSide:
     """TRL's side: the TRL units' ``run_trl`` (the empty-batch rule on) in :class:`Turns`, its reward calls forced by
     mode and its generation calls counted, its model put back to its starting weights after each step
-    (:class:`Untrained`); ``trl_config`` is the trainer's resolved ``args``."""
+    (:class:`Untrained`); ``trl_config`` is the trainer's resolved ``args``. With ``completions_only`` its steps run
+    under :func:`completion_scoring`."""
 
-    def __init__(self, config: Any, model: Any, tokenizer: Any, problems: Sequence[Any]) -> None:
+    def __init__(self, config: Any, model: Any, tokenizer: Any, problems: Sequence[Any],
+                 completions_only: bool = False) -> None:
         from studies.time_to_accuracy.trl_side import run_trl
 
+        self.completions_only = completions_only
         self.mode, self.stepped, self.tokens = "signal", [], []
         self.trl_config: dict[str, Any] = {}
 
@@ -201,20 +226,30 @@ class TRLSide:
 
     def step(self, mode: str) -> dict[str, Any]:
         self.mode = mode
-        seconds = self.turns.turn()
+        with completion_scoring() if self.completions_only else contextlib.nullcontext():
+            seconds = self.turns.turn()
         self.untrained.restore()         # TRL's thread waits between steps: the weights are the caller's to set
         return {"seconds": seconds, "stepped": self.stepped[-1], "tokens": self.tokens[-1]}
 
     def described(self) -> dict[str, Any]:
-        return {"trl_config": self.trl_config}
+        return {"trl_config": self.trl_config,
+                "scoring": "completion positions" if self.completions_only else "every position"}
+
+
+TRL_VARIANTS = {"trl_completions": {"completions_only": True}}
+"""The amendments' sides (:data:`~studies.steps_to_target.design.AMENDMENTS`): TRL with these :class:`TRLSide`
+options."""
 
 
 def build_sides(names: Sequence[str], base: Any, model: Any, tokenizer: Any,
                 problems: Sequence[Any]) -> dict[str, LoopSide | TRLSide]:
-    """Each named side of :data:`~studies.steps_to_target.design.SIDES` on ``base`` (seed 0), on its own copy of
-    ``model``."""
+    """Each named side of :data:`~studies.steps_to_target.design.SIDES` or of an amendment's sides (TRL variants)
+    on ``base`` (seed 0), on its own copy of ``model``."""
     sides: dict[str, LoopSide | TRLSide] = {}
     for name in names:
+        if name in TRL_VARIANTS:
+            sides[name] = TRLSide(base, copy.deepcopy(model), tokenizer, problems, **TRL_VARIANTS[name])
+            continue
         changes = design.SIDES[name]
         side = TRLSide if changes is None else LoopSide
         sides[name] = side(base.replace(**(changes or {})), copy.deepcopy(model), tokenizer, problems)
@@ -241,9 +276,11 @@ def interleave(sides: Mapping[str, LoopSide | TRLSide], rounds: int, warmup: int
     return out
 
 
-def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[str], out: Path) -> dict[str, Any]:
+def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[str], out: Path,
+              amendment: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One group of sides on the recipe at ``tokens`` completion tokens: build them, interleave warm-up + ``pairs``
-    rounds, write ``out`` with provenance and return the record."""
+    rounds, write ``out`` with provenance (and the amendment's number and SHA-256 if it is an amendment's run) and
+    return the record."""
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.text_task import train_problems
     from studies.provenance import provenance
@@ -252,6 +289,8 @@ def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[st
     record: dict[str, Any] = {"task": task, "tokens": tokens, "pairs": pairs, "group": group,
                               "warmup_rounds": design.WARMUP_ROUNDS, "order_seed": design.ORDER_SEED,
                               "design_sha": tta.design_sha(json.loads((design.HERE / "design.json").read_text())),
+                              **({} if amendment is None else {"amendment": amendment["number"],
+                                                               "amendment_sha": design.amendment_sha(amendment)}),
                               **provenance(ROOT, ignore=out.parent)}
     wall = time.perf_counter()
     base = tta.shared_recipe(task, design.load_design()["lr"]).replace(
@@ -285,10 +324,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=None, help="rounds kept (default: the design's, at least 10)")
     parser.add_argument("--group", type=int, nargs="+", default=None,
                         help="which of the task's groups of sides to run, from 1 (default: each in turn)")
+    parser.add_argument("--amendment", type=int, default=None, choices=[a["number"] for a in design.AMENDMENTS],
+                        help="run this amendment's benchmark instead (its task, tokens, rounds and one group)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", type=Path, default=design.HERE / "seconds",
                         help="folder of the files <task>_<tokens>_g<group>.json")
     args = parser.parse_args(argv)
+    if args.amendment is not None:
+        amendment = next(a for a in design.AMENDMENTS if a["number"] == args.amendment)
+        (run,) = amendment["runs"]
+        (names,) = run["groups"]
+        torch.set_num_threads(args.threads)
+        run_group(run["task"], run["tokens"], run["pairs"], 1, names,
+                  args.out / f"{run['task']}_{run['tokens']}_a{args.amendment}.json", amendment)
+        return
     tokens, pairs, groups = settings[args.task]
     tokens, pairs = args.tokens or tokens, args.pairs or pairs
     chosen = args.group or list(range(1, len(groups) + 1))

@@ -184,6 +184,81 @@ def test_the_groups_resample_independently_and_must_be_joinable():
         std.check_groups(groups)
 
 
+def test_an_amendment_reads_its_own_ratios_and_refuses_another_amendment():
+    """Amendment 1's file, made up with constant seconds: at e₀ a side's seconds a step are c + e₀·c∅, so each ratio
+    is known by hand and its interval is its point; the file is kept apart from the design's runs (the recipe's
+    decomposition does not see it) and refused under another amendment."""
+    amendment = std.AMENDMENT_1
+    c = {"trl_like": (10.0, 10.0), "trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
+    rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": s, "stepped": True, "tokens": 90},
+                                             "empty": {"seconds": e, "stepped": False, "tokens": 90}}
+                                      for name, (s, e) in c.items()}} for w in (True, False, False)]
+    bench = {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "amendment": 1,
+             "amendment_sha": std.amendment_sha(amendment), "sides": {name: {} for name in c}, "rounds": rounds}
+    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
+              "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
+              "benchmark": {"runs": []}}
+    bench["design_sha"] = design_sha(design)
+    summary = summarize(design, [], [bench])
+    e0 = std.EMPTY_SHARE
+
+    def per_step(name):
+        return c[name][0] + e0 * c[name][1]
+
+    ratios = summary["amendments"]["1"]["at_share"][f"{e0:g}"]
+    for name, (a, b) in amendment["ratios"].items():
+        assert ratios[name]["ratio"] == pytest.approx(per_step(a) / per_step(b))
+        assert ratios[name]["ci_low"] == pytest.approx(ratios[name]["ci_high"])
+    assert ratios["every_position"]["ratio"] * ratios["rest"]["ratio"] == pytest.approx(ratios["unexplained"]["ratio"])
+    assert summary["seconds"] == {} and summary["time_ratios"] == {}          # not read as the recipe's run
+    assert summary["missing_amendments"] == [] and summarize(design, [], [])["missing_amendments"] == [
+        "addsubmul1_8_a1"]
+    with pytest.raises(ValueError, match="another amendment"):
+        summarize(design, [], [{**bench, "amendment_sha": "other"}])
+    with pytest.raises(ValueError, match=r"amendments \[2\]"):
+        summarize(design, [], [{**bench, "amendment": 2}])
+
+
+def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_probs():
+    """TRL's fused LM head on a tiny model, the prompt's labels masked as TRL masks them: off a Triton device it
+    scores every position; under ``completion_scoring`` only the completion positions, with the same
+    log-probabilities and gradients there (to float tolerance: the tiles hold other rows). The switch is undone
+    after the block."""
+    import trl.trainer.utils as trl_utils
+
+    bench = benchmark_module()
+    model = tiny_model()
+    trl_utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    torch.manual_seed(0)
+    ids = torch.randint(3, 100, (3, 9))
+    labels = ids.clone()
+    labels[:, :6] = -100                               # prompt of 6, completions of 3 (TRL keeps the last 3 logits)
+    scored = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+
+    def counted(hidden, *args):
+        scored.append(hidden.shape[0])
+        return apply(hidden, *args)
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
+        out.log_probs[:, -3:].sum().backward()
+        return out.log_probs[:, -3:].detach(), [p.grad.clone() for p in model.parameters()]
+
+    trl_utils._ChunkedLogProbFunction.apply = counted
+    try:
+        every, every_grads = run()
+        with bench.completion_scoring():
+            completions, completion_grads = run()
+        again, _ = run()
+    finally:
+        trl_utils._ChunkedLogProbFunction.apply = apply
+    assert scored == [3 * 8, 3 * 3, 3 * 8]           # shifted: 8 positions a row, 3 of them completion tokens'
+    assert torch.allclose(completions, every, atol=1e-6) and torch.equal(again, every)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(completion_grads, every_grads, strict=True))
+
+
 # ----------------------------------------------------------------------------- the step clock
 
 
@@ -315,16 +390,21 @@ def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
     base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
                        micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False, seed=0)
     model = tiny_model()
-    sides = bench.build_sides(["grpo_lab_v1", "trl_like", "trl"], base, model, tokenizer(), problems())
+    sides = bench.build_sides(["grpo_lab_v1", "trl_like", "trl", "trl_completions"], base, model, tokenizer(),
+                              problems())
     try:
         rounds = bench.interleave(sides, rounds=1, warmup=0, order_seed=0)
     finally:
         sides["trl"].turns.close()
+        sides["trl_completions"].turns.close()
     steps = rounds[0]["sides"]
     assert all(steps[name]["signal"]["stepped"] and not steps[name]["empty"]["stepped"] for name in sides)
     assert steps["trl"]["signal"]["tokens"] == steps["grpo_lab_v1"]["signal"]["tokens"] == 4 * 3   # P·G rows, 3 each
     assert sides["trl_like"].described()["sampler"] == "GenerateSampler"
     assert sides["trl"].described()["trl_config"]["num_generations"] == 2
+    assert [sides[name].described()["scoring"] for name in ("trl", "trl_completions")] == [
+        "every position", "completion positions"]
+    assert {name for a in std.AMENDMENTS for name in a["sides"]} <= set(bench.TRL_VARIANTS)   # every side has a builder
     for side in sides.values():      # AdamW stepped, then π_θ went back to its starting weights
         trained = side.untrained.model.state_dict()
         assert all(torch.equal(trained[name], value) for name, value in model.state_dict().items())

@@ -239,6 +239,34 @@ EMPTY_SHARE = 0.3125
 """e₀: :func:`empty_share` of the loop's passages to the 80 % target in the time-to-accuracy units (a test checks
 it)."""
 
+AMENDMENT_1 = {
+    "number": 1,
+    "fixed_on": "2026-12-06",
+    "why": "trl / trl_like is 1.57x [1.52, 1.62] at 8 tokens, which no side isolates. A profile of one TRL step "
+           "(one thread, under load: a lead, not a figure) put a third of its CPU time in TRL's fused LM head "
+           "(trl.kernels.chunked_logprob), which off a Triton device scores every position of prompt and "
+           "completion and masks the prompt's afterwards; where Triton runs it scores the completion positions only",
+    "sides": {"trl_completions": "trl, its fused LM head scoring the completion positions only (TRL's path where "
+                                 "Triton runs; the tiles stay torch's)"},
+    "runs": [{"task": "addsubmul1", "tokens": 8, "pairs": 10,
+              "groups": [["trl_like", "trl", "trl_completions"]]}],
+    "ratios": {"every_position": ["trl", "trl_completions"], "rest": ["trl_completions", "trl_like"],
+               "unexplained": ["trl", "trl_like"]},
+    "empty_share": EMPTY_SHARE,
+}
+"""A benchmark added after the design (amendment 1), fixed before its run and kept out of ``design.json`` so
+every unit and benchmark file run under that design stays valid: one group of TRL, TRL scoring the completion
+positions only (``trl_completions``) and ``trl_like``, 10 rounds alone at 2 threads, read as ``trl`` /
+``trl_completions`` (what scoring every position costs), ``trl_completions`` / ``trl_like`` (what is left) and
+``trl`` / ``trl_like`` again (the unexplained part, measured a second time). Its files carry
+:func:`amendment_sha`."""
+AMENDMENTS = (AMENDMENT_1,)
+
+
+def amendment_sha(amendment: Mapping[str, Any]) -> str:
+    """SHA-256 of an amendment's canonical JSON: its benchmark files record it."""
+    return tta.design_sha(dict(amendment))
+
 
 def j_spread_at(steps: Sequence[int], arm: str = LOOP, units_dir: Path = ISSUE38_UNITS) -> list[float]:
     """The SD over ``arm``'s seeds of exact J at each optimiser-step count, J interpolated linearly between the

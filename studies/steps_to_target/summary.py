@@ -7,8 +7,9 @@ did not censored at the cap); ``per_update`` (:func:`~.design.decide_per_update`
 both arms have two seeds); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
-``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one. A unit or
-a benchmark run under another design is refused.
+``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
+``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``. A unit or a benchmark run under another design, or an
+amendment's file under another amendment, is refused.
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def round_seconds(bench: Mapping[str, Any]) -> dict[str, tuple[list[float], list
                    [r["sides"][name]["empty"]["seconds"] for r in kept]) for name in bench["sides"]}
 
 
+def seconds_drawn(group: Mapping[str, tuple[Sequence[float], Sequence[float]]], share: float, resamples: int,
+                  rng: np.random.Generator) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Each side's seconds per optimiser step at ``share`` empty batches a step
+    (:func:`~grpo_lab.stats.passage.seconds_per_step`) from a group's rounds (side → (c, c∅) per round), and the
+    same in ``resamples`` bootstrap draws of the rounds, drawn once for every side (they ran in the same rounds)."""
+    c = {name: (np.asarray(s), np.asarray(e)) for name, (s, e) in group.items()}
+    draws = passage.pair_draws(len(next(iter(c.values()))[0]), resamples, rng)
+    at = {name: float(passage.seconds_per_step(s.mean(), e.mean(), share)) for name, (s, e) in c.items()}
+    drawn = {name: passage.seconds_per_step(s[draws].mean(-1), e[draws].mean(-1), share) for name, (s, e) in c.items()}
+    return at, drawn
+
+
+def ratio_entry(value: float, draws: np.ndarray, level: float = std.LEVEL) -> dict[str, Any]:
+    """A ratio and its percentile bootstrap interval."""
+    low, high = passage.percentile_interval(draws, level)
+    return {"ratio": value, "ci_low": low, "ci_high": high}
+
+
 def decomposition(groups: Sequence[Mapping[str, tuple[Sequence[float], Sequence[float]]]], share: float,
                   resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
                   level: float = std.LEVEL) -> dict[str, Any]:
@@ -73,32 +92,25 @@ def decomposition(groups: Sequence[Mapping[str, tuple[Sequence[float], Sequence[
     boot: dict[str, np.ndarray] = {}
     per_group: list[dict[str, float]] = []
     for group in groups:
-        c = {name: (np.asarray(s), np.asarray(e)) for name, (s, e) in group.items()}
-        draws = passage.pair_draws(len(next(iter(c.values()))[0]), resamples, rng)
-        at = {name: float(passage.seconds_per_step(s.mean(), e.mean(), share)) for name, (s, e) in c.items()}
-        drawn = {name: passage.seconds_per_step(s[draws].mean(-1), e[draws].mean(-1), share)
-                 for name, (s, e) in c.items()}
+        at, drawn = seconds_drawn(group, share, resamples, rng)
         per_group.append(at)
-        for name in c:
+        for name in group:
             if name != V1:
                 point[name], boot[name] = at[name] / at[V1], drawn[name] / drawn[V1]
-        if {"trl", "trl_like"} <= set(c):
+        if {"trl", "trl_like"} <= set(group):
             point["unexplained"], boot["unexplained"] = at["trl"] / at["trl_like"], drawn["trl"] / drawn["trl_like"]
 
-    def entry(value: float, draws_: np.ndarray) -> dict[str, Any]:
-        low, high = passage.percentile_interval(draws_, level)
-        return {"ratio": value, "ci_low": low, "ci_high": high}
-
     out: dict[str, Any] = {"share": share, "seconds_per_step": per_group,
-                           "to_v1": {name: entry(point[name], boot[name]) for name in point if name != "unexplained"}}
+                           "to_v1": {name: ratio_entry(point[name], boot[name], level) for name in point
+                                     if name != "unexplained"}}
     if set(std.FACTORS) <= set(point):
         product = math.prod(point[f] for f in std.FACTORS)
         product_draws = np.prod([boot[f] for f in std.FACTORS], axis=0)
-        out["factors_product"] = entry(product, product_draws)
+        out["factors_product"] = ratio_entry(product, product_draws, level)
         if "trl_like" in point:
-            out["interaction"] = entry(point["trl_like"] / product, boot["trl_like"] / product_draws)
+            out["interaction"] = ratio_entry(point["trl_like"] / product, boot["trl_like"] / product_draws, level)
     if "unexplained" in point:
-        out["unexplained"] = entry(point["unexplained"], boot["unexplained"])
+        out["unexplained"] = ratio_entry(point["unexplained"], boot["unexplained"], level)
     return out
 
 
@@ -123,6 +135,29 @@ def seconds_entry(benches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "at_share": {f"{share:g}": decomposition(seconds, share) for share in (0.0, std.EMPTY_SHARE)}}
 
 
+def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], resamples: int = std.RESAMPLES,
+                    seed: int = std.BOOTSTRAP_SEED, level: float = std.LEVEL) -> dict[str, Any]:
+    """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c, c∅ and
+    completion tokens, and the amendment's ``ratios`` (name → [numerator side, denominator side]) at a step that
+    trains and at e₀, each with a 95 % bootstrap interval over the rounds (drawn once for every side)."""
+    if bench.get("amendment_sha") != std.amendment_sha(amendment):
+        raise ValueError(f"{bench['task']}_{bench['tokens']}_a{amendment['number']} was run under another amendment "
+                         f"{amendment['number']} (amendment_sha differs)")
+    group = round_seconds(bench)
+    keys = ("pairs", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers", "trl",
+            "torch_threads", "load_start", "load_end", "wall_seconds")
+
+    def at(share: float) -> dict[str, Any]:
+        point, drawn = seconds_drawn(group, share, resamples, np.random.default_rng(seed))
+        return {name: ratio_entry(point[a] / point[b], drawn[a] / drawn[b], level)
+                for name, (a, b) in amendment["ratios"].items()}
+
+    return {"task": bench["task"], "tokens": bench["tokens"], **{k: bench.get(k) for k in keys},
+            "sides": {name: {"c": float(np.mean(c)), "c_empty": float(np.mean(e)), "described": bench["sides"][name]
+                             .get("scoring")} for name, (c, e) in group.items()},
+            "at_share": {f"{share:g}": at(share) for share in (0.0, amendment["empty_share"])}}
+
+
 def benchmark_runs(benches: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """The benchmark files by run, ``<task>_<tokens>``, each run's groups together."""
     runs: dict[str, list[Mapping[str, Any]]] = {}
@@ -139,14 +174,17 @@ def run_row(unit: Mapping[str, Any]) -> dict[str, Any]:
             "curve": {"0": unit["untrained_j"], **{str(p["optimizer_steps"]): p["j"] for p in unit["points"]}}}
 
 
-def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]],
-              benches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The summary (module docstring) of ``units`` and benchmark files ``benches`` run under ``design``."""
+def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], benches: Sequence[Mapping[str, Any]],
+              amendments: Sequence[Mapping[str, Any]] = std.AMENDMENTS) -> dict[str, Any]:
+    """The summary (module docstring) of ``units`` and benchmark files ``benches`` run under ``design`` and its
+    ``amendments``."""
     sha = design_sha(design)
     foreign = [f"{u['arm']}_s{u['seed']}" for u in units if u.get("design_sha") != sha]
     foreign += [f"{b['task']}_{b['tokens']}_g{b.get('group', 1)}" for b in benches if b.get("design_sha") != sha]
     if foreign:
         raise ValueError(f"{foreign} were run under another design (design_sha differs)")
+    amended = [b for b in benches if "amendment" in b]
+    benches = [b for b in benches if "amendment" not in b]
     levels, cap = design["targets"]["targets"], design["cap"]
     units = sorted(units, key=lambda u: (u["arm"], u["seed"]))
     by_arm = {arm: [u for u in units if u["arm"] == arm] for arm in design["arms"]}
@@ -178,6 +216,13 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]],
             design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"], design["time_ratio"]["level"])
             for name in levels}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
+    amendments = {a["number"]: a for a in amendments}
+    unknown = sorted({b["amendment"] for b in amended} - set(amendments))
+    if unknown:
+        raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
+    summary["amendments"] = {str(b["amendment"]): amendment_entry(b, amendments[b["amendment"]]) for b in amended}
+    summary["missing_amendments"] = [f"{r['task']}_{r['tokens']}_a{n}" for n, a in amendments.items()
+                                     for r in a["runs"] if str(n) not in summary["amendments"]]
     summary["missing_seconds"] = [
         f"{run}_g{g}" for r in design.get("benchmark", {}).get("runs", []) for run in [f"{r['task']}_{r['tokens']}"]
         for g in range(1, len(r["groups"]) + 1) if not any(b.get("group", 1) == g for b in runs.get(run, []))]
@@ -219,5 +264,9 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
         for side, r in {**at["to_v1"], **{k: at[k] for k in ("unexplained",) if k in at}}.items():
             lines.append(f"{run}: {side} / {V1 if side != 'unexplained' else 'trl / trl_like'} a step: "
                          f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+    for number, entry in summary.get("amendments", {}).items():
+        for name, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].items():
+            lines.append(f"amendment {number}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
+                         f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
     lines.append(f"missing units: {len(summary['missing'])}")
     return lines
