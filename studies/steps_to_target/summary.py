@@ -8,8 +8,8 @@ both arms have two seeds); ``seconds`` (per benchmark run, a task at a completio
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
-``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``. A unit or a benchmark run under another design, or an
-amendment's file under another amendment, is refused.
+``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``. A unit or a benchmark run
+under another design, or an amendment's file under another amendment, is refused.
 """
 
 from __future__ import annotations
