@@ -185,32 +185,42 @@ def test_the_groups_resample_independently_and_must_be_joinable():
 
 
 def test_an_amendment_reads_its_own_ratios_and_refuses_another_amendment():
-    """Amendment 1's file, made up with constant seconds: at e₀ a side's seconds a step are c + e₀·c∅, so each ratio
-    is known by hand and its interval is its point; the file is kept apart from the design's runs (the recipe's
-    decomposition does not see it) and refused under another amendment."""
+    """Amendment 1's file and the recipe's first group, made up with constant seconds: at e₀ a side's seconds a step
+    are c + e₀·c∅, so each ratio is known by hand and its interval is its point; ``rest`` is ``trl_completions`` /
+    ``trl_like`` across the two runs. The file is kept apart from the design's runs (the recipe's decomposition
+    does not see it) and refused under another amendment."""
     amendment = std.AMENDMENT_1
-    c = {"trl_like": (10.0, 10.0), "trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
-    rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": s, "stepped": True, "tokens": 90},
-                                             "empty": {"seconds": e, "stepped": False, "tokens": 90}}
-                                      for name, (s, e) in c.items()}} for w in (True, False, False)]
-    bench = {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "amendment": 1,
-             "amendment_sha": std.amendment_sha(amendment), "sides": {name: {} for name in c}, "rounds": rounds}
+
+    def bench_of(c, **extra):
+        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": s, "stepped": True, "tokens": 90},
+                                                 "empty": {"seconds": e, "stepped": False, "tokens": 90}}
+                                          for name, (s, e) in c.items()}} for w in (True, False, False)]
+        return {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "sides": {name: {} for name in c},
+                "rounds": rounds, **extra}
+
+    c = {"trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
+    recipe = {"grpo_lab_v1": (2.0, 1.0), "trl": (18.0, 16.0), "trl_like": (10.0, 10.0)}
     design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
               "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
               "benchmark": {"runs": []}}
-    bench["design_sha"] = design_sha(design)
-    summary = summarize(design, [], [bench])
+    bench = bench_of(c, amendment=1, amendment_sha=std.amendment_sha(amendment), design_sha=design_sha(design))
     e0 = std.EMPTY_SHARE
 
-    def per_step(name):
-        return c[name][0] + e0 * c[name][1]
+    def per_step(seconds, name):
+        return seconds[name][0] + e0 * seconds[name][1]
 
+    alone = summarize(design, [], [bench])
+    ratios = alone["amendments"]["1"]["at_share"][f"{e0:g}"]
+    assert ratios.keys() == {"every_position"} and ratios["every_position"]["ratio"] == pytest.approx(
+        per_step(c, "trl") / per_step(c, "trl_completions"))
+    assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
+    summary = summarize(design, [], [bench, bench_of(recipe, design_sha=design_sha(design))])
     ratios = summary["amendments"]["1"]["at_share"][f"{e0:g}"]
-    for name, (a, b) in amendment["ratios"].items():
-        assert ratios[name]["ratio"] == pytest.approx(per_step(a) / per_step(b))
-        assert ratios[name]["ci_low"] == pytest.approx(ratios[name]["ci_high"])
-    assert ratios["every_position"]["ratio"] * ratios["rest"]["ratio"] == pytest.approx(ratios["unexplained"]["ratio"])
-    assert summary["seconds"] == {} and summary["time_ratios"] == {}          # not read as the recipe's run
+    assert ratios["rest"]["ratio"] == pytest.approx(per_step(c, "trl_completions") / per_step(c, "trl")
+                                                    * per_step(recipe, "trl") / per_step(recipe, "trl_like"))
+    assert ratios["rest"]["ci_low"] == pytest.approx(ratios["rest"]["ci_high"])
+    assert summary["seconds"]["addsubmul1_8"]["at_share"][f"{e0:g}"]["unexplained"]["ratio"] == pytest.approx(
+        ratios["every_position"]["ratio"] * ratios["rest"]["ratio"])
     assert summary["missing_amendments"] == [] and summarize(design, [], [])["missing_amendments"] == [
         "addsubmul1_8_a1"]
     with pytest.raises(ValueError, match="another amendment"):

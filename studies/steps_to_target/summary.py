@@ -135,11 +135,15 @@ def seconds_entry(benches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "at_share": {f"{share:g}": decomposition(seconds, share) for share in (0.0, std.EMPTY_SHARE)}}
 
 
-def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], resamples: int = std.RESAMPLES,
-                    seed: int = std.BOOTSTRAP_SEED, level: float = std.LEVEL) -> dict[str, Any]:
-    """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c, c∅ and
-    completion tokens, and the amendment's ``ratios`` (name → [numerator side, denominator side]) at a step that
-    trains and at e₀, each with a 95 % bootstrap interval over the rounds (drawn once for every side)."""
+def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any],
+                    recipe: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+                    resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
+                    level: float = std.LEVEL) -> dict[str, Any]:
+    """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c and c∅, and
+    the amendment's ``ratios`` (name → [numerator side, denominator side]) at a step that trains and at e₀, each with
+    a 95 % bootstrap interval over the rounds (drawn once for every side); and, given ``recipe`` (the recipe's group
+    holding ``trl`` and ``trl_like``), ``rest``: ``trl`` / ``trl_like`` there over ``every_position`` here, that
+    is ``trl_completions`` / ``trl_like``, the two runs' rounds drawn independently."""
     if bench.get("amendment_sha") != std.amendment_sha(amendment):
         raise ValueError(f"{bench['task']}_{bench['tokens']}_a{amendment['number']} was run under another amendment "
                          f"{amendment['number']} (amendment_sha differs)")
@@ -148,13 +152,19 @@ def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], resa
             "torch_threads", "load_start", "load_end", "wall_seconds")
 
     def at(share: float) -> dict[str, Any]:
-        point, drawn = seconds_drawn(group, share, resamples, np.random.default_rng(seed))
-        return {name: ratio_entry(point[a] / point[b], drawn[a] / drawn[b], level)
-                for name, (a, b) in amendment["ratios"].items()}
+        rng = np.random.default_rng(seed)
+        point, drawn = seconds_drawn(group, share, resamples, rng)
+        ratios = {name: (point[a] / point[b], drawn[a] / drawn[b]) for name, (a, b) in amendment["ratios"].items()}
+        if recipe is not None and "every_position" in ratios:
+            there, there_drawn = seconds_drawn(recipe, share, resamples, rng)
+            every, every_drawn = ratios["every_position"]
+            ratios["rest"] = (there["trl"] / there["trl_like"] / every,
+                              there_drawn["trl"] / there_drawn["trl_like"] / every_drawn)
+        return {name: ratio_entry(value, draws, level) for name, (value, draws) in ratios.items()}
 
     return {"task": bench["task"], "tokens": bench["tokens"], **{k: bench.get(k) for k in keys},
-            "sides": {name: {"c": float(np.mean(c)), "c_empty": float(np.mean(e)), "described": bench["sides"][name]
-                             .get("scoring")} for name, (c, e) in group.items()},
+            "sides": {name: {"c": float(np.mean(c)), "c_empty": float(np.mean(e)),
+                             "scoring": bench["sides"][name].get("scoring")} for name, (c, e) in group.items()},
             "at_share": {f"{share:g}": at(share) for share in (0.0, amendment["empty_share"])}}
 
 
@@ -220,7 +230,9 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     unknown = sorted({b["amendment"] for b in amended} - set(amendments))
     if unknown:
         raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
-    summary["amendments"] = {str(b["amendment"]): amendment_entry(b, amendments[b["amendment"]]) for b in amended}
+    summary["amendments"] = {str(b["amendment"]): amendment_entry(b, amendments[b["amendment"]], next(
+        (round_seconds(r) for r in benches if (r["task"], r["tokens"]) == (b["task"], b["tokens"])
+         and {"trl", "trl_like"} <= set(r["sides"])), None)) for b in amended}
     summary["missing_amendments"] = [f"{r['task']}_{r['tokens']}_a{n}" for n, a in amendments.items()
                                      for r in a["runs"] if str(n) not in summary["amendments"]]
     summary["missing_seconds"] = [
