@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,30 +169,11 @@ class Turns:
             self._thread.join()
 
 
-@contextlib.contextmanager
-def completion_scoring() -> Iterator[None]:
-    """TRL's fused LM head scoring the completion positions only, as TRL does where Triton runs. Elsewhere (here:
-    the CPU) TRL scores every position, prompt included, and masks the prompt's afterwards; one name in
-    ``trl.trainer.utils``, ``_use_triton``, decides which, and it is switched here for the block. The tiles' kernel
-    (``trl.kernels.chunked_logprob``'s own ``_use_triton``) stays torch's."""
-    import trl.trainer.utils as trl_utils
-
-    if not callable(getattr(trl_utils, "_use_triton", None)):
-        raise RuntimeError(f"trl {importlib.metadata.version('trl')}: trl.trainer.utils has no _use_triton; the "
-                           "fused LM head's scoring switch has moved")
-    original = trl_utils._use_triton
-    trl_utils._use_triton = lambda device: True
-    try:
-        yield
-    finally:
-        trl_utils._use_triton = original
-
-
 class TRLSide:
     """TRL's side: the TRL units' ``run_trl`` (the empty-batch rule on) in :class:`Turns`, its reward calls forced by
     mode and its generation calls counted, its model put back to its starting weights after each step
     (:class:`Untrained`); ``trl_config`` is the trainer's resolved ``args``. With ``completions_only`` its steps run
-    under :func:`completion_scoring`."""
+    under :func:`~studies.time_to_accuracy.trl_side.completion_scoring`."""
 
     def __init__(self, config: Any, model: Any, tokenizer: Any, problems: Sequence[Any],
                  completions_only: bool = False) -> None:
@@ -226,6 +206,8 @@ class TRLSide:
 
     def step(self, mode: str) -> dict[str, Any]:
         self.mode = mode
+        from studies.time_to_accuracy.trl_side import completion_scoring
+
         with completion_scoring() if self.completions_only else contextlib.nullcontext():
             seconds = self.turns.turn()
         self.untrained.restore()         # TRL's thread waits between steps: the weights are the caller's to set

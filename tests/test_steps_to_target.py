@@ -184,49 +184,59 @@ def test_the_groups_resample_independently_and_must_be_joinable():
         std.check_groups(groups)
 
 
-def test_an_amendment_reads_its_own_ratios_and_refuses_another_amendment():
-    """Amendment 1's file and the recipe's first group, made up with constant seconds: at e₀ a side's seconds a step
-    are c + e₀·c∅, so each ratio is known by hand and its interval is its point; ``rest`` is ``trl_completions`` /
-    ``trl_like`` across the two runs. The file is kept apart from the design's runs (the recipe's decomposition
-    does not see it) and refused under another amendment."""
-    amendment = std.AMENDMENT_1
-
-    def bench_of(c, **extra):
+def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_another_version():
+    """Amendments 1 and 2's files and the recipe's first group, made up with constant seconds: at e₀ a side's seconds
+    a step are c + e₀·c∅, so each ratio is known by hand and its interval is its point. Amendment 1's ``rest``
+    (through the recipe's group) and the join of 1 and 2 are read only where the runs share a CPU model. The files
+    are kept apart from the design's runs (the recipe's decomposition does not see them); a file of another version
+    of an amendment, or of one the design has not, is refused."""
+    def bench_of(c, cpu="A", **extra):
         rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": s, "stepped": True, "tokens": 90},
                                                  "empty": {"seconds": e, "stepped": False, "tokens": 90}}
                                           for name, (s, e) in c.items()}} for w in (True, False, False)]
         return {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "sides": {name: {} for name in c},
-                "rounds": rounds, **extra}
+                "rounds": rounds, "cpu_model": cpu, "design_sha": design_sha(design), **extra}
 
-    c = {"trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
-    recipe = {"grpo_lab_v1": (2.0, 1.0), "trl": (18.0, 16.0), "trl_like": (10.0, 10.0)}
+    def amended(number, c, cpu="A"):
+        amendment = std.AMENDMENTS[number - 1]
+        return bench_of(c, cpu, amendment=number, amendment_sha=std.amendment_sha(amendment))
+
     design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
               "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
               "benchmark": {"runs": []}}
-    bench = bench_of(c, amendment=1, amendment_sha=std.amendment_sha(amendment), design_sha=design_sha(design))
-    e0 = std.EMPTY_SHARE
+    first = {"trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
+    second = {"trl_like": (10.0, 10.0), "trl_completions": (12.0, 11.0)}
+    recipe = {"grpo_lab_v1": (2.0, 1.0), "trl": (18.0, 16.0), "trl_like": (10.0, 10.0)}
+    e0 = f"{std.EMPTY_SHARE:g}"
 
     def per_step(seconds, name):
-        return seconds[name][0] + e0 * seconds[name][1]
+        return seconds[name][0] + std.EMPTY_SHARE * seconds[name][1]
 
-    alone = summarize(design, [], [bench])
-    ratios = alone["amendments"]["1"]["at_share"][f"{e0:g}"]
+    alone = summarize(design, [], [amended(1, first)])
+    ratios = alone["amendments"]["1"]["at_share"][e0]
     assert ratios.keys() == {"every_position"} and ratios["every_position"]["ratio"] == pytest.approx(
-        per_step(c, "trl") / per_step(c, "trl_completions"))
+        per_step(first, "trl") / per_step(first, "trl_completions"))
     assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
-    summary = summarize(design, [], [bench, bench_of(recipe, design_sha=design_sha(design))])
-    ratios = summary["amendments"]["1"]["at_share"][f"{e0:g}"]
-    assert ratios["rest"]["ratio"] == pytest.approx(per_step(c, "trl_completions") / per_step(c, "trl")
-                                                    * per_step(recipe, "trl") / per_step(recipe, "trl_like"))
-    assert ratios["rest"]["ci_low"] == pytest.approx(ratios["rest"]["ci_high"])
-    assert summary["seconds"]["addsubmul1_8"]["at_share"][f"{e0:g}"]["unexplained"]["ratio"] == pytest.approx(
-        ratios["every_position"]["ratio"] * ratios["rest"]["ratio"])
-    assert summary["missing_amendments"] == [] and summarize(design, [], [])["missing_amendments"] == [
-        "addsubmul1_8_a1"]
-    with pytest.raises(ValueError, match="another amendment"):
-        summarize(design, [], [{**bench, "amendment_sha": "other"}])
-    with pytest.raises(ValueError, match=r"amendments \[2\]"):
-        summarize(design, [], [{**bench, "amendment": 2}])
+    assert alone["amendments_joined"] is None and alone["missing_amendments"] == ["addsubmul1_8_a2"]
+    two_machines = summarize(design, [], [amended(1, first), bench_of(recipe, cpu="B")])
+    assert "rest" not in two_machines["amendments"]["1"]["at_share"][e0]
+    one_machine = summarize(design, [], [amended(1, first), bench_of(recipe)])
+    rest = one_machine["amendments"]["1"]["at_share"][e0]["rest"]
+    assert rest["ratio"] == pytest.approx(per_step(first, "trl_completions") / per_step(first, "trl")
+                                          * per_step(recipe, "trl") / per_step(recipe, "trl_like"))
+    assert rest["ci_low"] == pytest.approx(rest["ci_high"])
+    both = summarize(design, [], [amended(1, first), amended(2, second)])
+    assert both["amendments"]["2"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
+        per_step(second, "trl_completions") / per_step(second, "trl_like"))
+    assert both["amendments_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
+        per_step(first, "trl") / per_step(first, "trl_completions")
+        * per_step(second, "trl_completions") / per_step(second, "trl_like"))
+    assert both["missing_amendments"] == []
+    assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["amendments_joined"] is None
+    with pytest.raises(ValueError, match="another version"):
+        summarize(design, [], [{**amended(1, first), "amendment_sha": "other"}])
+    with pytest.raises(ValueError, match=r"amendments \[3\]"):          # amendment 3 has units, no benchmark
+        summarize(design, [], [{**amended(1, first), "amendment": 3}])
 
 
 def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_probs():
@@ -236,7 +246,8 @@ def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_p
     after the block."""
     import trl.trainer.utils as trl_utils
 
-    bench = benchmark_module()
+    from studies.time_to_accuracy.trl_side import completion_scoring
+
     model = tiny_model()
     trl_utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
     torch.manual_seed(0)
@@ -259,7 +270,7 @@ def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_p
     trl_utils._ChunkedLogProbFunction.apply = counted
     try:
         every, every_grads = run()
-        with bench.completion_scoring():
+        with completion_scoring():
             completions, completion_grads = run()
         again, _ = run()
     finally:
@@ -267,6 +278,47 @@ def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_p
     assert scored == [3 * 8, 3 * 3, 3 * 8]           # shifted: 8 positions a row, 3 of them completion tokens'
     assert torch.allclose(completions, every, atol=1e-6) and torch.equal(again, every)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(completion_grads, every_grads, strict=True))
+
+
+def test_trl_units_train_scoring_completions_only_and_record_amendment_3(tmp_path, one_thread):
+    """A TRL unit (the study's ``trl`` arm) on a tiny model: every fused LM head call in its training runs with the
+    scoring switch on (a spy reads it at each call), the unit records amendment 3, the switch is off afterwards, and
+    the summary refuses a TRL unit without the amendment."""
+    import trl.trainer.utils as trl_utils
+
+    from studies.steps_to_target.summary import summarize as summarize_units
+
+    model, tok, questions = tiny_model(), tokenizer(), list(problems()[:2])
+    base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
+                       micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False)
+    design = {"task": "add1", "lr": 1e-3, "targets": {"targets": {"50%": 2.0}, "untrained_j": None,
+                                                      "questions": "all", "question_count": 2, "fixed_on": "made up"},
+              "arms": ["grpo_lab_v1", "trl"], "order": [["trl", 7]], "every": 2, "min_steps": 2, "cap": 2,
+              "batch_cap": 4, "threads": 1, "eval_threads": 1,
+              "per_update": {"steps": [2], "margin": 0.051, "alpha": 0.05},
+              "time_ratio": {"resamples": 200, "bootstrap_seed": 1, "level": 0.95}, "benchmark": {"runs": []}}
+    from studies.lag_frontier.frontier import exact_j
+
+    design["targets"]["untrained_j"] = exact_j(model, tok, questions, base).mean
+    (tmp_path / "design.json").write_text(json.dumps(design))
+    switched = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(*args):
+        switched.append(trl_utils._use_triton(torch.device("cpu")))
+        return apply(*args)
+
+    trl_utils._ChunkedLogProbFunction.apply = spy
+    try:
+        (unit,) = run_units(tmp_path, ROOT, model=model, tokenizer=tok, questions=questions,
+                            problems=lambda config: problems(), base=base, log=lambda line: None)
+    finally:
+        trl_utils._ChunkedLogProbFunction.apply = apply
+    assert switched and all(switched) and not trl_utils._use_triton(torch.device("cpu"))
+    assert unit["amendment"] == 3 and unit["scoring"] == "completion positions"
+    assert unit["amendment_sha"] == std.amendment_sha(std.AMENDMENT_3)
+    with pytest.raises(ValueError, match="another version of it"):
+        summarize_units(design, [{k: v for k, v in unit.items() if k != "amendment_sha"}], [])
 
 
 # ----------------------------------------------------------------------------- the step clock
@@ -414,7 +466,7 @@ def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
     assert sides["trl"].described()["trl_config"]["num_generations"] == 2
     assert [sides[name].described()["scoring"] for name in ("trl", "trl_completions")] == [
         "every position", "completion positions"]
-    assert {name for a in std.AMENDMENTS for name in a["sides"]} <= set(bench.TRL_VARIANTS)   # every side has a builder
+    assert {name for a in std.AMENDMENTS for name in a.get("sides", {})} <= set(bench.TRL_VARIANTS)  # a builder each
     for side in sides.values():      # AdamW stepped, then π_θ went back to its starting weights
         trained = side.untrained.model.state_dict()
         assert all(torch.equal(trained[name], value) for name, value in model.state_dict().items())

@@ -260,7 +260,41 @@ every unit and benchmark file run under that design stays valid: TRL and TRL sco
 position costs) and, with the recipe's first group, ``trl_completions`` / ``trl_like`` (what is left). A first try
 with ``trl_like`` in the group as well held 24.3 GB and was killed in its warm-up round (no file written, nothing
 read); two TRL trainers and a loop do not fit in 23 GiB. Its files carry :func:`amendment_sha`."""
-AMENDMENTS = (AMENDMENT_1,)
+AMENDMENT_2 = {
+    "number": 2,
+    "fixed_on": "2026-12-06",
+    "why": "amendment 1 ran on an AMD EPYC (AVX-512, no AMX); the recipe's group 1 ran on I2 (Intel Xeon, AVX-512 "
+           "and AMX), where TRL's step took 16.5 s against 23.8 s there, so amendment 1's rest would join two "
+           "machines and is not read. What is left after scoring is measured within one run instead, on amendment "
+           "1's machine",
+    "sides": {},
+    "runs": [{"task": "addsubmul1", "tokens": 8, "pairs": 10, "groups": [["trl_like", "trl_completions"]]}],
+    "ratios": {"rest": ["trl_completions", "trl_like"]},
+    "joined": "trl / trl_like on that machine = every_position (amendment 1) x rest (here), the two runs' rounds "
+              "resampled independently, only where both ran on one CPU model",
+    "empty_share": EMPTY_SHARE,
+}
+"""Amendment 2, fixed before its run: ``trl_completions`` / ``trl_like`` in one run on amendment 1's machine, and
+with amendment 1 the whole of ``trl`` / ``trl_like`` there (:func:`~.summary.joined_amendments`)."""
+AMENDMENT_3 = {
+    "number": 3,
+    "fixed_on": "2026-12-06",
+    "why": "a TRL unit censored at the cap takes about 4 h at one thread beside a loop unit (trl_s530: 26 optimiser "
+           "steps in 44 batches, J 0.134, about 65 s a batch), longer than a sitting, whose processes and "
+           "checkpoints do not outlive it; no TRL unit had finished. Scoring the completion positions only (TRL's "
+           "path where Triton runs) gives the same log-probabilities and gradients to 1e-6 (tested) and takes "
+           "1/1.70 of a step (amendment 1); at 2 threads alone a unit censored at the cap takes about 70 min. "
+           "A step count is the measure, not a unit's seconds; the seconds half keeps stock TRL",
+    "arm": "trl",
+    "scoring": "completion positions",
+    "threads": 2,
+    "beside": "nothing: one TRL unit at a time",
+}
+"""Amendment 3, fixed before any TRL unit finished: TRL's units score the completion positions only
+(:func:`studies.time_to_accuracy.trl_side.completion_scoring`) and run at 2 threads, one at a time. Every TRL unit
+records it; the summary refuses a TRL unit without it."""
+AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3)
+UNIT_AMENDMENT = AMENDMENT_3
 
 
 def amendment_sha(amendment: Mapping[str, Any]) -> str:

@@ -135,37 +135,64 @@ def seconds_entry(benches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "at_share": {f"{share:g}": decomposition(seconds, share) for share in (0.0, std.EMPTY_SHARE)}}
 
 
-def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any],
-                    recipe: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+def amendment_ratios(bench: Mapping[str, Any], amendment: Mapping[str, Any], share: float, resamples: int,
+                     rng: np.random.Generator, recipe: Mapping[str, Any] | None = None
+                     ) -> dict[str, tuple[float, np.ndarray]]:
+    """An amendment's ``ratios`` (name → [numerator side, denominator side]) in its file at ``share`` empty batches
+    a step, each with its bootstrap draws over the rounds (drawn once for every side); and, given ``recipe`` (the
+    recipe's benchmark file holding ``trl`` and ``trl_like``) run on the same CPU model, ``rest``: ``trl`` /
+    ``trl_like`` there over ``every_position`` here, the two runs' rounds drawn independently."""
+    point, drawn = seconds_drawn(round_seconds(bench), share, resamples, rng)
+    ratios = {name: (point[a] / point[b], drawn[a] / drawn[b]) for name, (a, b) in amendment["ratios"].items()}
+    if recipe is not None and recipe.get("cpu_model") == bench.get("cpu_model") and "every_position" in ratios:
+        there, there_drawn = seconds_drawn(round_seconds(recipe), share, resamples, rng)
+        every, every_drawn = ratios["every_position"]
+        ratios["rest"] = (there["trl"] / there["trl_like"] / every,
+                          there_drawn["trl"] / there_drawn["trl_like"] / every_drawn)
+    return ratios
+
+
+def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], recipe: Mapping[str, Any] | None = None,
                     resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
                     level: float = std.LEVEL) -> dict[str, Any]:
     """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c and c∅, and
-    the amendment's ``ratios`` (name → [numerator side, denominator side]) at a step that trains and at e₀, each with
-    a 95 % bootstrap interval over the rounds (drawn once for every side); and, given ``recipe`` (the recipe's group
-    holding ``trl`` and ``trl_like``), ``rest``: ``trl`` / ``trl_like`` there over ``every_position`` here, that
-    is ``trl_completions`` / ``trl_like``, the two runs' rounds drawn independently."""
-    if bench.get("amendment_sha") != std.amendment_sha(amendment):
-        raise ValueError(f"{bench['task']}_{bench['tokens']}_a{amendment['number']} was run under another amendment "
-                         f"{amendment['number']} (amendment_sha differs)")
-    group = round_seconds(bench)
+    :func:`amendment_ratios` at a step that trains and at e₀, each with a 95 % bootstrap interval. A file run under
+    another version of the amendment is refused."""
+    check_amendment(bench, amendment)
     keys = ("pairs", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers", "trl",
             "torch_threads", "load_start", "load_end", "wall_seconds")
-
-    def at(share: float) -> dict[str, Any]:
-        rng = np.random.default_rng(seed)
-        point, drawn = seconds_drawn(group, share, resamples, rng)
-        ratios = {name: (point[a] / point[b], drawn[a] / drawn[b]) for name, (a, b) in amendment["ratios"].items()}
-        if recipe is not None and "every_position" in ratios:
-            there, there_drawn = seconds_drawn(recipe, share, resamples, rng)
-            every, every_drawn = ratios["every_position"]
-            ratios["rest"] = (there["trl"] / there["trl_like"] / every,
-                              there_drawn["trl"] / there_drawn["trl_like"] / every_drawn)
-        return {name: ratio_entry(value, draws, level) for name, (value, draws) in ratios.items()}
-
+    ratios = {f"{share:g}": amendment_ratios(bench, amendment, share, resamples, np.random.default_rng(seed), recipe)
+              for share in (0.0, amendment["empty_share"])}
     return {"task": bench["task"], "tokens": bench["tokens"], **{k: bench.get(k) for k in keys},
             "sides": {name: {"c": float(np.mean(c)), "c_empty": float(np.mean(e)),
-                             "scoring": bench["sides"][name].get("scoring")} for name, (c, e) in group.items()},
-            "at_share": {f"{share:g}": at(share) for share in (0.0, amendment["empty_share"])}}
+                             "scoring": bench["sides"][name].get("scoring")}
+                      for name, (c, e) in round_seconds(bench).items()},
+            "at_share": {share: {name: ratio_entry(value, draws, level) for name, (value, draws) in at.items()}
+                         for share, at in ratios.items()}}
+
+
+def check_amendment(record: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
+    """ValueError unless ``record`` (a benchmark file or a unit) was run under this version of ``amendment``."""
+    if record.get("amendment_sha") != std.amendment_sha(amendment):
+        raise ValueError(f"a file of amendment {amendment['number']} ({record.get('task') or record.get('arm')}) was "
+                         f"run under another version of it (amendment_sha differs)")
+
+
+def joined_amendments(first: Mapping[str, Any], second: Mapping[str, Any], amendments: Mapping[int, Any],
+                      resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
+                      level: float = std.LEVEL) -> dict[str, Any] | None:
+    """Amendment 2's join: ``trl`` / ``trl_like`` = ``every_position`` (amendment 1's file ``first``) × ``rest``
+    (amendment 2's ``second``), at a step that trains and at e₀, the two runs' rounds drawn independently; None
+    where they ran on different CPU models."""
+    if first.get("cpu_model") != second.get("cpu_model"):
+        return None
+    out = {}
+    for share in (0.0, amendments[2]["empty_share"]):
+        rng = np.random.default_rng(seed)
+        every, every_draws = amendment_ratios(first, amendments[1], share, resamples, rng)["every_position"]
+        rest, rest_draws = amendment_ratios(second, amendments[2], share, resamples, rng)["rest"]
+        out[f"{share:g}"] = {"trl_over_trl_like": ratio_entry(every * rest, every_draws * rest_draws, level)}
+    return {"cpu_model": first.get("cpu_model"), "at_share": out}
 
 
 def benchmark_runs(benches: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -190,6 +217,11 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     ``amendments``."""
     sha = design_sha(design)
     foreign = [f"{u['arm']}_s{u['seed']}" for u in units if u.get("design_sha") != sha]
+    unit_amendment = {a["number"]: a for a in amendments}.get(std.UNIT_AMENDMENT["number"])
+    if unit_amendment is not None:
+        for unit in units:
+            if unit["arm"] == unit_amendment["arm"]:
+                check_amendment(unit, unit_amendment)
     foreign += [f"{b['task']}_{b['tokens']}_g{b.get('group', 1)}" for b in benches if b.get("design_sha") != sha]
     if foreign:
         raise ValueError(f"{foreign} were run under another design (design_sha differs)")
@@ -227,14 +259,18 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
             for name in levels}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
     amendments = {a["number"]: a for a in amendments}
-    unknown = sorted({b["amendment"] for b in amended} - set(amendments))
+    unknown = sorted({b["amendment"] for b in amended} - {n for n, a in amendments.items() if a.get("runs")})
     if unknown:
         raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
-    summary["amendments"] = {str(b["amendment"]): amendment_entry(b, amendments[b["amendment"]], next(
-        (round_seconds(r) for r in benches if (r["task"], r["tokens"]) == (b["task"], b["tokens"])
-         and {"trl", "trl_like"} <= set(r["sides"])), None)) for b in amended}
+    by_number = {b["amendment"]: b for b in amended}
+    recipe_file = next((b for b in benches if b["task"] == design["task"] and {"trl", "trl_like"} <= set(b["sides"])),
+                       None)
+    summary["amendments"] = {str(n): amendment_entry(b, amendments[n], recipe_file if n == 1 else None)
+                             for n, b in sorted(by_number.items())}
+    summary["amendments_joined"] = (joined_amendments(by_number[1], by_number[2], amendments)
+                                    if {1, 2} <= set(by_number) else None)
     summary["missing_amendments"] = [f"{r['task']}_{r['tokens']}_a{n}" for n, a in amendments.items()
-                                     for r in a["runs"] if str(n) not in summary["amendments"]]
+                                     for r in a.get("runs", []) if n not in by_number]
     summary["missing_seconds"] = [
         f"{run}_g{g}" for r in design.get("benchmark", {}).get("runs", []) for run in [f"{r['task']}_{r['tokens']}"]
         for g in range(1, len(r["groups"]) + 1) if not any(b.get("group", 1) == g for b in runs.get(run, []))]

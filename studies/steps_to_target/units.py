@@ -10,7 +10,8 @@ file ``units/<arm>_s<seed>.json`` holds ``points`` (per evaluation: ``optimizer_
 (:func:`studies.provenance.provenance`: commit and whether the tree had changes outside the units folder, CPU
 model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU,
 evaluation and checkpoint seconds and ``design_sha``. Its training seconds are a record only: units share the
-machine, so they measure nothing.
+machine, so they measure nothing. TRL's units train with its fused LM head scoring the completion positions only
+and record amendment 3 (:data:`~.design.AMENDMENT_3`: a censored unit at stock scoring outlasts a sitting).
 
 Units resume from their last checkpoint: the first evaluation point 10 minutes after the last save saves the
 trainer's and the clock's state (:mod:`.resume`), and a process that finds a killed unit's checkpoint continues it
@@ -19,6 +20,7 @@ exactly where it was, recording each resume's provenance, time and step in ``res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -27,8 +29,10 @@ from typing import Any
 
 from studies.locks import UnitLock
 from studies.provenance import provenance
+from studies.steps_to_target import design as std
 from studies.steps_to_target.resume import UnitCheckpoint
 from studies.time_to_accuracy import design as tta
+from studies.time_to_accuracy.trl_side import completion_scoring
 from studies.time_to_accuracy.units import evaluator, train_unit, write_json
 
 UNITS = "units"
@@ -140,10 +144,14 @@ def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design
         clock = StepClock(design["every"], design["cap"], design["min_steps"],
                           max(design["targets"]["targets"].values()), design["batch_cap"])
         checkpoint = UnitCheckpoint(path, clock)
+        amended = arm.name == std.UNIT_AMENDMENT["arm"]
         unit = checkpoint.open({"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
+                                **({"amendment": std.UNIT_AMENDMENT["number"], "scoring": "completion positions",
+                                    "amendment_sha": std.amendment_sha(std.UNIT_AMENDMENT)} if amended else {}),
                                 **provenance(root, ignore=path.parent), "config": config.to_dict()})
         evaluate = evaluator(questions, config, design["eval_threads"])
-        trained = train_unit(arm, config, clock, evaluate, model, tokenizer, problems, checkpoint)
+        with completion_scoring() if amended else contextlib.nullcontext():
+            trained = train_unit(arm, config, clock, evaluate, model, tokenizer, problems, checkpoint)
         unit |= {"untrained_j": untrained_j, **trained, **checkpoint.totals(trained),
                  "optimizer_steps": clock.optimizer_steps, "stopped_by": clock.stopped_by}
         write_json(path, unit)

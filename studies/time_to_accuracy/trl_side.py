@@ -12,8 +12,9 @@ checkpoint resumes from Hugging Face's own checkpoint and saves one at the evalu
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,25 @@ def trl_config(config: TrainConfig, output_dir: str) -> Any:
     return stock_trl_config(config.replace(micro_batch_size=None), extras=dict(
         output_dir=output_dir, use_cpu=True, max_steps=10**6, save_strategy="no", activation_checkpointing=False,
         disable_tqdm=True))
+
+
+@contextlib.contextmanager
+def completion_scoring() -> Iterator[None]:
+    """TRL's fused LM head scoring the completion positions only, as TRL does where Triton runs. Elsewhere (here:
+    the CPU) TRL scores every position, prompt included, and masks the prompt's afterwards; one name in
+    ``trl.trainer.utils``, ``_use_triton``, decides which, and it is switched here for the block. The tiles' kernel
+    (``trl.kernels.chunked_logprob``'s own ``_use_triton``) stays torch's."""
+    import trl.trainer.utils as trl_utils
+
+    if not callable(getattr(trl_utils, "_use_triton", None)):
+        raise RuntimeError(f"trl {importlib.metadata.version('trl')}: trl.trainer.utils has no _use_triton; the "
+                           "fused LM head's scoring switch has moved")
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: True
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
 
 
 def skip_empty_batch() -> Any:
