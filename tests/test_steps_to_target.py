@@ -242,7 +242,8 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
 def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_probs():
     """TRL's fused LM head on a tiny model, the prompt's labels masked as TRL masks them: off a Triton device it
     scores every position; under ``completion_scoring`` only the completion positions, with the same
-    log-probabilities and gradients there (to float tolerance: the tiles hold other rows). The switch is undone
+    log-probabilities there (to 1e-6) and gradients (to 1e-5 of each one's largest entry at one or two threads: the
+    tiles hold other rows). The switch is undone
     after the block."""
     import trl.trainer.utils as trl_utils
 
@@ -277,7 +278,8 @@ def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_p
         trl_utils._ChunkedLogProbFunction.apply = apply
     assert scored == [3 * 8, 3 * 3, 3 * 8]           # shifted: 8 positions a row, 3 of them completion tokens'
     assert torch.allclose(completions, every, atol=1e-6) and torch.equal(again, every)
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(completion_grads, every_grads, strict=True))
+    worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(completion_grads, every_grads, strict=True))
+    assert worst < 1e-5, worst          # of each gradient's largest entry: the tiles sum in another order
 
 
 def test_trl_units_train_scoring_completions_only_and_record_amendment_3(tmp_path, one_thread):
