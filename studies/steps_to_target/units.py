@@ -146,7 +146,7 @@ def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design
         checkpoint = UnitCheckpoint(path, clock)
         amended = arm.name == std.UNIT_AMENDMENT["arm"]
         unit = checkpoint.open({"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
-                                **({"amendment": std.UNIT_AMENDMENT["number"], "scoring": "completion positions",
+                                **({"amendment": std.UNIT_AMENDMENT["number"], "scoring": std.UNIT_AMENDMENT["scoring"],
                                     "amendment_sha": std.amendment_sha(std.UNIT_AMENDMENT)} if amended else {}),
                                 **provenance(root, ignore=path.parent), "config": config.to_dict()})
         evaluate = evaluator(questions, config, design["eval_threads"])
