@@ -16,7 +16,14 @@ from grpo_lab.stats import passage
 from grpo_lab.stats.paired import welch_tost
 from studies.locks import UnitLock
 from studies.steps_to_target import design as std
-from studies.steps_to_target.summary import decomposition, summarize, summary_lines, unit_passages
+from studies.steps_to_target.summary import (
+    agrees,
+    decomposition,
+    issue38_check,
+    summarize,
+    summary_lines,
+    unit_passages,
+)
 from studies.steps_to_target.units import StepClock, run_units
 from studies.time_to_accuracy.design import design_sha
 
@@ -237,6 +244,46 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
         summarize(design, [], [{**amended(1, first), "amendment_sha": "other"}])
     with pytest.raises(ValueError, match=r"amendments \[3\]"):          # amendment 3 has units, no benchmark
         summarize(design, [], [{**amended(1, first), "amendment": 3}])
+
+
+def test_agreement_with_an_earlier_ratio_respects_its_bound():
+    """Exact: the intervals overlap; a lower bound: the product reaches its interval's low end; an upper bound: it
+    comes down to the high end. A product without an interval counts as its point."""
+    def earlier(bound):
+        return {"ratio": 1.0, "ci_low": 0.8, "ci_high": 1.2, "bound": bound}
+
+    def product(ratio, low=None, high=None):
+        return {"ratio": ratio, "ci_low": low, "ci_high": high}
+
+    assert agrees(earlier("exact"), product(1.3, 1.15, 1.4)) and not agrees(earlier("exact"), product(1.3, 1.25, 1.4))
+    assert not agrees(earlier("exact"), product(0.7, 0.6, 0.75))
+    assert agrees(earlier("lower"), product(5.0)) and agrees(earlier("lower"), product(0.7, 0.6, 0.85))
+    assert not agrees(earlier("lower"), product(0.7, 0.6, 0.75))
+    assert agrees(earlier("upper"), product(0.1)) and not agrees(earlier("upper"), product(1.5, 1.3, 1.7))
+    assert not agrees(earlier("neither"), product(1.0, 0.9, 1.1))
+
+
+def test_the_issue38_check_pairs_each_arm_with_its_product():
+    """The loop's mean seconds by the product are N̄ × its seconds a step; TRL's pair is the time ratio against the
+    earlier loop ÷ TRL, each side's its per-step ratio at e₀ against the earlier side ÷ loop, matched by name."""
+    def entry(ratio, low, high, bound="exact"):
+        return {"ratio": ratio, "ci_low": low, "ci_high": high, "bound": bound}
+
+    earlier = {"arms": {"grpo_lab_v1": {"50%": {"restricted_mean": 140.0}}},
+               "time_ratios": {"grpo_lab_v1": {"50%": entry(0.23, 0.16, 0.30, "upper")}},
+               "time_ratios_to_v1": {"grpo_lab_v1_empty_backward": {"50%": entry(0.96, 0.64, 1.44)},
+                                     "grpo_lab_v1_no_share_prompt": {"50%": entry(3.4, 3.2, 5.0, "lower")}}}
+    e0 = f"{std.EMPTY_SHARE:g}"
+    seconds = {"at_share": {e0: {"to_v1": {"empty_backward": entry(1.08, 1.07, 1.09),
+                                           "no_share_prompt": entry(2.96, 2.90, 3.05), "trl": entry(5.6, 5.3, 5.8)}}}}
+    time_ratios = {"50%": {"ratio": 0.15, "ci_low": 0.12, "ci_high": 0.19, "steps": 30.0, "seconds_per_step": 4.5}}
+    check = issue38_check(earlier, seconds, time_ratios)["50%"]
+    assert check["loop_seconds"] == {"product": 135.0, "issue38": 140.0}
+    assert check["ratios"].keys() == {"trl", "empty_backward", "no_share_prompt"}
+    assert check["ratios"]["trl"]["product"] == {"ratio": 0.15, "ci_low": 0.12, "ci_high": 0.19}
+    assert check["ratios"]["trl"]["issue38"]["bound"] == "upper" and check["ratios"]["trl"]["agrees"]
+    assert check["ratios"]["empty_backward"]["agrees"]
+    assert not check["ratios"]["no_share_prompt"]["agrees"]       # 3.05 falls short of a lower bound's 3.2
 
 
 def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_probs():

@@ -111,6 +111,10 @@ HERE = Path(__file__).resolve().parent
 TARGETS = tta.committed_dir() / "targets.json"
 ISSUE38_UNITS = tta.committed_dir() / "units"
 """The time-to-accuracy units the cap, the empty share and the spreads are computed from."""
+ISSUE38_SUMMARY = tta.committed_dir() / "summary.json"
+"""The time-to-accuracy study's wall-clock first passages, which the product is checked against."""
+ISSUE38_SIDES = {"empty_backward": "grpo_lab_v1_empty_backward", "no_share_prompt": "grpo_lab_v1_no_share_prompt"}
+"""Benchmark side → the time-to-accuracy arm that runs the same change."""
 
 ARMS = ("grpo_lab_v1", "trl")
 """The steps half's arms, by their names in :func:`studies.time_to_accuracy.design.arms`."""

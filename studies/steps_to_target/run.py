@@ -5,12 +5,13 @@ step count are passed, or the cap. It is written to ``units/<arm>_s<seed>.json``
 finishes; a unit whose file exists is skipped, and so is one another process is running (an advisory lock the OS
 releases if that process dies), so processes side by side, and sittings one after another, share one order; a unit
 whose process died resumes from its last evaluation point (its checkpoint, ``units/<arm>_s<seed>.ckpt/``). Step
-counts do not depend on the load: TRL's units are meant to run as two processes at one thread each::
+counts do not depend on the load, so the loop's units run as two processes at one thread each; TRL's, under the
+design's amendment 3, at 2 threads, one at a time::
 
     python studies/steps_to_target/run.py --design                          # design.json, once, before any unit
-    python studies/steps_to_target/run.py --units 15 --threads 1 &          # two processes share the order
-    python studies/steps_to_target/run.py --units 15 --threads 1 &
-    python studies/steps_to_target/run.py --units 5 --threads 1 --arms trl  # or one arm's units only
+    python studies/steps_to_target/run.py --units 10 --threads 1 --arms grpo_lab_v1 &   # two processes share
+    python studies/steps_to_target/run.py --units 10 --threads 1 --arms grpo_lab_v1 &   # the order
+    python studies/steps_to_target/run.py --units 5 --threads 2 --arms trl
     python benchmarks/step_seconds.py                                       # the seconds half, alone on the machine
     python studies/steps_to_target/run.py --summary                         # summary.json from both halves
 """

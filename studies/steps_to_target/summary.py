@@ -8,7 +8,8 @@ both arms have two seeds); ``seconds`` (per benchmark run, a task at a completio
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
-``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``. A unit or a benchmark run
+``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; and ``issue38_check``
+(:func:`issue38_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
 under another design, or an amendment's file under another amendment, is refused.
 """
 
@@ -195,6 +196,42 @@ def joined_amendments(first: Mapping[str, Any], second: Mapping[str, Any], amend
     return {"cpu_model": first.get("cpu_model"), "at_share": out}
 
 
+def agrees(earlier: Mapping[str, Any], product: Mapping[str, Any]) -> bool:
+    """Whether a product ratio (``ratio``, ``ci_low``, ``ci_high``; no interval: its point) agrees with an earlier
+    wall-clock ratio of the same two arms and its ``bound``: exact, the two intervals overlap; ``lower`` (the earlier
+    one is at most the truth: censored seeds in the numerator), the product reaches the earlier interval's low end;
+    ``upper``, the product comes down to its high end."""
+    low = product["ci_low"] if product["ci_low"] is not None else product["ratio"]
+    high = product["ci_high"] if product["ci_high"] is not None else product["ratio"]
+    reaches_up, reaches_down = high >= earlier["ci_low"], low <= earlier["ci_high"]
+    return {"exact": reaches_up and reaches_down, "lower": reaches_up, "upper": reaches_down}.get(
+        earlier["bound"], False)
+
+
+def issue38_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_ratios: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+    """The product against the time-to-accuracy study's wall-clock first passages (``earlier``, its summary: 600 s
+    budget, 2 threads), for the arms it resolves. Per target: the loop's mean seconds to the target by the product
+    (N̄·c + Ē·c∅) and there (its restricted mean, every seed reached); loop ÷ TRL (the product's time ratio, there a
+    bound of the budget); and for each of :data:`~.design.ISSUE38_SIDES`, side ÷ loop: the product's per-step ratio at
+    e₀ (the side's optimiser steps are the loop's: ``empty_backward`` takes the loop's trajectory exactly,
+    ``no_share_prompt`` the same in distribution) against the ratio there. Each with :func:`agrees`."""
+    e0 = seconds["at_share"][f"{std.EMPTY_SHARE:g}"]["to_v1"]
+    keys = ("ratio", "ci_low", "ci_high")
+    out: dict[str, Any] = {}
+    for name, ratio in time_ratios.items():
+        pairs = {"trl": (earlier["time_ratios"][V1][name], ratio)} | {
+            side: (earlier["time_ratios_to_v1"][arm][name], e0[side]) for side, arm in std.ISSUE38_SIDES.items()
+            if side in e0}
+        out[name] = {
+            "loop_seconds": {"product": ratio["steps"] * ratio["seconds_per_step"],
+                             "issue38": earlier["arms"][V1][name]["restricted_mean"]},
+            "ratios": {side: {"issue38": {k: there[k] for k in (*keys, "bound")},
+                              "product": {k: here[k] for k in keys}, "agrees": agrees(there, here)}
+                       for side, (there, here) in pairs.items()}}
+    return out
+
+
 def benchmark_runs(benches: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """The benchmark files by run, ``<task>_<tokens>``, each run's groups together."""
     runs: dict[str, list[Mapping[str, Any]]] = {}
@@ -212,9 +249,10 @@ def run_row(unit: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], benches: Sequence[Mapping[str, Any]],
-              amendments: Sequence[Mapping[str, Any]] = std.AMENDMENTS) -> dict[str, Any]:
+              amendments: Sequence[Mapping[str, Any]] = std.AMENDMENTS,
+              earlier: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The summary (module docstring) of ``units`` and benchmark files ``benches`` run under ``design`` and its
-    ``amendments``."""
+    ``amendments``; given ``earlier`` (the time-to-accuracy study's summary), :func:`issue38_check`."""
     sha = design_sha(design)
     foreign = [f"{u['arm']}_s{u['seed']}" for u in units if u.get("design_sha") != sha]
     unit_amendment = {a["number"]: a for a in amendments}.get(std.UNIT_AMENDMENT["number"])
@@ -258,6 +296,10 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
             design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"], design["time_ratio"]["level"])
             for name in levels}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
+    recipe_run = next((run for run, files in runs.items() if any(
+        b["task"] == design["task"] and {V1, "trl"} <= set(b["sides"]) for b in files)), None)
+    summary["issue38_check"] = (issue38_check(earlier, summary["seconds"][recipe_run], summary["time_ratios"])
+                                if earlier is not None and recipe_run is not None and summary["time_ratios"] else None)
     amendments = {a["number"]: a for a in amendments}
     unknown = sorted({b["amendment"] for b in amended} - {n for n, a in amendments.items() if a.get("runs")})
     if unknown:
@@ -283,7 +325,7 @@ def rebuild_summary(out: Path = std.HERE, write: bool = True) -> dict[str, Any]:
     design = std.load_design(out)
     units = [json.loads(p.read_text()) for p in sorted((out / "units").glob("*_s*.json"))]
     benches = [json.loads(p.read_text()) for p in sorted((out / "seconds").glob("*.json"))]
-    summary = summarize(design, units, benches)
+    summary = summarize(design, units, benches, earlier=json.loads(std.ISSUE38_SUMMARY.read_text()))
     if write:
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1) + "\n")
@@ -316,5 +358,13 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
         for name, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].items():
             lines.append(f"amendment {number}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
                          f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+    for name, check in (summary.get("issue38_check") or {}).items():
+        lines.append(f"issue 38's wall clock, {name}: the loop's mean {check['loop_seconds']['issue38']:.0f} s there, "
+                     f"{check['loop_seconds']['product']:.0f} s by the product")
+        for side, r in check["ratios"].items():
+            there, here = r["issue38"], r["product"]
+            lines.append(f"  {side}: {BOUND_MARK[there['bound']]}{there['ratio']:.2f} [{there['ci_low']:.2f}, "
+                         f"{there['ci_high']:.2f}] there, {here['ratio']:.2f} here: "
+                         f"{'agrees' if r['agrees'] else 'DISAGREES'}")
     lines.append(f"missing units: {len(summary['missing'])}")
     return lines
