@@ -88,13 +88,53 @@ def test_seeds_censored_at_the_cap_make_the_ratio_a_bound_or_leave_it_unresolved
         passage.product_time_ratio(censored, censored, ([1.0], [1.0]), seconds)
 
 
-def test_a_unit_that_missed_a_target_counts_at_the_cap_unless_it_stopped_short():
+def test_a_unit_that_missed_a_target_is_censored_at_the_cap_or_at_its_stop():
+    """At the cap: N the cap, E the empty batches by its last evaluation. Stopped by the batch cap (amendment 4):
+    N and E at its last batch, past its last evaluation. Stopped otherwise: refused."""
     points = [{"optimizer_steps": n, "steps": b, "j": j} for n, b, j in ((2, 3, 0.2), (4, 6, 0.45), (6, 8, 0.5))]
-    unit = {"arm": "trl", "seed": 1, "points": points, "stopped_by": "cap"}
+    unit = {"arm": "trl", "seed": 1, "points": points, "stopped_by": "cap", "optimizer_steps": 6, "steps": 8}
     got = unit_passages(unit, {"50%": 0.4, "80%": 0.6}, cap=6)
     assert got == {"50%": StepPassage(4, 2, True), "80%": StepPassage(6, 2, False)}
-    with pytest.raises(ValueError, match="restricted steps are not observed"):
-        unit_passages({**unit, "stopped_by": "batch_cap"}, {"80%": 0.6}, cap=6)
+    stalled = {**unit, "stopped_by": "batch_cap", "optimizer_steps": 7, "steps": 24}
+    assert unit_passages(stalled, {"50%": 0.4, "80%": 0.6}, cap=8) == {"50%": StepPassage(4, 2, True),
+                                                                      "80%": StepPassage(7, 17, False)}
+    with pytest.raises(ValueError, match="passage is not observed"):
+        unit_passages({**unit, "stopped_by": "interrupted"}, {"80%": 0.6}, cap=6)
+
+
+def test_a_stalled_trl_seed_makes_the_time_ratio_an_upper_bound_and_leaves_the_tost_its_seeds():
+    """Three seeds an arm with constant seconds (c = 2, c∅ = 1 for both): the loop's passages (10, 2) each, TRL's
+    (10, 2), (10, 2) and a unit stopped by the batch cap at 4 optimiser steps and 40 batches: (4, 36), not reached.
+    Mean times 22 and (22 + 22 + 44) / 3, so loop / TRL = 0.75, an upper bound. At 10 steps the TOST has 3 loop
+    seeds and TRL's 2 that got there."""
+    def unit(arm, seed, curve, stopped_by, n, b):
+        points = [{"optimizer_steps": k, "steps": k + e, "j": j} for k, e, j in curve]
+        return {"arm": arm, "seed": seed, "points": points, "stopped_by": stopped_by, "optimizer_steps": n,
+                "steps": b, "untrained_j": 0.1, "design_sha": design_sha(design)}
+
+    def bench():
+        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": 2.0, "stepped": True, "tokens": 9},
+                                                 "empty": {"seconds": 1.0, "stepped": False, "tokens": 9}}
+                                          for name in ("grpo_lab_v1", "trl")}} for w in (True, False, False)]
+        return {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "rounds": rounds,
+                "sides": {"grpo_lab_v1": {}, "trl": {}}, "design_sha": design_sha(design)}
+
+    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 20, "every": 2, "arms": ["grpo_lab_v1", "trl"],
+              "order": [], "task": "addsubmul1", "per_update": {"steps": [10], "margin": 0.05, "alpha": 0.05},
+              "benchmark": {"runs": []}, "time_ratio": {"resamples": 200, "bootstrap_seed": 0, "level": 0.95}}
+    reached = [(2, 0, 0.2), (10, 2, 0.5)]
+    units = [unit("grpo_lab_v1", s, [(2, 0, 0.2), (10, 2, 0.5 + 0.01 * s)], "targets", 10, 12) for s in range(3)]
+    units += [unit("trl", s, reached, "targets", 10, 12) for s in range(2)]
+    units.append(unit("trl", 2, [(2, 0, 0.2), (4, 6, 0.1)], "batch_cap", 4, 40))
+    amendment_3 = std.AMENDMENTS[2]
+    units = [{**u, "amendment_sha": std.amendment_sha(amendment_3)} if u["arm"] == "trl" else u for u in units]
+    summary = summarize(design, units, [bench()])
+    assert summary["batch_capped"] == ["trl_s2"]
+    assert summary["passages"]["trl"]["50%"][2] == [4, 36, False]
+    ratio = summary["time_ratios"]["50%"]
+    assert ratio["ratio"] == pytest.approx(22 / ((22 + 22 + 44) / 3)) and ratio["bound"] == "upper"
+    assert summary["per_update"]["10"]["seeds"] == {"grpo_lab_v1": 3, "trl": 2}
+    assert any("batch cap" in line and "trl_s2" in line for line in summary_lines(summary))
 
 
 def test_welch_tost_by_hand():

@@ -20,8 +20,9 @@ has passed both targets and at least :data:`MIN_STEPS` = 60 optimiser steps (the
 the cap :data:`CAP` = 142 optimiser steps: twice the loop's slowest seed in the time-to-accuracy units (71 optimiser
 steps to the 80 % target, :func:`issue38_passages`), rounded up to a multiple of k; a seed that has not reached a
 target by then is censored at the cap, and said so. A unit that takes :data:`BATCH_CAP` batches without reaching
-the cap (empty batches take no optimiser step) stops too; its restricted steps are not observed and the summary
-refuses it. Order: seed by seed, TRL before the loop (:func:`unit_order`); processes share it by advisory locks.
+the cap (empty batches take no optimiser step) stops too; its restricted steps are not observed, and amendment 4
+(:data:`AMENDMENT_4`) reads it censored at its stop. Order: seed by seed, TRL before the loop
+(:func:`unit_order`); processes share it by advisory locks.
 
 **First passage** N: the optimiser steps at the first evaluation with J ≥ the target (no interpolation: N is
 overstated by at most k − 1 = 1 step), with E, the empty batches by then (:class:`grpo_lab.stats.passage.StepPassage`).
@@ -134,7 +135,8 @@ CAP = 142
 time-to-accuracy units, up to a multiple of :data:`EVERY` (:func:`cap_from`; a test checks it against the data)."""
 BATCH_CAP = 4 * CAP
 """Batches at which a unit stops short of the cap (it stalled on empty batches): its restricted steps are not
-observed. The time-to-accuracy units took at most 1.4 batches per optimiser step."""
+observed (amendment 4 reads it censored at its stop). The time-to-accuracy units took at most 1.4 batches per
+optimiser step."""
 MARGIN = 0.051
 ALPHA = 0.05
 RESAMPLES = passage.RESAMPLES
@@ -297,7 +299,21 @@ AMENDMENT_3 = {
 """Amendment 3, fixed before any TRL unit finished: TRL's units score the completion positions only
 (:func:`studies.time_to_accuracy.trl_side.completion_scoring`) and run at 2 threads, one at a time. Every TRL unit
 records it; the summary refuses a TRL unit without it."""
-AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3)
+AMENDMENT_4 = {
+    "number": 4,
+    "fixed_on": "2026-12-06",
+    "why": "trl_s532 took 21 optimiser steps in its first 141 batches and none in the 50 after (every group's four "
+           "rewards equal; entropy 0.01-0.16; J 0.066 at 20 steps), so it may stop at the batch cap, and the design "
+           "refused such a unit without saying how the study reads it: refusing it would drop a seed for not "
+           "reaching the target. Fixed before that unit stopped",
+    "rule": "a unit stopped by the batch cap before reaching a target enters that target's passages censored at its "
+            "stop: N and E its optimiser steps and empty batches at its last batch, not reached, as a seed censored "
+            "at the cap does, so the time ratio is a bound (censoring_bound). Per update, a step count the unit did "
+            "not reach has no J from it: the TOST runs on the seeds that reached it, and the summary says how many",
+}
+"""Amendment 4, fixed before ``trl_s532`` stopped: how a unit stopped by the batch cap (it stalled on empty
+batches) is read (:func:`~.summary.unit_passages`)."""
+AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4)
 UNIT_AMENDMENT = AMENDMENT_3
 
 

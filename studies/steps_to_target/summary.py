@@ -3,8 +3,9 @@
 
 The summary holds ``runs`` (one row per unit: provenance, exact J by optimiser step, how it stopped); ``passages``
 (per arm and target, each seed's N, E and whether it reached the target, :func:`~.design.step_passage`, a seed that
-did not censored at the cap); ``per_update`` (:func:`~.design.decide_per_update` at the TOST step counts, once
-both arms have two seeds); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
+missed it censored at the cap, or at its stop if the batch cap stopped it: ``batch_capped`` lists those);
+``per_update`` (:func:`~.design.decide_per_update` at the TOST step counts, once both arms have two seeds there,
+with each arm's count of seeds); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
@@ -31,18 +32,21 @@ V1 = "grpo_lab_v1"
 
 
 def unit_passages(unit: Mapping[str, Any], levels: Mapping[str, float], cap: int) -> dict[str, passage.StepPassage]:
-    """Per target, the unit's :func:`~.design.step_passage`, or, if it never reached it, the cap's (censored): its
-    optimiser steps at the cap and the empty batches by then. A unit that missed a target and stopped short of the
-    cap (the batch cap) has no restricted steps: ValueError."""
+    """Per target, the unit's :func:`~.design.step_passage`, or, if it never reached it, censored: at the cap, its
+    optimiser steps there and the empty batches by then; at the batch cap (amendment 4), its optimiser steps and
+    empty batches at its last batch. A unit that missed a target and stopped otherwise: ValueError."""
     out = {}
     for name, level in levels.items():
         hit = std.step_passage(unit["points"], level)
         if hit is None:
-            if unit["stopped_by"] != "cap":
+            if unit["stopped_by"] == "cap":
+                last = unit["points"][-1]
+                hit = passage.StepPassage(cap, last["steps"] - last["optimizer_steps"], False)
+            elif unit["stopped_by"] == "batch_cap":
+                hit = passage.StepPassage(unit["optimizer_steps"], unit["steps"] - unit["optimizer_steps"], False)
+            else:
                 raise ValueError(f"{unit['arm']} seed {unit['seed']} missed {name} and stopped by "
-                                 f"{unit['stopped_by']}, short of the cap {cap}: its restricted steps are not observed")
-            last = unit["points"][-1]
-            hit = passage.StepPassage(cap, last["steps"] - last["optimizer_steps"], False)
+                                 f"{unit['stopped_by']}: its passage is not observed")
         out[name] = hit
     return out
 
@@ -275,6 +279,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
         "runs": [run_row(u) for u in units],
         "passages": {arm: {name: [[p.steps, p.empty, p.reached] for p in seeds] for name, seeds in targets.items()}
                      for arm, targets in passages.items()},
+        "batch_capped": [f"{u['arm']}_s{u['seed']}" for u in units if u["stopped_by"] == "batch_cap"],
         "per_update": None, "seconds": {},
         "time_ratios": {},
         "missing": [f"{a}_s{s}" for a, s in design["order"] if not any(
@@ -286,7 +291,8 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     if all(len(j[arm][n]) >= 2 for arm in (loop, trl) for n in steps):
         decided = std.decide_per_update(j[loop], j[trl], steps, design["per_update"]["margin"],
                                         design["per_update"]["alpha"])
-        summary["per_update"] = {str(n): entry for n, entry in decided.items()}
+        summary["per_update"] = {str(n): {**entry, "seeds": {arm: len(j[arm][n]) for arm in (loop, trl)}}
+                                 for n, entry in decided.items()}
     runs = benchmark_runs(benches)
     recipe = next((round_seconds(b) for b in benches if b["task"] == design["task"]
                    and {V1, "trl"} <= set(b["sides"])), {})
@@ -347,8 +353,9 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append(f"time to {name}, loop / TRL: {said}; steps {r['steps_ratio']:.2f}, seconds a step "
                      f"{r['seconds_ratio']:.2f}")
     for n, entry in (summary["per_update"] or {}).items():
+        seeds = "".join(f", {count} {arm} seeds" for arm, count in entry.get("seeds", {}).items())
         lines.append(f"per update at {n} steps: TRL − loop {entry['estimate']:+.3f} [{entry['ci95'][0]:+.3f}, "
-                     f"{entry['ci95'][1]:+.3f}], {entry['verdict']} (TOST p {entry['p_equivalence']:.3f})")
+                     f"{entry['ci95'][1]:+.3f}], {entry['verdict']} (TOST p {entry['p_equivalence']:.3f}{seeds})")
     for run, entry in summary["seconds"].items():
         at = entry["at_share"][f"{std.EMPTY_SHARE:g}"]
         for side, r in {**at["to_v1"], **{k: at[k] for k in ("unexplained",) if k in at}}.items():
@@ -366,5 +373,7 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
             lines.append(f"  {side}: {BOUND_MARK[there['bound']]}{there['ratio']:.2f} [{there['ci_low']:.2f}, "
                          f"{there['ci_high']:.2f}] there, {here['ratio']:.2f} here: "
                          f"{'agrees' if r['agrees'] else 'DISAGREES'}")
+    if summary.get("batch_capped"):
+        lines.append(f"stopped by the batch cap, censored at their stop (amendment 4): {summary['batch_capped']}")
     lines.append(f"missing units: {len(summary['missing'])}")
     return lines
