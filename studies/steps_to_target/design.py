@@ -302,7 +302,7 @@ records it; the summary refuses a TRL unit without it."""
 AMENDMENT_4 = {
     "number": 4,
     "fixed_on": "2026-12-06",
-    "why": "trl_s532 took 21 optimiser steps in its first 141 batches and none in the 50 after (every group's four "
+    "why": "trl_s532 took 21 optimiser steps in its first 141 batches and none in the 50 after (every group's eight "
            "rewards equal; entropy 0.01-0.16; J 0.066 at 20 steps), so it may stop at the batch cap, and the design "
            "refused such a unit without saying how the study reads it: refusing it would drop a seed for not "
            "reaching the target. Fixed before that unit stopped",
