@@ -330,8 +330,7 @@ def test_completion_scoring_scores_the_completions_only_and_gives_the_same_log_p
     """TRL's fused LM head on a tiny model, the prompt's labels masked as TRL masks them: off a Triton device it
     scores every position; under ``completion_scoring`` only the completion positions, with the same
     log-probabilities there (to 1e-6) and gradients (to 1e-5 of each one's largest entry at one or two threads: the
-    tiles hold other rows). The switch is undone
-    after the block."""
+    tiles hold other rows). The switch is undone after the block."""
     import trl.trainer.utils as trl_utils
 
     from studies.time_to_accuracy.trl_side import completion_scoring

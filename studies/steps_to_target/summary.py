@@ -236,11 +236,16 @@ def issue38_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_r
     return out
 
 
+def run_key(bench: Mapping[str, Any]) -> str:
+    """A benchmark file's run, ``<task>_<tokens>``: its key in the summary's ``seconds``."""
+    return f"{bench['task']}_{bench['tokens']}"
+
+
 def benchmark_runs(benches: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """The benchmark files by run, ``<task>_<tokens>``, each run's groups together."""
+    """The benchmark files by run (:func:`run_key`), each run's groups together."""
     runs: dict[str, list[Mapping[str, Any]]] = {}
     for bench in benches:
-        runs.setdefault(f"{bench['task']}_{bench['tokens']}", []).append(bench)
+        runs.setdefault(run_key(bench), []).append(bench)
     return runs
 
 
@@ -294,18 +299,17 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
         summary["per_update"] = {str(n): {**entry, "seeds": {arm: len(j[arm][n]) for arm in (loop, trl)}}
                                  for n, entry in decided.items()}
     runs = benchmark_runs(benches)
-    recipe = next((round_seconds(b) for b in benches if b["task"] == design["task"]
-                   and {V1, "trl"} <= set(b["sides"])), {})
+    recipe_bench = next((b for b in benches if b["task"] == design["task"] and {V1, "trl"} <= set(b["sides"])), None)
+    recipe = round_seconds(recipe_bench) if recipe_bench is not None else {}
     if recipe and all(passages[arm][next(iter(levels))] for arm in (loop, trl)):
         summary["time_ratios"] = {name: passage.product_time_ratio(
             passages[loop][name], passages[trl][name], recipe[V1], recipe["trl"],
             design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"], design["time_ratio"]["level"])
             for name in levels}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
-    recipe_run = next((run for run, files in runs.items() if any(
-        b["task"] == design["task"] and {V1, "trl"} <= set(b["sides"]) for b in files)), None)
-    summary["issue38_check"] = (issue38_check(earlier, summary["seconds"][recipe_run], summary["time_ratios"])
-                                if earlier is not None and recipe_run is not None and summary["time_ratios"] else None)
+    summary["issue38_check"] = (
+        issue38_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
+        if earlier is not None and summary["time_ratios"] else None)
     amendments = {a["number"]: a for a in amendments}
     unknown = sorted({b["amendment"] for b in amended} - {n for n, a in amendments.items() if a.get("runs")})
     if unknown:
