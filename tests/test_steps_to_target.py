@@ -20,6 +20,7 @@ from studies.steps_to_target.summary import (
     agrees,
     decomposition,
     issue38_check,
+    per_update_plan,
     summarize,
     summary_lines,
     unit_passages,
@@ -135,6 +136,24 @@ def test_a_stalled_trl_seed_makes_the_time_ratio_an_upper_bound_and_leaves_the_t
     assert ratio["ratio"] == pytest.approx(22 / ((22 + 22 + 44) / 3)) and ratio["bound"] == "upper"
     assert summary["per_update"]["10"]["seeds"] == {"grpo_lab_v1": 3, "trl": 2}
     assert any("batch cap" in line and "trl_s2" in line for line in summary_lines(summary))
+
+
+def test_the_per_update_plan_takes_the_larger_spread_and_finds_the_seeds_it_needs():
+    """TRL's J at 60 steps spreads (0.4, 0.6: SD √0.02), the loop's not at all: the plan takes TRL's SD at 60 and
+    the loop's at 40, where the loop spreads more. Seeds that agree to 0.001 are called equivalent in every
+    simulated study from 5 seeds an arm; seeds spread by 1 of J never are, up to the largest count tried."""
+    j = {"grpo_lab_v1": {60: [0.5, 0.5, 0.5], 40: [0.3, 0.5, 0.4]}, "trl": {60: [0.4, 0.6], 40: [0.4, 0.4, 0.4]}}
+    plan = per_update_plan(j, [60, 40], margin=0.051, seeds={"grpo_lab_v1": 3, "trl": 2}, reps=500)
+    assert plan["spread"]["trl"][0] == pytest.approx(math.sqrt(0.02)) and plan["spread"]["grpo_lab_v1"][0] == 0.0
+    assert plan["planned_spread"] == pytest.approx([math.sqrt(0.02), 0.1])
+    three = {"grpo_lab_v1": 3, "trl": 3}
+    tight = {arm: {60: [0.5, 0.501, 0.499], 40: [0.5, 0.501, 0.499]} for arm in j}
+    assert per_update_plan(tight, [60, 40], 0.051, three, reps=500)["seeds_for_first_count"] == 5
+    wide = {arm: {60: [0.0, 1.0, 2.0], 40: [0.0, 1.0, 2.0]} for arm in j}
+    assert per_update_plan(wide, [60, 40], 0.051, three, reps=500)["seeds_for_first_count"] is None
+    lines = summary_lines({"time_ratios": {}, "per_update": None, "per_update_plan": plan, "seconds": {},
+                           "missing": []})
+    assert lines[0].startswith("per update, J's SD at 60, 40 steps: grpo_lab_v1 0.000, 0.100; trl 0.141, 0.000")
 
 
 def test_welch_tost_by_hand():

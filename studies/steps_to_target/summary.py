@@ -5,7 +5,8 @@ The summary holds ``runs`` (one row per unit: provenance, exact J by optimiser s
 (per arm and target, each seed's N, E and whether it reached the target, :func:`~.design.step_passage`, a seed that
 missed it censored at the cap, or at its stop if the batch cap stopped it: ``batch_capped`` lists those);
 ``per_update`` (:func:`~.design.decide_per_update` at the TOST step counts, once both arms have two seeds there,
-with each arm's count of seeds); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
+with each arm's count of seeds) and ``per_update_plan`` (:func:`per_update_plan`: the seeds a decision would take, at
+the spreads the units show); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
@@ -236,6 +237,33 @@ def issue38_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_r
     return out
 
 
+PLAN_SEEDS = (5, 10, 15, 20, 30, 40, 60)
+"""Seeds an arm (the same in both) that :func:`per_update_plan` gives the power of."""
+PLAN_POWER = 0.8
+
+
+def per_update_plan(j: Mapping[str, Mapping[int, Sequence[float]]], steps: Sequence[int], margin: float,
+                    seeds: Mapping[str, int], reps: int = 20_000) -> dict[str, Any]:
+    """What the units say a per-update study needs, for the next design (the power analysis from this one's data).
+    ``j[arm][n]``: exact J of each seed at n optimiser steps (the seeds that got there), ``steps`` in the fixed
+    sequence's order. Each arm's SD of J at each count; the larger of the two taken as both arms' (a plan should not
+    count on the smaller); with it, the fixed sequence's power at a true difference of 0 (:func:`~.design.power`) at
+    ``seeds`` an arm (the units in hand) and at each of :data:`PLAN_SEEDS` in both arms; and the fewest of those
+    that call the first count (``steps[0]``) equivalent in :data:`PLAN_POWER` of studies (None if none does)."""
+    spread = {arm: [float(np.std(j[arm][n], ddof=1)) for n in steps] for arm in j}
+    planned = [max(sds) for sds in zip(*spread.values(), strict=True)]
+    loop, trl = list(j)
+
+    def power_at(n_loop: int, n_trl: int) -> list[float]:
+        return std.power(0.0, planned, reps=reps, loop_seeds=n_loop, trl_seeds=n_trl, margin=margin)["equivalent"]
+
+    by_seeds = {str(n): power_at(n, n) for n in PLAN_SEEDS}
+    enough = next((int(n) for n, p in by_seeds.items() if p[0] >= PLAN_POWER), None)
+    return {"steps": list(steps), "spread": spread, "planned_spread": planned,
+            "seeds": dict(seeds), "power_at_seeds": power_at(seeds[loop], seeds[trl]), "power_by_seeds": by_seeds,
+            "seeds_for_first_count": enough}
+
+
 def run_key(bench: Mapping[str, Any]) -> str:
     """A benchmark file's run, ``<task>_<tokens>``: its key in the summary's ``seconds``."""
     return f"{bench['task']}_{bench['tokens']}"
@@ -285,7 +313,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
         "passages": {arm: {name: [[p.steps, p.empty, p.reached] for p in seeds] for name, seeds in targets.items()}
                      for arm, targets in passages.items()},
         "batch_capped": [f"{u['arm']}_s{u['seed']}" for u in units if u["stopped_by"] == "batch_cap"],
-        "per_update": None, "seconds": {},
+        "per_update": None, "per_update_plan": None, "seconds": {},
         "time_ratios": {},
         "missing": [f"{a}_s{s}" for a, s in design["order"] if not any(
             u["arm"] == a and u["seed"] == s for u in units)]}
@@ -298,6 +326,9 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
                                         design["per_update"]["alpha"])
         summary["per_update"] = {str(n): {**entry, "seeds": {arm: len(j[arm][n]) for arm in (loop, trl)}}
                                  for n, entry in decided.items()}
+        summary["per_update_plan"] = per_update_plan({arm: j[arm] for arm in (loop, trl)}, steps,
+                                                     design["per_update"]["margin"],
+                                                     {arm: len(by_arm[arm]) for arm in (loop, trl)})
     runs = benchmark_runs(benches)
     recipe_bench = next((b for b in benches if b["task"] == design["task"] and {V1, "trl"} <= set(b["sides"])), None)
     recipe = round_seconds(recipe_bench) if recipe_bench is not None else {}
@@ -360,6 +391,15 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
         seeds = "".join(f", {count} {arm} seeds" for arm, count in entry.get("seeds", {}).items())
         lines.append(f"per update at {n} steps: TRL − loop {entry['estimate']:+.3f} [{entry['ci95'][0]:+.3f}, "
                      f"{entry['ci95'][1]:+.3f}], {entry['verdict']} (TOST p {entry['p_equivalence']:.3f}{seeds})")
+    plan = summary.get("per_update_plan")
+    if plan:
+        first = plan["steps"][0]
+        spreads = "; ".join(f"{arm} " + ", ".join(f"{x:.3f}" for x in sds) for arm, sds in plan["spread"].items())
+        enough = plan["seeds_for_first_count"]
+        lines.append(f"per update, J's SD at {', '.join(map(str, plan['steps']))} steps: {spreads}; power to call "
+                     f"{first} equivalent at d = 0: {plan['power_at_seeds'][0]:.3f} with these seeds, "
+                     + (f"≥ {PLAN_POWER} at {enough} seeds an arm" if enough else
+                        f"under {PLAN_POWER} up to {PLAN_SEEDS[-1]} seeds an arm"))
     for run, entry in summary["seconds"].items():
         at = entry["at_share"][f"{std.EMPTY_SHARE:g}"]
         for side, r in {**at["to_v1"], **{k: at[k] for k in ("unexplained",) if k in at}}.items():
