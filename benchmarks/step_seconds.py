@@ -20,8 +20,8 @@ completion tokens. Run it alone on the machine::
 
     .venv/bin/python benchmarks/step_seconds.py                                   # addsubmul1, 8 tokens, 20 rounds
     .venv/bin/python benchmarks/step_seconds.py --group 2                         # one group of its sides only
-    .venv/bin/python benchmarks/step_seconds.py --task gsm_symbolic --tokens 128  # 128-token chains, 10 rounds
     .venv/bin/python benchmarks/step_seconds.py --amendment 1                     # TRL scoring completions only
+    .venv/bin/python benchmarks/step_seconds.py --amendment 5                     # 128-token chains, 10 rounds
     .venv/bin/python studies/steps_to_target/run.py --summary                     # the ratios, with intervals
 """
 
@@ -114,7 +114,8 @@ class LoopSide:
                 "sync": record.sync_seconds + record.audit_seconds}
 
     def described(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "sampler": type(self.loop.sampler).__name__}
+        return {"config": self.config.to_dict(), "sampler": type(self.loop.sampler).__name__,
+                "micro_batch_size": self.loop.micro_batch_size}     # the memory guard's, where it changed it
 
 
 class Turns:
@@ -173,10 +174,10 @@ class TRLSide:
     """TRL's side: the TRL units' ``run_trl`` (the empty-batch rule on) in :class:`Turns`, its reward calls forced by
     mode and its generation calls counted, its model put back to its starting weights after each step
     (:class:`Untrained`); ``trl_config`` is the trainer's resolved ``args``. With ``completions_only`` its steps run
-    under :func:`~studies.time_to_accuracy.trl_side.completion_scoring`."""
+    under :func:`~studies.time_to_accuracy.trl_side.completion_scoring`; ``micro_batch_size``: ``run_trl``'s."""
 
     def __init__(self, config: Any, model: Any, tokenizer: Any, problems: Sequence[Any],
-                 completions_only: bool = False) -> None:
+                 completions_only: bool = False, micro_batch_size: int | None = None) -> None:
         from studies.time_to_accuracy.trl_side import run_trl
 
         self.completions_only = completions_only
@@ -200,7 +201,8 @@ class TRLSide:
 
         def run(between: Callable[[], bool]) -> None:
             run_trl(config, model, tokenizer, problems, on_start=between,
-                    after_step=lambda stepped, _: self.stepped.append(stepped) or between(), on_trainer=wrap)
+                    after_step=lambda stepped, _: self.stepped.append(stepped) or between(), on_trainer=wrap,
+                    micro_batch_size=micro_batch_size)
 
         self.turns = Turns(run)
 
@@ -223,18 +225,21 @@ TRL_VARIANTS = {"trl_completions": {"completions_only": True}}
 options."""
 
 
-def build_sides(names: Sequence[str], base: Any, model: Any, tokenizer: Any,
-                problems: Sequence[Any]) -> dict[str, LoopSide | TRLSide]:
+def build_sides(names: Sequence[str], base: Any, model: Any, tokenizer: Any, problems: Sequence[Any],
+                micro_batch_size: int | None = None) -> dict[str, LoopSide | TRLSide]:
     """Each named side of :data:`~studies.steps_to_target.design.SIDES` or of an amendment's sides (TRL variants)
-    on ``base`` (seed 0), on its own copy of ``model``."""
+    on ``base`` (seed 0), on its own copy of ``model``; given ``micro_batch_size``, every side runs that many
+    sequences a forward (the loop's micro-batch, TRL's per-device batch), else the loop's sides ``base``'s and TRL's
+    the whole batch."""
     sides: dict[str, LoopSide | TRLSide] = {}
     for name in names:
-        if name in TRL_VARIANTS:
-            sides[name] = TRLSide(base, copy.deepcopy(model), tokenizer, problems, **TRL_VARIANTS[name])
+        changes = design.SIDES.get(name, {})
+        if name in TRL_VARIANTS or changes is None:
+            sides[name] = TRLSide(base, copy.deepcopy(model), tokenizer, problems, micro_batch_size=micro_batch_size,
+                                  **TRL_VARIANTS.get(name, {}))
             continue
-        changes = design.SIDES[name]
-        side = TRLSide if changes is None else LoopSide
-        sides[name] = side(base.replace(**(changes or {})), copy.deepcopy(model), tokenizer, problems)
+        micro = {} if micro_batch_size is None else {"micro_batch_size": micro_batch_size}
+        sides[name] = LoopSide(base.replace(**changes, **micro), copy.deepcopy(model), tokenizer, problems)
     return sides
 
 
@@ -259,10 +264,11 @@ def interleave(sides: Mapping[str, LoopSide | TRLSide], rounds: int, warmup: int
 
 
 def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[str], out: Path,
-              amendment: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One group of sides on the recipe at ``tokens`` completion tokens: build them, interleave warm-up + ``pairs``
-    rounds, write ``out`` with provenance (and the amendment's number and SHA-256 if it is an amendment's run) and
-    return the record."""
+              amendment: Mapping[str, Any] | None = None, micro_batch_size: int | None = None) -> dict[str, Any]:
+    """One group of sides on the recipe at ``tokens`` completion tokens (and ``micro_batch_size`` sequences a
+    forward on every side, where given: TRL's per-device batch): build them, interleave warm-up + ``pairs`` rounds,
+    write ``out`` with provenance (and the amendment's number and SHA-256 if it is an amendment's run) and return
+    the record."""
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.text_task import train_problems
     from studies.provenance import provenance
@@ -278,7 +284,7 @@ def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[st
     base = tta.shared_recipe(task, design.load_design()["lr"]).replace(
         max_completion_length=tokens, train_problems=200, seed=0)
     model, tokenizer = load_policy(base.model, dtype=base.weights_dtype(), device=base.torch_device())
-    sides = build_sides(names, base, model, tokenizer, train_problems(base))
+    sides = build_sides(names, base, model, tokenizer, train_problems(base), micro_batch_size)
     print(f"{task}, {tokens} tokens, group {group}: sides {list(names)}, {design.WARMUP_ROUNDS} + {pairs} rounds, "
           f"{torch.get_num_threads()} threads", flush=True)
     rounds = interleave(sides, pairs, design.WARMUP_ROUNDS, design.ORDER_SEED)
@@ -318,10 +324,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         (names,) = run["groups"]
         torch.set_num_threads(args.threads)
         run_group(run["task"], run["tokens"], run["pairs"], 1, names,
-                  args.out / f"{run['task']}_{run['tokens']}_a{args.amendment}.json", amendment)
+                  args.out / f"{run['task']}_{run['tokens']}_a{args.amendment}.json", amendment,
+                  run.get("micro_batch_size"))
         return
     tokens, pairs, groups = settings[args.task]
     tokens, pairs = args.tokens or tokens, args.pairs or pairs
+    replaced = {a["replaces"]: a["number"] for a in design.AMENDMENTS if "replaces" in a}
+    if f"{args.task}_{tokens}" in replaced:
+        parser.error(f"{args.task} at {tokens} tokens is amendment {replaced[f'{args.task}_{tokens}']}'s run now: "
+                     f"--amendment {replaced[f'{args.task}_{tokens}']}")
     chosen = args.group or list(range(1, len(groups) + 1))
     bad = [g for g in chosen if not 1 <= g <= len(groups)]
     if bad:

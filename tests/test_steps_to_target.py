@@ -18,6 +18,7 @@ from studies.locks import UnitLock
 from studies.steps_to_target import design as std
 from studies.steps_to_target.summary import (
     agrees,
+    check_micro_batch,
     decomposition,
     issue38_check,
     per_update_plan,
@@ -283,7 +284,8 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
     assert ratios.keys() == {"every_position"} and ratios["every_position"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions"))
     assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
-    assert alone["amendments_joined"] is None and alone["missing_amendments"] == ["addsubmul1_8_a2"]
+    assert alone["amendments_joined"] is None
+    assert alone["missing_amendments"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5"]
     two_machines = summarize(design, [], [amended(1, first), bench_of(recipe, cpu="B")])
     assert "rest" not in two_machines["amendments"]["1"]["at_share"][e0]
     one_machine = summarize(design, [], [amended(1, first), bench_of(recipe)])
@@ -297,7 +299,7 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
     assert both["amendments_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions")
         * per_step(second, "trl_completions") / per_step(second, "trl_like"))
-    assert both["missing_amendments"] == []
+    assert both["missing_amendments"] == ["gsm_symbolic_128_a5"]
     assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["amendments_joined"] is None
     with pytest.raises(ValueError, match="another version"):
         summarize(design, [], [{**amended(1, first), "amendment_sha": "other"}])
@@ -577,6 +579,69 @@ def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
     for side in sides.values():      # AdamW stepped, then π_θ went back to its starting weights
         trained = side.untrained.model.state_dict()
         assert all(torch.equal(trained[name], value) for name, value in model.state_dict().items())
+
+
+def test_micro_batches_of_two_step_every_side_trl_accumulating_over_them(one_thread):
+    """Amendment 5's setting on a tiny model: P·G = 4 rows at 2 sequences a forward. The loop's side runs two
+    micro-batches, TRL's side a per-device batch of 2 with 2 accumulation steps, one optimiser step on the 4
+    completions of one generation; each side's file says what it ran, which the summary checks."""
+    bench = benchmark_module()
+    base = TrainConfig(G=2, prompts_per_step=2, lr=1e-3, max_completion_length=3, train_problems=20,
+                       micro_batch_size=4, scoring="strict", temperature=1.0, sync_audit=False, seed=0)
+    sides = bench.build_sides(["grpo_lab_v1", "trl"], base, tiny_model(), tokenizer(), problems(),
+                              micro_batch_size=2)
+    try:
+        rounds = bench.interleave(sides, rounds=1, warmup=0, order_seed=0)
+    finally:
+        sides["trl"].turns.close()
+    steps = rounds[0]["sides"]
+    assert all(steps[name]["signal"]["stepped"] and not steps[name]["empty"]["stepped"] for name in sides)
+    assert steps["trl"]["signal"]["tokens"] == 4 * 3                       # one generation of P·G rows a step
+    trl = sides["trl"].described()["trl_config"]
+    assert (trl["per_device_train_batch_size"], trl["gradient_accumulation_steps"], trl["steps_per_generation"]) \
+        == (2, 2, 2)
+    described = {"task": "gsm_symbolic", "tokens": 3, "sides": {n: s.described() for n, s in sides.items()}}
+    check_micro_batch(described, 2)
+    with pytest.raises(ValueError, match=r"sides \{'grpo_lab_v1': 2, 'trl': 2\} did not run micro-batches of 8"):
+        check_micro_batch(described, 8)
+
+
+def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
+    """A made-up file of amendment 5 (constant seconds, every side at its micro-batch) is read in the design's
+    128-token run's place: its decomposition in ``seconds``, neither it nor that run missing. A side at another
+    micro-batch, a file of another version of the amendment, or a design file of the replaced run is refused; the
+    benchmark refuses to run the replaced run."""
+    amendment = std.AMENDMENTS[4]
+    (run,) = amendment["runs"]
+    seconds = {"grpo_lab_v1": (2.0, 1.0), "generate_sampler": (3.0, 1.5), "trl_like": (5.0, 2.0), "trl": (8.0, 6.0)}
+
+    def file_of(micro=run["micro_batch_size"], **extra):
+        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": c, "stepped": True, "tokens": 500},
+                                                 "empty": {"seconds": e, "stepped": False, "tokens": 500}}
+                                          for name, (c, e) in seconds.items()}} for w in (True, False, False)]
+        sides = {name: ({"trl_config": {"per_device_train_batch_size": micro}} if name == "trl"
+                        else {"micro_batch_size": micro}) for name in seconds}
+        return {"task": run["task"], "tokens": run["tokens"], "pairs": 2, "group": 1, "sides": sides,
+                "rounds": rounds, "design_sha": design_sha(design), "amendment": 5,
+                "amendment_sha": std.amendment_sha(amendment), **extra}
+
+    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
+              "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
+              "benchmark": {"runs": [{"task": "gsm_symbolic", "tokens": 128, "groups": [list(seconds)]}]}}
+    summary = summarize(design, [], [file_of()])
+    at = summary["seconds"]["gsm_symbolic_128"]["at_share"]["0"]
+    assert at["to_v1"]["trl"]["ratio"] == pytest.approx(4.0) and at["unexplained"]["ratio"] == pytest.approx(1.6)
+    assert summary["missing_seconds"] == []
+    assert summary["missing_amendments"] == ["addsubmul1_8_a1", "addsubmul1_8_a2"]
+    with pytest.raises(ValueError, match=f"did not run micro-batches of {run['micro_batch_size']}"):
+        summarize(design, [], [file_of(micro=16)])
+    with pytest.raises(ValueError, match="another version"):
+        summarize(design, [], [file_of(amendment_sha="0" * 64)])
+    stale = {k: v for k, v in file_of().items() if k not in ("amendment", "amendment_sha")}
+    with pytest.raises(ValueError, match="replace"):
+        summarize(design, [], [file_of(), stale])
+    with pytest.raises(SystemExit):
+        benchmark_module().main(["--task", "gsm_symbolic", "--tokens", "128"])
 
 
 # ----------------------------------------------------------------------------- a sitting on a tiny model

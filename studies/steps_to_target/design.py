@@ -313,7 +313,29 @@ AMENDMENT_4 = {
 }
 """Amendment 4, fixed before ``trl_s532`` stopped: how a unit stopped by the batch cap (it stalled on empty
 batches) is read (:func:`~.summary.unit_passages`)."""
-AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4)
+AMENDMENT_5 = {
+    "number": 5,
+    "fixed_on": "2026-12-06",
+    "why": "the design's 128-token run (its four sides in one process, the recipe's micro-batch of 32) was killed for "
+           "memory in its first round (24.4 GB resident on a 23 GiB machine; no file written, nothing read). Alone "
+           "at 128 tokens (AMD EPYC, 2 threads) stock TRL, its 32 completions in one forward, peaked at 23.2 GiB. "
+           "The four sides in one process, one warm-up round each (nothing kept): at 8 sequences a forward they "
+           "peaked at 21.3 GiB, too near the machine's 23.5 for 11 rounds; at 4, at 16.6 GiB. The memory guard had "
+           "also given the loop's sides 20, 18 and 16 a forward, by what each found free when it was built, so the "
+           "sides differed in more than their ways. 4 a forward is what the P1 benchmark ran at 128 tokens "
+           "(benchmarks/trl_step_ratio.py --micro-batch 4)",
+    "sides": {},
+    "runs": [{"task": "gsm_symbolic", "tokens": 128, "pairs": 10, "micro_batch_size": 4,
+              "groups": [["grpo_lab_v1", "generate_sampler", "trl_like", "trl"]]}],
+    "micro_batch": "4 sequences a forward and backward on every side: the loop's micro_batch_size, TRL's "
+                   "per_device_train_batch_size with gradient_accumulation_steps = steps_per_generation = 8 (one "
+                   "optimiser step on the same 32 completions); a file whose sides ran another is refused",
+    "replaces": "gsm_symbolic_128",
+}
+"""Amendment 5, fixed before any 128-token file: the design's 128-token run (:data:`SECONDS_TASKS`) again, every
+side at a micro-batch of 4, so four sides fit in one process and differ only in their ways. Its file is read as
+that run's decomposition (:func:`~.summary.seconds_entry`), in its place."""
+AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4, AMENDMENT_5)
 UNIT_AMENDMENT = AMENDMENT_3
 
 

@@ -10,7 +10,9 @@ the spreads the units show); ``seconds`` (per benchmark run, a task at a complet
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
-``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; and ``issue38_check``
+``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; an amendment's run that
+``replaces`` one of the design's (amendment 5) is read in its place, in ``seconds``, its sides' micro-batches
+checked (:func:`check_micro_batch`); and ``issue38_check``
 (:func:`issue38_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
 under another design, or an amendment's file under another amendment, is refused.
 """
@@ -177,6 +179,16 @@ def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], reci
                          for share, at in ratios.items()}}
 
 
+def check_micro_batch(bench: Mapping[str, Any], size: int) -> None:
+    """ValueError unless every side of ``bench`` ran ``size`` sequences a forward (the loop's micro-batch, as the
+    memory guard left it; TRL's per-device batch)."""
+    ran = {name: side.get("micro_batch_size", side.get("trl_config", {}).get("per_device_train_batch_size"))
+           for name, side in bench["sides"].items()}
+    other = {name: m for name, m in ran.items() if m != size}
+    if other:
+        raise ValueError(f"{bench['task']}_{bench['tokens']}: sides {other} did not run micro-batches of {size}")
+
+
 def check_amendment(record: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
     """ValueError unless ``record`` (a benchmark file or a unit) was run under this version of ``amendment``."""
     if record.get("amendment_sha") != std.amendment_sha(amendment):
@@ -300,8 +312,22 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     foreign += [f"{b['task']}_{b['tokens']}_g{b.get('group', 1)}" for b in benches if b.get("design_sha") != sha]
     if foreign:
         raise ValueError(f"{foreign} were run under another design (design_sha differs)")
-    amended = [b for b in benches if "amendment" in b]
-    benches = [b for b in benches if "amendment" not in b]
+    amendments = {a["number"]: a for a in amendments}
+    unknown = sorted({b["amendment"] for b in benches if "amendment" in b}
+                     - {n for n, a in amendments.items() if a.get("runs")})
+    if unknown:
+        raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
+    replaced = {a["replaces"]: n for n, a in amendments.items() if "replaces" in a}
+    stale = [f"{run_key(b)}_g{b.get('group', 1)}" for b in benches if "amendment" not in b and run_key(b) in replaced]
+    if stale:
+        raise ValueError(f"{stale} are design runs that amendments {sorted(replaced.values())} replace")
+    replacing = [b for b in benches if b.get("amendment") in replaced.values()]
+    for bench in replacing:            # read as the design's run they replace
+        amendment = amendments[bench["amendment"]]
+        check_amendment(bench, amendment)
+        check_micro_batch(bench, amendment["runs"][0]["micro_batch_size"])
+    amended = [b for b in benches if "amendment" in b and b not in replacing]
+    benches = [b for b in benches if "amendment" not in b] + replacing
     levels, cap = design["targets"]["targets"], design["cap"]
     units = sorted(units, key=lambda u: (u["arm"], u["seed"]))
     by_arm = {arm: [u for u in units if u["arm"] == arm] for arm in design["arms"]}
@@ -341,10 +367,6 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     summary["issue38_check"] = (
         issue38_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
         if earlier is not None and summary["time_ratios"] else None)
-    amendments = {a["number"]: a for a in amendments}
-    unknown = sorted({b["amendment"] for b in amended} - {n for n, a in amendments.items() if a.get("runs")})
-    if unknown:
-        raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
     by_number = {b["amendment"]: b for b in amended}
     recipe_file = next((b for b in benches if b["task"] == design["task"] and {"trl", "trl_like"} <= set(b["sides"])),
                        None)
@@ -353,10 +375,12 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     summary["amendments_joined"] = (joined_amendments(by_number[1], by_number[2], amendments)
                                     if {1, 2} <= set(by_number) else None)
     summary["missing_amendments"] = [f"{r['task']}_{r['tokens']}_a{n}" for n, a in amendments.items()
-                                     for r in a.get("runs", []) if n not in by_number]
+                                     for r in a.get("runs", [])
+                                     if n not in by_number and not any(b["amendment"] == n for b in replacing)]
     summary["missing_seconds"] = [
         f"{run}_g{g}" for r in design.get("benchmark", {}).get("runs", []) for run in [f"{r['task']}_{r['tokens']}"]
-        for g in range(1, len(r["groups"]) + 1) if not any(b.get("group", 1) == g for b in runs.get(run, []))]
+        for g in range(1, len(r["groups"]) + 1) if run not in replaced
+        and not any(b.get("group", 1) == g for b in runs.get(run, []))]
     return summary
 
 

@@ -24,14 +24,15 @@ if TYPE_CHECKING:
     from studies.time_to_accuracy.units import Checkpoint
 
 
-def trl_config(config: TrainConfig, output_dir: str) -> Any:
+def trl_config(config: TrainConfig, output_dir: str, micro_batch_size: int | None = None) -> Any:
     """``trl.GRPOConfig`` for the recipe in ``config`` (:func:`~grpo_lab.scale.launch.stock_trl_config`, the one
-    builder of stock TRL's config): one micro-batch of P·G completions a step, on the CPU, until the study's clock
+    builder of stock TRL's config): one micro-batch of P·G completions a step (or, given ``micro_batch_size``, that
+    many a forward, accumulated over one generation into one optimiser step), on the CPU, until the study's clock
     stops it, with no checkpoint of its own (a resumable unit asks for one at its evaluation points, :func:`clocked`)
     and gradient checkpointing off."""
     from grpo_lab.scale.launch import stock_trl_config
 
-    return stock_trl_config(config.replace(micro_batch_size=None), extras=dict(
+    return stock_trl_config(config.replace(micro_batch_size=micro_batch_size), extras=dict(
         output_dir=output_dir, use_cpu=True, max_steps=10**6, save_strategy="no", activation_checkpointing=False,
         disable_tqdm=True))
 
@@ -75,18 +76,19 @@ def skip_empty_batch() -> Any:
 
 
 def trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any], output_dir: str,
-                callbacks: Sequence[Any] = ()) -> Any:
+                callbacks: Sequence[Any] = (), micro_batch_size: int | None = None) -> Any:
     """``trl.GRPOTrainer`` on the recipe (:func:`trl_config`), strict reward
     (:func:`~grpo_lab.scale.launch.stock_trl_trainer`)."""
     from grpo_lab.scale.launch import stock_trl_trainer
 
-    return stock_trl_trainer(config, model, tokenizer, problems, trl_config(config, output_dir), callbacks)
+    return stock_trl_trainer(config, model, tokenizer, problems, trl_config(config, output_dir, micro_batch_size),
+                             callbacks)
 
 
 def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any],
             on_start: Callable[[], None], after_step: Callable[[bool, Any], bool],
             skip_empty: bool = True, on_trainer: Callable[[Any], None] | None = None,
-            checkpoint: Checkpoint | None = None) -> list[bool]:
+            checkpoint: Checkpoint | None = None, micro_batch_size: int | None = None) -> list[bool]:
     """Train ``trl.GRPOTrainer`` until ``after_step`` says stop; returns whether each step took an optimiser step.
 
     ``on_start()`` runs at the first step (the trainer's construction is off the clock); ``after_step(stepped,
@@ -94,7 +96,8 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
     With ``skip_empty`` a batch with no signal takes no optimiser step (:func:`skip_empty_batch`, β = 0 only).
     ``on_trainer(trainer)``, if given, sees the trainer once it is built and before it trains (a unit reads its
     resolved ``args``; a benchmark wraps its reward or generation calls). With ``checkpoint`` the run resumes
-    from Hugging Face's checkpoint there and saves one when an evaluation point is due (:func:`clocked`)."""
+    from Hugging Face's checkpoint there and saves one when an evaluation point is due (:func:`clocked`).
+    ``micro_batch_size``: :func:`trl_config`'s."""
     if skip_empty and config.beta != 0:
         raise ValueError(f"skipping empty batches by their zero gradient needs beta = 0, got {config.beta}")
     skipper = skip_empty_batch()
@@ -105,7 +108,7 @@ def run_trl(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[
     resume = None if checkpoint is None or checkpoint.resume_from is None else str(checkpoint.resume_from)
     folder = tempfile.TemporaryDirectory() if checkpoint is None else contextlib.nullcontext(str(checkpoint.staging))
     with folder as output_dir:
-        trainer = trl_trainer(config, model, tokenizer, problems, output_dir, callbacks=callbacks)
+        trainer = trl_trainer(config, model, tokenizer, problems, output_dir, callbacks, micro_batch_size)
         if checkpoint is not None and trainer.args.steps_per_generation * trainer.args.num_iterations != 1:
             raise ValueError("a checkpoint keeps no generation buffer: resuming needs one generation per optimiser "
                              f"step, got steps_per_generation = {trainer.args.steps_per_generation}, num_iterations = "
