@@ -317,7 +317,7 @@ AMENDMENT_5 = {
     "number": 5,
     "fixed_on": "2026-12-06",
     "why": "the design's 128-token run (its four sides in one process, the recipe's micro-batch of 32) was killed for "
-           "memory in its first round (24.4 GB resident on a 23 GiB machine; no file written, nothing read). Alone "
+           "memory in its first round (23.3 GiB resident on a 23.5 GiB machine; no file written, nothing read). Alone "
            "at 128 tokens (AMD EPYC, 2 threads) stock TRL, its 32 completions in one forward, peaked at 23.2 GiB. "
            "The four sides in one process, one warm-up round each (nothing kept): at 8 sequences a forward they "
            "peaked at 21.3 GiB, too near the machine's 23.5 for 11 rounds; at 4, at 16.6 GiB. The memory guard had "
