@@ -329,10 +329,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     tokens, pairs, groups = settings[args.task]
     tokens, pairs = args.tokens or tokens, args.pairs or pairs
-    replaced = {a["replaces"]: a["number"] for a in design.AMENDMENTS if "replaces" in a}
-    if f"{args.task}_{tokens}" in replaced:
-        parser.error(f"{args.task} at {tokens} tokens is amendment {replaced[f'{args.task}_{tokens}']}'s run now: "
-                     f"--amendment {replaced[f'{args.task}_{tokens}']}")
+    replacing = design.replaced_runs().get(f"{args.task}_{tokens}")
+    if replacing is not None:
+        parser.error(f"{args.task} at {tokens} tokens is amendment {replacing}'s run now: --amendment {replacing}")
     chosen = args.group or list(range(1, len(groups) + 1))
     bad = [g for g in chosen if not 1 <= g <= len(groups)]
     if bad:

@@ -339,6 +339,11 @@ AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4, AMENDMENT_5)
 UNIT_AMENDMENT = AMENDMENT_3
 
 
+def replaced_runs(amendments: Sequence[Mapping[str, Any]] = AMENDMENTS) -> dict[str, int]:
+    """The design's benchmark runs, ``<task>_<tokens>``, that an amendment's run replaces, each with its number."""
+    return {a["replaces"]: a["number"] for a in amendments if "replaces" in a}
+
+
 def amendment_sha(amendment: Mapping[str, Any]) -> str:
     """SHA-256 of an amendment's canonical JSON: its benchmark files record it."""
     return tta.design_sha(dict(amendment))

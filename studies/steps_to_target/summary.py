@@ -309,7 +309,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
         for unit in units:
             if unit["arm"] == unit_amendment["arm"]:
                 check_amendment(unit, unit_amendment)
-    foreign += [f"{b['task']}_{b['tokens']}_g{b.get('group', 1)}" for b in benches if b.get("design_sha") != sha]
+    foreign += [f"{run_key(b)}_g{b.get('group', 1)}" for b in benches if b.get("design_sha") != sha]
     if foreign:
         raise ValueError(f"{foreign} were run under another design (design_sha differs)")
     amendments = {a["number"]: a for a in amendments}
@@ -317,7 +317,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
                      - {n for n, a in amendments.items() if a.get("runs")})
     if unknown:
         raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
-    replaced = {a["replaces"]: n for n, a in amendments.items() if "replaces" in a}
+    replaced = std.replaced_runs(amendments.values())
     stale = [f"{run_key(b)}_g{b.get('group', 1)}" for b in benches if "amendment" not in b and run_key(b) in replaced]
     if stale:
         raise ValueError(f"{stale} are design runs that amendments {sorted(replaced.values())} replace")
@@ -326,7 +326,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
         amendment = amendments[bench["amendment"]]
         check_amendment(bench, amendment)
         check_micro_batch(bench, amendment["runs"][0]["micro_batch_size"])
-    amended = [b for b in benches if "amendment" in b and b not in replacing]
+    amended = [b for b in benches if "amendment" in b and b["amendment"] not in replaced.values()]
     benches = [b for b in benches if "amendment" not in b] + replacing
     levels, cap = design["targets"]["targets"], design["cap"]
     units = sorted(units, key=lambda u: (u["arm"], u["seed"]))
@@ -374,13 +374,12 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
                              for n, b in sorted(by_number.items())}
     summary["amendments_joined"] = (joined_amendments(by_number[1], by_number[2], amendments)
                                     if {1, 2} <= set(by_number) else None)
-    summary["missing_amendments"] = [f"{r['task']}_{r['tokens']}_a{n}" for n, a in amendments.items()
-                                     for r in a.get("runs", [])
-                                     if n not in by_number and not any(b["amendment"] == n for b in replacing)]
+    filed = set(by_number) | {b["amendment"] for b in replacing}
+    summary["missing_amendments"] = [f"{run_key(r)}_a{n}" for n, a in amendments.items()
+                                     for r in a.get("runs", []) if n not in filed]
     summary["missing_seconds"] = [
-        f"{run}_g{g}" for r in design.get("benchmark", {}).get("runs", []) for run in [f"{r['task']}_{r['tokens']}"]
-        for g in range(1, len(r["groups"]) + 1) if run not in replaced
-        and not any(b.get("group", 1) == g for b in runs.get(run, []))]
+        f"{run_key(r)}_g{g}" for r in design.get("benchmark", {}).get("runs", []) if run_key(r) not in replaced
+        for g in range(1, len(r["groups"]) + 1) if not any(b.get("group", 1) == g for b in runs.get(run_key(r), []))]
     return summary
 
 
