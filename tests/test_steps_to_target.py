@@ -285,7 +285,7 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
         per_step(first, "trl") / per_step(first, "trl_completions"))
     assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
     assert alone["amendments_joined"] is None
-    assert alone["missing_amendments"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5"]
+    assert alone["missing_amendments"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5", "addsubmul1_8_a6"]
     two_machines = summarize(design, [], [amended(1, first), bench_of(recipe, cpu="B")])
     assert "rest" not in two_machines["amendments"]["1"]["at_share"][e0]
     one_machine = summarize(design, [], [amended(1, first), bench_of(recipe)])
@@ -299,7 +299,7 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
     assert both["amendments_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions")
         * per_step(second, "trl_completions") / per_step(second, "trl_like"))
-    assert both["missing_amendments"] == ["gsm_symbolic_128_a5"]
+    assert both["missing_amendments"] == ["gsm_symbolic_128_a5", "addsubmul1_8_a6"]
     assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["amendments_joined"] is None
     with pytest.raises(ValueError, match="another version"):
         summarize(design, [], [{**amended(1, first), "amendment_sha": "other"}])
@@ -632,7 +632,7 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
     at = summary["seconds"]["gsm_symbolic_128"]["at_share"]["0"]
     assert at["to_v1"]["trl"]["ratio"] == pytest.approx(4.0) and at["unexplained"]["ratio"] == pytest.approx(1.6)
     assert summary["missing_seconds"] == []
-    assert summary["missing_amendments"] == ["addsubmul1_8_a1", "addsubmul1_8_a2"]
+    assert summary["missing_amendments"] == ["addsubmul1_8_a1", "addsubmul1_8_a2", "addsubmul1_8_a6"]
     with pytest.raises(ValueError, match=f"did not run micro-batches of {run['micro_batch_size']}"):
         summarize(design, [], [file_of(micro=16)])
     with pytest.raises(ValueError, match="another version"):
@@ -642,6 +642,40 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
         summarize(design, [], [file_of(), stale])
     with pytest.raises(SystemExit):
         benchmark_module().main(["--task", "gsm_symbolic", "--tokens", "128"])
+
+
+def test_amendment_6_reads_the_8_token_group_at_amendment_5s_micro_batch_beside_the_recipe():
+    """A made-up file of amendment 6 (constant seconds): its four ratios, known by hand at e₀, sit in ``amendments``
+    and not in the recipe's decomposition; a side at another micro-batch is refused."""
+    amendment = std.AMENDMENTS[5]
+    (run,) = amendment["runs"]
+    assert (run["task"], run["tokens"], run["micro_batch_size"]) == ("addsubmul1", 8, 4)
+    assert run["groups"] == std.AMENDMENTS[4]["runs"][0]["groups"]            # amendment 5's four sides
+    seconds = {"grpo_lab_v1": (2.0, 1.0), "generate_sampler": (3.0, 1.5), "trl_like": (5.0, 2.0), "trl": (8.0, 6.0)}
+
+    def file_of(micro=4):
+        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": c, "stepped": True, "tokens": 90},
+                                                 "empty": {"seconds": e, "stepped": False, "tokens": 90}}
+                                          for name, (c, e) in seconds.items()}} for w in (True, False, False)]
+        sides = {name: ({"trl_config": {"per_device_train_batch_size": micro}} if name == "trl"
+                        else {"micro_batch_size": micro}) for name in seconds}
+        return {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "sides": sides, "rounds": rounds,
+                "cpu_model": "A", "design_sha": design_sha(design), "amendment": 6,
+                "amendment_sha": std.amendment_sha(amendment)}
+
+    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
+              "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
+              "benchmark": {"runs": []}}
+    summary = summarize(design, [], [file_of()])
+    at = summary["amendments"]["6"]["at_share"][f"{std.EMPTY_SHARE:g}"]
+    step = {name: c + std.EMPTY_SHARE * e for name, (c, e) in seconds.items()}
+    for name, (a, b) in {"trl": ("trl", "grpo_lab_v1"), "trl_like": ("trl_like", "grpo_lab_v1"),
+                         "generate_sampler": ("generate_sampler", "grpo_lab_v1"),
+                         "unexplained": ("trl", "trl_like")}.items():
+        assert at[name]["ratio"] == pytest.approx(step[a] / step[b]), name
+    assert summary["seconds"] == {} and "addsubmul1_8_a6" not in summary["missing_amendments"]
+    with pytest.raises(ValueError, match="did not run micro-batches of 4"):
+        summarize(design, [], [file_of(micro=32)])
 
 
 # ----------------------------------------------------------------------------- a sitting on a tiny model

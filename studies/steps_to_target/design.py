@@ -335,7 +335,26 @@ AMENDMENT_5 = {
 """Amendment 5, fixed before any 128-token file: the design's 128-token run (:data:`SECONDS_TASKS`) again, every
 side at a micro-batch of 4, so four sides fit in one process and differ only in their ways. Its file is read as
 that run's decomposition (:func:`~.summary.seconds_entry`), in its place."""
-AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4, AMENDMENT_5)
+AMENDMENT_6 = {
+    "number": 6,
+    "fixed_on": "2026-12-06",
+    "why": "the 8-token decomposition ran on I2 (Intel Xeon, AMX) at the recipe's micro-batch, amendment 5's 128-token "
+           "run on an AMD EPYC (no AMX) at 4 sequences a forward; ratios on two CPU models and two micro-batches are "
+           "not joined, so how the loop's lead per step changes from 8 to 128 tokens could be read only as a "
+           "direction. The 8-token recipe again with amendment 5's four sides and micro-batch, on amendment 5's CPU "
+           "model, leaves the completion length the only difference",
+    "sides": {},
+    "runs": [{"task": "addsubmul1", "tokens": 8, "pairs": 10, "micro_batch_size": 4,
+              "groups": [["grpo_lab_v1", "generate_sampler", "trl_like", "trl"]]}],
+    "micro_batch": "as amendment 5: 4 sequences a forward and backward on every side; a file whose sides ran another "
+                   "is refused",
+    "ratios": {"trl": ["trl", "grpo_lab_v1"], "trl_like": ["trl_like", "grpo_lab_v1"],
+               "generate_sampler": ["generate_sampler", "grpo_lab_v1"], "unexplained": ["trl", "trl_like"]},
+    "empty_share": EMPTY_SHARE,
+}
+"""Amendment 6, fixed before its run: amendment 5's group at 8 tokens of the recipe, on amendment 5's CPU model, so
+8 and 128 tokens sit side by side with nothing else changed (its ratios in the summary's ``amendments``)."""
+AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4, AMENDMENT_5, AMENDMENT_6)
 UNIT_AMENDMENT = AMENDMENT_3
 
 

@@ -11,8 +11,8 @@ c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
 ``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; an amendment's run that
-``replaces`` one of the design's (amendment 5) is read in its place, in ``seconds``, its sides' micro-batches
-checked (:func:`check_micro_batch`); and ``issue38_check``
+``replaces`` one of the design's (amendment 5) is read in its place, in ``seconds``; an amendment's sides'
+micro-batches are checked where it fixes one (:func:`check_amended`); and ``issue38_check``
 (:func:`issue38_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
 under another design, or an amendment's file under another amendment, is refused.
 """
@@ -166,7 +166,7 @@ def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], reci
     """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c and c∅, and
     :func:`amendment_ratios` at a step that trains and at e₀, each with a 95 % bootstrap interval. A file run under
     another version of the amendment is refused."""
-    check_amendment(bench, amendment)
+    check_amended(bench, amendment)
     keys = ("pairs", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers", "trl",
             "torch_threads", "load_start", "load_end", "wall_seconds")
     ratios = {f"{share:g}": amendment_ratios(bench, amendment, share, resamples, np.random.default_rng(seed), recipe)
@@ -187,6 +187,15 @@ def check_micro_batch(bench: Mapping[str, Any], size: int) -> None:
     other = {name: m for name, m in ran.items() if m != size}
     if other:
         raise ValueError(f"{bench['task']}_{bench['tokens']}: sides {other} did not run micro-batches of {size}")
+
+
+def check_amended(bench: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
+    """ValueError unless benchmark file ``bench`` was run under this version of ``amendment`` and, where the
+    amendment fixes a micro-batch (amendments 5 and 6), every side ran it."""
+    check_amendment(bench, amendment)
+    micro_batch = amendment["runs"][0].get("micro_batch_size")
+    if micro_batch is not None:
+        check_micro_batch(bench, micro_batch)
 
 
 def check_amendment(record: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
@@ -323,9 +332,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
         raise ValueError(f"{stale} are design runs that amendments {sorted(replaced.values())} replace")
     replacing = [b for b in benches if b.get("amendment") in replaced.values()]
     for bench in replacing:            # read as the design's run they replace
-        amendment = amendments[bench["amendment"]]
-        check_amendment(bench, amendment)
-        check_micro_batch(bench, amendment["runs"][0]["micro_batch_size"])
+        check_amended(bench, amendments[bench["amendment"]])
     amended = [b for b in benches if "amendment" in b and b["amendment"] not in replaced.values()]
     benches = [b for b in benches if "amendment" not in b] + replacing
     levels, cap = design["targets"]["targets"], design["cap"]
