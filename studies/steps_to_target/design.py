@@ -344,8 +344,7 @@ AMENDMENT_6 = {
            "direction. The 8-token recipe again with amendment 5's four sides and micro-batch, on amendment 5's CPU "
            "model, leaves the completion length the only difference",
     "sides": {},
-    "runs": [{"task": "addsubmul1", "tokens": 8, "pairs": 10, "micro_batch_size": 4,
-              "groups": [["grpo_lab_v1", "generate_sampler", "trl_like", "trl"]]}],
+    "runs": [{**AMENDMENT_5["runs"][0], "task": "addsubmul1", "tokens": 8}],   # its sides, rounds, micro-batch
     "micro_batch": "as amendment 5: 4 sequences a forward and backward on every side; a file whose sides ran another "
                    "is refused",
     "ratios": {"trl": ["trl", "grpo_lab_v1"], "trl_like": ["trl_like", "grpo_lab_v1"],
