@@ -42,6 +42,36 @@ def benchmark_module():
     return module
 
 
+def made_up_design(runs: list[dict] = ()) -> dict:
+    """A design for summaries of made-up benchmark files alone: one target, no units, ``runs`` its benchmark."""
+    return {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
+            "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
+            "benchmark": {"runs": list(runs)}}
+
+
+def made_up_file(seconds: dict, design: dict, task: str = "addsubmul1", tokens: int = 8, sides: dict | None = None,
+                 **fields) -> dict:
+    """A benchmark file run under ``design``: a warm-up and two kept rounds in which each side of ``seconds`` takes
+    (c, c∅) seconds, with signal and empty, so every ratio is known by hand and its interval is its point."""
+    rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": c, "stepped": True, "tokens": 90},
+                                             "empty": {"seconds": e, "stepped": False, "tokens": 90}}
+                                      for name, (c, e) in seconds.items()}} for w in (True, False, False)]
+    return {"task": task, "tokens": tokens, "pairs": 2, "group": 1, "rounds": rounds,
+            "sides": {name: {} for name in seconds} if sides is None else sides, "design_sha": design_sha(design),
+            **fields}
+
+
+def micro_batch_file(number: int, seconds: dict, design: dict, micro: int, **fields) -> dict:
+    """A made-up file of amendment ``number``'s run (amendments 5 and 6) whose sides ran ``micro`` sequences a
+    forward: the loop's micro-batch, TRL's per-device batch."""
+    amendment = std.AMENDMENTS[number - 1]
+    (run,) = amendment["runs"]
+    sides = {name: ({"trl_config": {"per_device_train_batch_size": micro}} if name == "trl"
+                    else {"micro_batch_size": micro}) for name in seconds}
+    return made_up_file(seconds, design, run["task"], run["tokens"], sides,
+                        **{"amendment": number, "amendment_sha": std.amendment_sha(amendment), **fields})
+
+
 # ----------------------------------------------------------------------------- the statistics, by hand
 
 
@@ -258,19 +288,13 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
     are kept apart from the design's runs (the recipe's decomposition does not see them); a file of another version
     of an amendment, or of one the design has not, is refused."""
     def bench_of(c, cpu="A", **extra):
-        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": s, "stepped": True, "tokens": 90},
-                                                 "empty": {"seconds": e, "stepped": False, "tokens": 90}}
-                                          for name, (s, e) in c.items()}} for w in (True, False, False)]
-        return {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "sides": {name: {} for name in c},
-                "rounds": rounds, "cpu_model": cpu, "design_sha": design_sha(design), **extra}
+        return made_up_file(c, design, cpu_model=cpu, **extra)
 
     def amended(number, c, cpu="A"):
         amendment = std.AMENDMENTS[number - 1]
         return bench_of(c, cpu, amendment=number, amendment_sha=std.amendment_sha(amendment))
 
-    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
-              "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
-              "benchmark": {"runs": []}}
+    design = made_up_design()
     first = {"trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
     second = {"trl_like": (10.0, 10.0), "trl_completions": (12.0, 11.0)}
     recipe = {"grpo_lab_v1": (2.0, 1.0), "trl": (18.0, 16.0), "trl_like": (10.0, 10.0)}
@@ -616,18 +640,9 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
     seconds = {"grpo_lab_v1": (2.0, 1.0), "generate_sampler": (3.0, 1.5), "trl_like": (5.0, 2.0), "trl": (8.0, 6.0)}
 
     def file_of(micro=run["micro_batch_size"], **extra):
-        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": c, "stepped": True, "tokens": 500},
-                                                 "empty": {"seconds": e, "stepped": False, "tokens": 500}}
-                                          for name, (c, e) in seconds.items()}} for w in (True, False, False)]
-        sides = {name: ({"trl_config": {"per_device_train_batch_size": micro}} if name == "trl"
-                        else {"micro_batch_size": micro}) for name in seconds}
-        return {"task": run["task"], "tokens": run["tokens"], "pairs": 2, "group": 1, "sides": sides,
-                "rounds": rounds, "design_sha": design_sha(design), "amendment": 5,
-                "amendment_sha": std.amendment_sha(amendment), **extra}
+        return micro_batch_file(5, seconds, design, micro, **extra)
 
-    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
-              "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
-              "benchmark": {"runs": [{"task": "gsm_symbolic", "tokens": 128, "groups": [list(seconds)]}]}}
+    design = made_up_design([{"task": "gsm_symbolic", "tokens": 128, "groups": [list(seconds)]}])
     summary = summarize(design, [], [file_of()])
     at = summary["seconds"]["gsm_symbolic_128"]["at_share"]["0"]
     assert at["to_v1"]["trl"]["ratio"] == pytest.approx(4.0) and at["unexplained"]["ratio"] == pytest.approx(1.6)
@@ -654,18 +669,9 @@ def test_amendment_6_reads_the_8_token_group_at_amendment_5s_micro_batch_beside_
     seconds = {"grpo_lab_v1": (2.0, 1.0), "generate_sampler": (3.0, 1.5), "trl_like": (5.0, 2.0), "trl": (8.0, 6.0)}
 
     def file_of(micro=4):
-        rounds = [{"warmup": w, "sides": {name: {"signal": {"seconds": c, "stepped": True, "tokens": 90},
-                                                 "empty": {"seconds": e, "stepped": False, "tokens": 90}}
-                                          for name, (c, e) in seconds.items()}} for w in (True, False, False)]
-        sides = {name: ({"trl_config": {"per_device_train_batch_size": micro}} if name == "trl"
-                        else {"micro_batch_size": micro}) for name in seconds}
-        return {"task": "addsubmul1", "tokens": 8, "pairs": 2, "group": 1, "sides": sides, "rounds": rounds,
-                "cpu_model": "A", "design_sha": design_sha(design), "amendment": 6,
-                "amendment_sha": std.amendment_sha(amendment)}
+        return micro_batch_file(6, seconds, design, micro, cpu_model="A")
 
-    design = {"targets": {"targets": {"50%": 0.4}}, "cap": 4, "every": 2, "arms": ["grpo_lab_v1", "trl"],
-              "order": [], "task": "addsubmul1", "per_update": {"steps": [2], "margin": 0.05, "alpha": 0.05},
-              "benchmark": {"runs": []}}
+    design = made_up_design()
     summary = summarize(design, [], [file_of()])
     at = summary["amendments"]["6"]["at_share"][f"{std.EMPTY_SHARE:g}"]
     step = {name: c + std.EMPTY_SHARE * e for name, (c, e) in seconds.items()}
