@@ -3,6 +3,7 @@
 Where things live: the algorithm at the top, one subpackage per kind of use.
 
 =========================== ==========================================================
+``algorithm1``              Algorithm 1 on one page: one off-policy step, equation → code (read first)
 ``advantages``              whitening A_α and the zero-variance mask m(x)         (§2)
 ``objective``               ratios r, r′, clipped surrogate f_ε, KL, token weights (§3)
 ``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
