@@ -35,7 +35,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.lm.build import build_loop
-from grpo_lab.lm.memory import ModelShape, estimate_memory, longest_prompt
+from grpo_lab.lm.memory import Device, ModelShape, estimate_memory, longest_prompt
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.tasks import Problem, build_prompt
@@ -111,7 +111,8 @@ def loop_run(shape: str, tokenizer: Any, device: str, steps: int, tokens: int) -
         torch.cuda.reset_peak_memory_stats()
     loop = build_loop(config, model=model, tokenizer=tokenizer, problems=problems())
     prompt_length = longest_prompt(tokenizer, loop.task.prompt_of.values())
-    estimate = estimate_memory(ModelShape.of(model, loop.policy.compute_dtype), loop.config, prompt_length)
+    estimate = estimate_memory(ModelShape.of(model, loop.policy.compute_dtype), loop.config, prompt_length,
+                               loop.micro_batch_size, Device.of(device))  # the device's plan, at the loop's m
     records, seconds = [], []
     for _ in range(steps):
         start = time.perf_counter()

@@ -210,6 +210,8 @@ CATALOGUE: list[BadInput] = [
              r"checkpoint_every must be an integer >= 0, got 1.5"),
     BadInput("format_weight = 1.5", lambda: TrainConfig(format_weight=1.5), ValueError,
              r"format_weight must be a finite number in \[0.0, 1.0\], got 1.5"),
+    BadInput("memory_budget_gib = 0", lambda: TrainConfig(memory_budget_gib=0), ValueError,
+             r"memory_budget_gib must be a finite number in \(0.0, inf\], got 0"),
     BadInput("dtype = 'fp8'", lambda: TrainConfig(dtype="fp8"), ValueError,
              r"dtype must be one of \('float32', 'bfloat16', 'float16'\), got 'fp8'"),
     BadInput("device = 'tpu'", lambda: TrainConfig(device="tpu"), ValueError,

@@ -5,6 +5,7 @@ guard counts autocast's weight copies; a run resumes bit for bit."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -99,13 +100,18 @@ def test_build_loop_under_bfloat16_keeps_float32_weights_and_bfloat16_forwards()
     assert loop.audit.tolerance == AUDIT_TOLERANCE[torch.bfloat16]
 
 
-def test_the_memory_guard_counts_autocasts_weight_copies():
+def test_the_memory_guard_counts_autocasts_weight_copies_and_bfloat16_activations():
+    """Autocast's bfloat16 copies of the weights are added; the KV cache and the activations are counted at the
+    2 bytes a bfloat16 forward holds them in, as for a model whose weights are bfloat16."""
     model = tiny_model()
     config = TrainConfig(prompts_per_step=2, G=2)
     plain, mixed = (estimate_memory(ModelShape.of(model, dtype), config, 20) for dtype in (None, torch.bfloat16))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert (plain.autocast, mixed.autocast) == (0, 2 * trainable)
-    assert mixed.new == plain.new + 2 * trainable
+    half = estimate_memory(dataclasses.replace(ModelShape.of(model), element_size=2), config, 20)
+    assert (mixed.sampling, mixed.training) == (half.sampling, half.training)
+    assert mixed.sampling < plain.sampling and mixed.training < plain.training
+    assert mixed.new == plain.new + 2 * trainable - (plain.sampling - half.sampling) - (plain.training - half.training)
 
 
 def test_a_mixed_precision_run_resumes_bit_for_bit(tmp_path):

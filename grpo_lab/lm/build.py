@@ -24,9 +24,10 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                checkpoint: Path | None = None) -> GRPOLoop:
     """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
 
-    Before α is copied, the memory guard plans the micro-batch that fits (:func:`~grpo_lab.lm.memory.plan_memory`:
-    the loop takes it; the config is left as given) and, given the ``checkpoint`` path the run will write, the disk
-    guard checks that its checkpoints fit (:func:`~grpo_lab.lm.disk_guard.guard_disk`, a DiskError otherwise).
+    Before α is copied, the memory guard plans the micro-batch that fits (:func:`~grpo_lab.lm.memory.plan_memory`,
+    with the share of the GPU a vLLM engine will take off first: the loop takes it; the config is left as given)
+    and, given the ``checkpoint`` path the run will write, the disk guard checks that its checkpoints fit
+    (:func:`~grpo_lab.lm.disk_guard.guard_disk`, a DiskError otherwise).
     A given ``sampler`` (e.g. another run's engine, built once) is synced to this run's π_θ first.
     """
     from .disk_guard import estimate_run_checkpoint, guard_disk
@@ -52,8 +53,13 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt,
                       compute_dtype=config.compute_dtype())
+    vllm_share = 0.0
+    if config.sampler == "vllm" and sampler is None and policy.device.type == "cuda":
+        from .sampling_vllm import GPU_MEMORY_UTILIZATION
+
+        vllm_share = GPU_MEMORY_UTILIZATION  # the engine built below takes it from the card
     memory = plan_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
-                         compute_dtype=policy.compute_dtype)
+                         compute_dtype=policy.compute_dtype, vllm_share=vllm_share)
     if checkpoint is not None:
         guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     if sampler is not None:

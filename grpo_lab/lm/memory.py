@@ -1,55 +1,86 @@
-"""Memory guard: estimate an LLM run's peak memory before it starts; plan a smaller micro-batch or refuse.
+"""Memory guard: plan an LLM run's memory on its device before it starts; a smaller micro-batch, or a refusal.
 
 :func:`plan_memory` runs inside :func:`grpo_lab.lm.build.build_loop`, once π_θ is loaded and before anything
-else is allocated: it estimates the bytes the run will add, compares them with what the device has available,
-and either plans a smaller micro-batch (printing why) or raises a ValueError stating estimate vs available,
-instead of an out-of-memory kill minutes into the run.
+else is allocated: it estimates the bytes the run will add on π_θ's device, compares them with what that device
+has free and either plans a smaller micro-batch (printing why) or raises a ValueError naming the figure that does
+not fit, instead of an out-of-memory kill minutes into the run. :func:`plan_for` makes the same plan without the
+device: for a recorded one (:data:`DEVICES`) and a :class:`Layout` (the loop or the TRL adapter, one replica or
+ZeRO-3 shards per process, vLLM's share of each card).
 
-What a run adds to π_θ's weights W (already resident), sampling and training added, not overlapped::
+What one process adds to π_θ's weights (already resident: W, or W/N_s under ZeRO-3), sampling and training
+added, not overlapped::
 
-    new = α + π_ref + gradients + optimiser + autocast + overhead + sampling + training
+    new = α + π_ref + gradients + optimiser + autocast + gathered + overhead + sampling + training
 
-=========== ================================================== ==============================
-part        bytes                                              held
-=========== ================================================== ==============================
-α           W (HFSampler's deep copy)                          always
-π_ref       W                                                  β > 0
-gradients   W_train                                            from the first backward
-optimiser   2·W_train (AdamW's m and v, the parameters' dtype) AdamW (SGD keeps none)
-autocast    W_train·b_c/b (autocast's copies of the weights)   mixed precision (b_c < b)
-overhead    c_W·W (allocator slack, weights paged in,          always
-            gradient temporaries)
-sampling    2·L·B·S·n_kv·d_head·b (KV cache)                   while sampling
-            + P·Lp·(4H + 3I)·b (one prefill layer)
-            + (b + 20)·B·V (one decoding step's logits)
-            + :data:`HEAP_RETENTION`·B·T·V (the C heap's)
-training    m·S·L·((10H + 4I)·b + 2·n_head·S·b) (activations)  one micro-batch's forward
-            + 3·4·m·T·V (float32 logits, gradient, softmax)    and backward
-=========== ================================================== ==============================
+=========== =============================================== ===============================================
+part        bytes, one process                              held, and where
+=========== =============================================== ===============================================
+α           W                                               a torch copy of α: the loop's (HFSampler's, or
+                                                            VLLMSampler's scorer); TRL's without vLLM
+π_ref       W/N_s                                           β > 0
+gradients   W_t/N_s, twice under DDP (N > 1, N_s = 1)       from the first backward (DDP: its buckets)
+optimiser   2·W_t/N_s (AdamW's m and v)                     AdamW (SGD keeps none)
+autocast    W_t·b_c/(b·N_s) (the weights in b_c)            mixed precision (b_c < b)
+gathered    min(:data:`ZERO3_LIVE_PARAMETERS`, W/b)·b_c     ZeRO-3 (N_s > 1): weights gathered for a forward
+overhead    c_W·W/N_s (allocator slack, weights paged in,   always
+            gradient and optimiser temporaries)
+sampling    2·L·R·S·n_kv·d_head·b_c (KV cache)              α samples in torch; with vLLM on a GPU all of it
+            + ⌈P/N⌉·Lp·(4H + 3I)·b_c (one prefill layer)    lives in vLLM's share u·M of the card instead
+            + (b_c + 20)·R·V (one decoding step's logits)
+            + :data:`HEAP_RETENTION`·R·T·V (the C heap's)   CPU only (glibc keeps the sampler's freed blocks)
+training    m·S·L·(10H + 4I)·b_c (activations)              the loop: one micro-batch's forward and backward
+            + attention over L layers
+            + 12·m·T·V (logits: float32 and their gradient,
+            with the b_c ones or the log-softmax's chunks)
+            m·S·L·H·b_c (each layer's input)                the TRL adapter: gradient checkpointing, and
+            + m·S·(10H + 4I)·b_c (one layer recomputed)     TRL's fused LM head (tiles, its float32 weight
+            + attention over one layer                      and input gradients), TRL's defaults
+            + t·v·b_c (a logits tile, at most)
+            + 4·V·H + m·T·H·(4 + b_c)
+attention   2·n_head·m·S²·b_c a layer (scores and           CPU (the calibrated count)
+            probabilities of each row)
+            E·b_c a layer (the kernel's copy of the mask)   GPU: SDPA's memory-efficient kernel keeps no
+            + the mask: E·b (the loop's, in the weights'    scores; E = n·W² entries of the loop's packed
+            dtype) or E bytes (TRL's, boolean)              mask (:func:`packed_mask_entries`), m·S² of
+                                                            TRL's
+=========== =============================================== ===============================================
 
-B = P·G sequences (P prompts), Lp the longest prompt, T = ``max_completion_length``, S = Lp + T, m the
-micro-batch, b bytes per weight element (b_c under autocast), c_W = :data:`C_OVERHEAD_W`; L, H, I, V,
-n_head, n_kv, d_head from the model's config (:class:`ModelShape`). Why each term, the heap's retention and
-the calibration (:data:`CALIBRATION`): docs/internals.md#memory-guard.
+The plan on a device of M bytes a card, N processes (one a card)::
+
+    budget    = BUDGET_FRACTION·(available − u·M)      (or TrainConfig.memory_budget_gib, with a warning)
+    available = what the device has free (live), or M − CUDA_RESERVED − W/N_s (a recorded card)
+
+B = P·G sequences (P prompts), R = ⌈B/N⌉ rows sampled per process, Lp the longest prompt,
+T = ``max_completion_length``, S = Lp + T, m the micro-batch, W and W_t π_θ's weights and trainable weights in
+bytes, b bytes per weight element, b_c per element the forwards compute in (b_c < b: mixed precision), c_W =
+:data:`C_OVERHEAD_W`, N_s the processes that split weights, gradients and optimiser (ZeRO-3: N; DDP: 1), u vLLM's
+``gpu_memory_utilization``, t·v TRL's LM-head tile (:data:`TRL_LOGPROB_TILE`); L, H, I, V, n_head, n_kv, d_head from
+the model's config (:class:`ModelShape`). Why each term, the heap's retention, the calibration
+(:data:`CALIBRATION`) and what has not been measured on a GPU: docs/internals.md#memory-guard.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..checks import require_int_at_least
+from ..checks import require_choice, require_int_at_least, require_number_in
 from ..config import GRPOConfig
 
+if TYPE_CHECKING:
+    from .train_config import TrainConfig
+
 C_OVERHEAD_W = 2.45
-"""What the measured peaks exceed the other parts by, at most, in units of W (see CALIBRATION)."""
+"""What the measured peaks exceed the other parts by, at most, in units of W (see CALIBRATION). Fitted on a CPU;
+a GPU plan uses it too until a GPU's peak has been measured against the plan."""
 HEAP_RETENTION = 8
 """Bytes per B·V entry and decoded step that the C heap may keep from the sampler's per-step tensors: above
-the most measured, 4.75 (docs/internals.md#memory-guard; docs/decisions.md, Memory)."""
+the most measured, 4.75 (docs/internals.md#memory-guard; docs/decisions.md, Memory). A CPU's only."""
 BUDGET_FRACTION = 0.9
 """Plan to use at most this share of the available memory (other processes, estimate error)."""
 CALIBRATION = (
@@ -61,6 +92,19 @@ CALIBRATION = (
     "completion stopped at EOS long before T). Fitted with the earlier sampling term (4·B·T·V, prefill of B "
     "rows); today's adds (b + 20)·B·V + 4·B·T·V and prefills P rows: 0.00–0.05 GiB more at those shapes, so "
     "the envelope holds (not re-measured)")
+CUDA_RESERVED = 2**30
+"""Bytes of each card a recorded plan leaves outside torch's allocator: the CUDA context (about 0.5 GiB for a torch
+process on recent CUDA) and the cuBLAS and NCCL workspaces. An allowance, not measured here; a live plan reads
+the card's free memory, which already excludes them."""
+ZERO3_LIVE_PARAMETERS = 10**9
+"""Elements of weights DeepSpeed ZeRO-3 keeps gathered at once at most (its ``stage3_max_live_parameters`` default,
+which the accelerate configs leave)."""
+TRL_LOGPROB_TILE = (4096, 32768)
+"""t positions × v vocabulary entries: the logits tile of TRL 1.16's fused LM head (``TOKEN_CHUNK_SIZE`` in
+``trl/kernels/chunked_logprob.py``, ``_CHUNKED_LOGPROB_CHUNK_SIZE`` in ``trl/trainer/utils.py``)."""
+ROUTES = ("loop", "trl")
+"""How a run trains: ``loop`` (:class:`~grpo_lab.loop.GRPOLoop` from :func:`~grpo_lab.lm.build.build_loop`, one
+process) or ``trl`` (:mod:`grpo_lab.scale.trl`: gradient checkpointing and the fused LM head, TRL's defaults)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +112,7 @@ class ModelShape:
     """What the estimate needs from a causal LM: bytes and its config's sizes."""
 
     weights: int          # W: parameters + buffers, each shared tensor once
-    trainable: int        # W_train: parameters with requires_grad
+    trainable: int        # W_t: parameters with requires_grad
     element_size: int     # b: bytes per element of the floating weights
     layers: int           # L
     hidden: int           # H
@@ -106,14 +150,66 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class Device:
+    """A device a run is planned on: ``count`` alike, one process each, with ``memory`` bytes apiece (M)."""
+
+    name: str
+    kind: str             # "cpu" (the sampler's C heap is budgeted) or "cuda"
+    memory: int           # M: a card's total memory (nvidia-smi's memory.total), or the host's RAM
+    count: int = 1        # N: devices, one training process each
+
+    def __post_init__(self) -> None:
+        require_choice("kind", self.kind, ("cpu", "cuda"))
+        require_int_at_least("memory", self.memory, 1)
+        require_int_at_least("count", self.count, 1)
+
+    @classmethod
+    def of(cls, device: torch.device | str) -> Device:
+        """The device a live run's π_θ is on: a CUDA card, else the host (as :func:`available_memory` reads it)."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            return cls(str(device), "cuda", torch.cuda.get_device_properties(device).total_memory)
+        import psutil
+
+        return cls(str(device), "cpu", psutil.virtual_memory().total)
+
+
+MIB = 2**20
+DEVICES = {
+    "16GB": Device("Tesla T4 (16 GB)", "cuda", 15360 * MIB),
+    "24GB": Device("GeForce RTX 4090 (24 GB)", "cuda", 24564 * MIB),
+    "80GB": Device("H100 80GB HBM3", "cuda", 81559 * MIB),
+    "141GB": Device("H200 (141 GB)", "cuda", 143771 * MIB),
+    "8x80GB": Device("8 × H100 80GB HBM3", "cuda", 81559 * MIB, count=8),
+}
+"""Recorded cards, by nvidia-smi's ``memory.total`` (MiB): plans for them need no GPU (:func:`plan_for`). Of the
+80 GB cards the H100 has the least (an A100 80GB reports 81920 MiB)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run uses its devices beyond the model and the config: what one process holds depends on it."""
+
+    route: str = "loop"        # a name of ROUTES
+    shards: int = 1            # N_s: processes splitting weights, gradients and optimiser (ZeRO-3: all N; DDP: 1)
+    vllm_share: float = 0.0    # u: vLLM's gpu_memory_utilization on each card (0: α samples in torch)
+
+    def __post_init__(self) -> None:
+        require_choice("route", self.route, ROUTES)
+        require_int_at_least("shards", self.shards, 1)
+        require_number_in("vllm_share", self.vllm_share, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes a run adds to the loaded π_θ, by part (the table in the module docstring)."""
+    """Bytes one process of a run adds to the loaded π_θ, by part (the table in the module docstring)."""
 
     sampler: int
     reference: int
     gradients: int
     optimizer: int
     autocast: int
+    gathered: int
     overhead: int
     sampling: int
     training: int
@@ -121,87 +217,167 @@ class MemoryEstimate:
     @property
     def new(self) -> int:
         """Peak bytes added on top of π_θ's weights."""
-        return (self.sampler + self.reference + self.gradients + self.optimizer + self.autocast + self.overhead
-                + self.sampling + self.training)
+        return (self.sampler + self.reference + self.gradients + self.optimizer + self.autocast + self.gathered
+                + self.overhead + self.sampling + self.training)
 
     def summary(self) -> str:
-        """``new`` and each part, in GiB."""
+        """``new`` and each part that is not zero, in GiB."""
         parts = ", ".join(f"{name} {gib(getattr(self, name))}" for name in
-                          ("sampler", "reference", "gradients", "optimizer", "autocast", "overhead", "sampling",
-                           "training"))
+                          ("sampler", "reference", "gradients", "optimizer", "autocast", "gathered", "overhead",
+                           "sampling", "training") if getattr(self, name))
         return f"{gib(self.new)} ({parts})"
 
 
-def estimate_memory(shape: ModelShape, config: GRPOConfig, prompt_length: int,
-                    micro_batch_size: int | None = None) -> MemoryEstimate:
-    """The bytes a run of ``config`` adds to the loaded model (see the module docstring).
+def estimate_memory(shape: ModelShape, config: GRPOConfig, prompt_length: int, micro_batch_size: int | None = None,
+                    device: Device | None = None, layout: Layout = Layout()) -> MemoryEstimate:
+    """The bytes one process of a run of ``config`` adds to the loaded model (see the module docstring).
 
-    ``micro_batch_size`` overrides ``config.micro_batch_size`` (None: the config's, else the whole batch).
+    ``micro_batch_size`` overrides ``config.micro_batch_size`` (None: the config's, else all R rows);
+    ``device`` None: one CPU process.
     """
     require_int_at_least("prompt_length", prompt_length, 1)
     if config.max_completion_length is None:
         raise ValueError("max_completion_length must be set to estimate an LLM run's memory, got None")
-    P, T, b = config.prompts_per_step, config.max_completion_length, shape.element_size
-    B = P * config.G
-    m = min(micro_batch_size or config.micro_batch_size or B, B)
-    S, L, H, I, V = prompt_length + T, shape.layers, shape.hidden, shape.intermediate, shape.vocab
-    sampling = sampler_tensor_bytes(shape, B, P, prompt_length, T) + HEAP_RETENTION * B * T * V
-    training = m * S * L * ((10 * H + 4 * I) * b + 2 * shape.heads * S * b) + 3 * 4 * m * T * V
-    b_c = shape.compute_bytes
+    kind, N = (device.kind, device.count) if device is not None else ("cpu", 1)
+    N_s, u = layout.shards, layout.vllm_share
+    if layout.route == "loop" and N > 1:
+        raise ValueError(f"the loop runs one process; {device.name} has {N} devices: plan route 'trl' on them")
+    if N_s not in (1, N):
+        raise ValueError(f"shards = {N_s}: each process holds whole weights (1) or a shard of all {N} (ZeRO-3)")
+    if u > 0 and kind != "cuda":
+        raise ValueError(f"vllm_share = {u}: vLLM's gpu_memory_utilization is a share of a GPU, and {kind} is none")
+    P, T, W, W_t = config.prompts_per_step, config.max_completion_length, shape.weights, shape.trainable
+    b, b_c = shape.element_size, shape.compute_bytes
+    R = math.ceil(P * config.G / N)
+    m = min(micro_batch_size or config.micro_batch_size or R, R)
+    sampling = 0
+    if u == 0:
+        sampling = sampler_tensor_bytes(shape, R, math.ceil(P / N), prompt_length, T)
+        sampling += HEAP_RETENTION * R * T * shape.vocab if kind == "cpu" else 0
     return MemoryEstimate(
-        sampler=shape.weights, reference=shape.weights if config.beta > 0 else 0, gradients=shape.trainable,
-        optimizer=2 * shape.trainable if config.optimizer == "adamw" else 0,
-        autocast=shape.trainable // b * b_c if b_c < b else 0,
-        overhead=math.ceil(C_OVERHEAD_W * shape.weights), sampling=sampling, training=training)
+        sampler=W if layout.route == "loop" or u == 0 else 0,
+        reference=math.ceil(W / N_s) if config.beta > 0 else 0,
+        gradients=math.ceil(W_t / N_s) * (2 if N > 1 and N_s == 1 else 1),
+        optimizer=2 * math.ceil(W_t / N_s) if config.optimizer == "adamw" else 0,
+        autocast=math.ceil(W_t // b * b_c / N_s) if b_c < b else 0,
+        gathered=min(ZERO3_LIVE_PARAMETERS, W // b) * b_c if N_s > 1 else 0,
+        overhead=math.ceil(C_OVERHEAD_W * W / N_s), sampling=sampling,
+        training=training_bytes(shape, kind, layout.route, m, config.G, prompt_length, T))
 
 
 def sampler_tensor_bytes(shape: ModelShape, B: int, P: int, prompt_length: int, T: int) -> int:
     """The tensors the sampler holds at once (the sampling row without the heap's retention): B = P·G rows
-    decoded up to T tokens after prompts of ``prompt_length``."""
-    b = shape.element_size
-    kv_cache = 2 * shape.layers * B * (prompt_length + T) * shape.kv_heads * shape.head_dim * b
-    prefill_layer = P * prompt_length * (4 * shape.hidden + 3 * shape.intermediate) * b
-    return kv_cache + prefill_layer + (b + 20) * B * shape.vocab
+    decoded up to T tokens after prompts of ``prompt_length``, in the compute dtype."""
+    b_c = shape.compute_bytes
+    kv_cache = 2 * shape.layers * B * (prompt_length + T) * shape.kv_heads * shape.head_dim * b_c
+    prefill_layer = P * prompt_length * (4 * shape.hidden + 3 * shape.intermediate) * b_c
+    return kv_cache + prefill_layer + (b_c + 20) * B * shape.vocab
+
+
+def training_bytes(shape: ModelShape, kind: str, route: str, m: int, G: int, prompt_length: int, T: int) -> int:
+    """The training row of the module docstring: one micro-batch of m rows' forward and backward on ``route``."""
+    L, H, I, V, b_c = shape.layers, shape.hidden, shape.intermediate, shape.vocab, shape.compute_bytes
+    S = prompt_length + T
+    layer = m * S * (10 * H + 4 * I) * b_c
+    if kind == "cpu":
+        mask, attention_layer = 0, 2 * shape.heads * m * S * S * b_c
+    elif route == "loop":
+        entries = packed_mask_entries(m, G, prompt_length, T)
+        mask, attention_layer = entries * shape.element_size, entries * b_c
+    else:
+        mask, attention_layer = m * S * S, m * S * S * b_c
+    if route == "loop":
+        return L * (layer + attention_layer) + mask + 3 * 4 * m * T * V
+    t, v = TRL_LOGPROB_TILE
+    head = min(m * T, t) * min(V, v) * b_c + 4 * V * H + m * T * H * (4 + b_c)
+    return L * m * S * H * b_c + layer + attention_layer + mask + head
+
+
+def packed_mask_entries(m: int, G: int, prompt_length: int, T: int) -> int:
+    """n·W², the entries of the ``[n, 1, W, W]`` attention mask :class:`~grpo_lab.lm.policy.LMPolicy` builds for
+    the widest micro-batch of m consecutive rows (groups of G rows share a prompt), every completion T tokens
+    long: its layout (:func:`~grpo_lab.lm.policy.packed_layout`) for each way m rows can fall across groups."""
+    from .policy import PACKED_INPUTS, packed_layout
+
+    rows = math.lcm(m, G)
+    prompt_ids = torch.arange(rows).div(G, rounding_mode="floor")[:, None].expand(rows, prompt_length)
+    used = torch.full((rows,), T - 1)                   # the inputs of a row that scores all T tokens
+    widest = 0
+    for start in range(0, rows, m):
+        block = slice(start, start + m)
+        first, _, _, width = packed_layout(prompt_ids[block], torch.ones_like(prompt_ids[block]), used[block],
+                                           PACKED_INPUTS)
+        widest = max(widest, len(first) * width * width)
+    return widest
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What :func:`plan_memory` decided: the micro-batch the run uses on this device, and why."""
+    """What :func:`plan_for` decided: the micro-batch the run uses on this device, and why."""
 
     micro_batch_size: int        # m: rows per forward and backward
-    estimate: MemoryEstimate     # the bytes the run adds at that m
-    available: int               # bytes the device had
+    estimate: MemoryEstimate     # the bytes one process adds at that m
+    available: int               # bytes each device had free
+    budget: int                  # bytes the plan let the run add: BUDGET_FRACTION·(available − u·M), or the override
     shrunk: bool                 # m is below what the config asked for
 
 
-def plan_memory(config: GRPOConfig, model: torch.nn.Module, prompt_length: int,
-                available: int | None = None, compute_dtype: torch.dtype | None = None) -> MemoryPlan:
-    """The micro-batch a run of ``config`` can use in ``available`` bytes (default: :func:`available_memory` of
-    the model's device): the config's (or the whole batch) if it fits, else the largest that fits (printed),
-    else ValueError. The config is not changed: the loop takes the plan's micro-batch
-    (:class:`~grpo_lab.loop.GRPOLoop`'s ``micro_batch_size``). ``compute_dtype``: the dtype π_θ's forward computes
-    in (None: its weights')."""
-    shape, device = ModelShape.of(model, compute_dtype), next(model.parameters()).device
-    available = available_memory(device) if available is None else require_int_at_least("available", available, 0)
-    budget = int(BUDGET_FRACTION * available)
-    B = config.prompts_per_step * config.G
-    m = min(config.micro_batch_size or B, B)
-    estimate = estimate_memory(shape, config, prompt_length, m)
+def plan_for(shape: ModelShape, config: TrainConfig, prompt_length: int, device: Device, layout: Layout = Layout(),
+             available: int | None = None) -> MemoryPlan:
+    """The micro-batch a run of ``config`` can use on ``device`` laid out as ``layout``: the config's (or all of a
+    process's rows) if it fits in the budget, else the largest that fits (printed), else ValueError naming the
+    figure that does not fit. ``available``: bytes each device has free with π_θ loaded (None: a recorded
+    device's, M − CUDA_RESERVED on a GPU − π_θ's weights W/N_s). ``config.memory_budget_gib`` replaces the budget
+    (with a warning). The config is not changed: the loop takes the plan's micro-batch."""
+    resident = math.ceil(shape.weights / layout.shards)
+    if available is None:
+        available = max(device.memory - (CUDA_RESERVED if device.kind == "cuda" else 0) - resident, 0)
+        where = (f"of {device.name}'s {gib(device.memory)} a card after π_θ's weights ({gib(resident)})"
+                 + (f" and CUDA's {gib(CUDA_RESERVED)}" if device.kind == "cuda" else ""))
+    else:
+        where = f"free on {device.name} with π_θ loaded"
+        require_int_at_least("available", available, 0)
+    vllm = math.ceil(layout.vllm_share * device.memory)
+    if vllm:
+        where += f", of which vLLM takes its {layout.vllm_share:.0%} share ({gib(vllm)})"
+    budget = int(BUDGET_FRACTION * max(available - vllm, 0))
+    if config.memory_budget_gib is not None:
+        warnings.warn(f"memory guard: planning in memory_budget_gib = {config.memory_budget_gib} GiB, as the config "
+                      f"asks, instead of its own {gib(budget)} ({gib(available)} {where}); a run that does not fit "
+                      "will stop with out-of-memory", stacklevel=2)
+        budget = int(config.memory_budget_gib * 2**30)
+    R = math.ceil(config.prompts_per_step * config.G / device.count)
+    m = min(config.micro_batch_size or R, R)
+
+    def at(k: int) -> MemoryEstimate:
+        return estimate_memory(shape, config, prompt_length, k, device, layout)
+
+    estimate = at(m)
     if estimate.new <= budget:
-        return MemoryPlan(m, estimate, available, shrunk=False)
-    fits = next((k for k in range(m - 1, 0, -1) if estimate_memory(shape, config, prompt_length, k).new <= budget),
-                None)
+        return MemoryPlan(m, estimate, available, budget, shrunk=False)
+    fits = next((k for k in range(m - 1, 0, -1) if at(k).new <= budget), None)
     if fits is None:
-        smallest = estimate_memory(shape, config, prompt_length, 1)
         raise ValueError(
-            f"memory guard: the run needs about {smallest.summary()} on {device} beyond the loaded weights "
-            f"even with micro_batch_size = 1, but only {gib(available)} is available "
-            f"(planning with {BUDGET_FRACTION:.0%}); lower prompts_per_step·G = {B}, "
-            f"max_completion_length = {config.max_completion_length}, or use a smaller model or dtype")
+            f"memory guard: the run needs about {at(1).summary()} on {device.name} beyond the loaded weights "
+            f"even with micro_batch_size = 1, but only {gib(available)} is available ({where}; planning with "
+            f"{BUDGET_FRACTION:.0%} of the rest: {gib(budget)}); lower prompts_per_step·G = "
+            f"{config.prompts_per_step * config.G}, max_completion_length = {config.max_completion_length}, or use "
+            "a smaller model or dtype")
     print(f"memory guard: micro_batch_size {config.micro_batch_size} → {fits}: the run would need about "
-          f"{gib(estimate.new)} on {device} beyond the loaded weights with {m} sequences per forward, "
-          f"{gib(available)} is available")
-    return MemoryPlan(fits, estimate_memory(shape, config, prompt_length, fits), available, shrunk=True)
+          f"{gib(estimate.new)} on {device.name} beyond the loaded weights with {m} sequences per forward, "
+          f"{gib(budget)} is there to plan in ({gib(available)} {where})")
+    return MemoryPlan(fits, at(fits), available, budget, shrunk=True)
+
+
+def plan_memory(config: TrainConfig, model: torch.nn.Module, prompt_length: int, available: int | None = None,
+                compute_dtype: torch.dtype | None = None, vllm_share: float = 0.0) -> MemoryPlan:
+    """:func:`plan_for` the loop on the device ``model`` is on, in ``available`` bytes (default: what
+    :func:`available_memory` reads there). ``compute_dtype``: the dtype π_θ's forward computes in (None: its
+    weights'); ``vllm_share``: the ``gpu_memory_utilization`` of the vLLM engine α will be (0: α in torch)."""
+    location = next(model.parameters()).device
+    available = available_memory(location) if available is None else available
+    return plan_for(ModelShape.of(model, compute_dtype), config, prompt_length, Device.of(location),
+                    Layout(vllm_share=vllm_share), available)
 
 
 def longest_prompt(tokenizer: Any, prompts: Any) -> int:

