@@ -271,7 +271,7 @@ def run_group(task: str, tokens: int, pairs: int, group: int, names: Sequence[st
     the record."""
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.text_task import train_problems
-    from studies.provenance import provenance
+    from grpo_lab.provenance import provenance
     from studies.time_to_accuracy import design as tta
 
     record: dict[str, Any] = {"task": task, "tokens": tokens, "pairs": pairs, "group": group,

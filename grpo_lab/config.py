@@ -14,6 +14,7 @@ from .objective import BANDS, IS_CORRECTIONS, KL_KINDS, LEVELS, LOSS_TYPES, MASK
 from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
+FULL_ENV = "GRPO_LAB_FULL"
 OPTIMIZERS = ("adamw", "sgd")
 EMPTY_STEPS = ("skip", "optimizer_step", "skip_kl_only", "skip_after_backward")
 RESUME_FREE_FIELDS = ("micro_batch_size", "steps", "output_dir", "checkpoint_every")
@@ -207,3 +208,9 @@ class GRPOConfig:
 def smoke_mode() -> bool:
     """True when ``GRPO_LAB_SMOKE`` is set (to anything but ``""``/``"0"``): every notebook run shrinks for CI."""
     return os.environ.get(SMOKE_ENV, "").strip() not in ("", "0")
+
+
+def full_mode() -> bool:
+    """True when ``GRPO_LAB_FULL`` is set (to anything but ``""``/``"0"``): the one switch that lets a notebook start
+    its GPU recipes' long runs (hours); without it a GPU section prints each run's cost and command instead."""
+    return os.environ.get(FULL_ENV, "").strip() not in ("", "0")

@@ -86,3 +86,26 @@ def test_sync_seconds_for():
     assert sync_seconds_for(1e9, bandwidth_gb_s=2.0) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="bandwidth_gb_s must be"):
         sync_seconds_for(1e9, bandwidth_gb_s=0)
+
+
+def test_run_cost_of_the_gsm8k_recipe_by_hand():
+    """GSM8K on-policy on an H100 (989 TFLOP/s, 3.35 TB/s), N = 0.49e9, 500 steps of P·G = 16·8 = 128, T = 512,
+    β = 0.04, i = 1; 1,319 questions × 50 samples. A round at 128 sequences: 0.025 + max(2·0.49e9·128 / (0.3·989e12)
+    = 4.2278e-4, 0.98e9 / 3.35e12 = 2.925e-4) s; 500·512 rounds = 6,508.2 s. Training (6 + 2)·0.49e9·32,768,000 /
+    2.967e14 = 432.93 s. Evaluation: ⌈1319/8⌉ = 165 batches of 400 sequences, 165·512·(0.025 + 1.3212e-3) =
+    2,223.6 s."""
+    from grpo_lab.lm.recipes import recipe
+    from grpo_lab.scale.costmodel import H100, paper_run_seconds, run_cost
+
+    cost = run_cost(recipe("gsm8k_qwen05b_onpolicy"), H100)
+    assert (cost.steps, cost.completions, cost.tokens, cost.eval_completions) == (500, 64_000, 32_768_000, 65_950)
+    assert cost.sample_seconds == pytest.approx(6508.23, abs=0.01)
+    assert cost.train_seconds == pytest.approx(432.93, abs=0.01)
+    assert cost.eval_seconds == pytest.approx(2223.61, abs=0.01)
+    assert cost.seconds(5) == pytest.approx(6508.23 + 432.93 + 5 * 2223.61, abs=0.1)
+    reuse = run_cost(recipe("gsm8k_qwen05b_reuse_i10"), H100)   # ten forward–backward passes a step
+    assert reuse.train_seconds == pytest.approx(432.93 * 62 / 8, abs=0.01)
+    assert paper_run_seconds(100, 1) == pytest.approx(100 / 0.02828)
+    with pytest.raises(ValueError, match="no parameter count on record for 'my/model'"):
+        run_cost(recipe("gsm8k_qwen05b_onpolicy", model="my/model"), H100)
+    assert run_cost(recipe("gsm8k_qwen05b_onpolicy", model="my/model"), H100, params=0.49e9) == cost

@@ -13,6 +13,7 @@ from grpo_lab.lm.tasks import load_orz
 from grpo_lab.lm.text_task import eval_problems
 from grpo_lab.loop import StepRecord
 from grpo_lab.scale import launch as gl
+from grpo_lab.scale import repeats
 from grpo_lab.scale import throughput as tp
 from grpo_lab.scale.costmodel import StepCostModel, fit_from_records, paper_cost_model
 from grpo_lab.viz import throughput as figures
@@ -189,12 +190,14 @@ def test_colocate_recipes_map_to_the_paper_setting():
         rows = config.prompts_per_step * config.G
         assert args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps == rows
         assert args.steps_per_generation == args.gradient_accumulation_steps and args.max_steps == config.steps
-        command = gl.colocate_command(v)
-        accelerate_config = command[command.index("--config_file") + 1]
-        assert (gl.ROOT / accelerate_config).is_file() and (gl.ROOT / command[-1]).is_file(), command
-        assert command[command.index("-m") + 1] == "accelerate.commands.launch"
-    with pytest.raises(ValueError, match="v must be one of"):
-        gl.colocate_command(4)
+    command = repeats.colocate_repeats_command()
+    config = command[command.index("--config") + 1]
+    assert (gl.ROOT / config).is_file() and load_launch_recipe(gl.ROOT / config).config.v == 1
+    assert command[command.index("--v") + 1:command.index("--repeats")] == ["1", "10"]
+    assert command[command.index("--accelerate-config") + 1] == "gpu8_zero3"
+    assert int(command[command.index("--repeats") + 1]) >= repeats.MIN_REPEATS
+    with pytest.raises(ValueError, match="repeats must be"):
+        repeats.colocate_repeats_command(2)
 
 
 def test_trl_args_map_names_and_refuse_what_trl_cannot_do(tmp_path):
@@ -256,28 +259,207 @@ def test_orz_rows_become_chat_prompts_and_rewards(tmp_path):
         load_orz(path)
 
 
-@pytest.mark.slow
-def test_launch_trains_with_the_trl_adapter_and_writes_results(tmp_path, monkeypatch):
-    """A real (tiny) run through launch(): random 2-layer Llama with SmolLM2's tokenizer, CPU, v = 2."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def tiny_qwen2(folder):
+    """A random one-layer Qwen2 with SmolLM2's tokenizer, saved to ``folder`` (no download)."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_lab.lm.models import bundled_model_dir
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                          tie_word_embeddings=True))
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+TINY = ["G=2", "prompts_per_step=2", "micro_batch_size=2", "max_completion_length=4", "train_problems=8",
+        "checkpoint_every=0", "device=cpu"]
+"""A launch at the smallest shapes (with ``model=`` and ``steps=``): seconds on a CPU."""
+
+
+def check_provenance(result):
+    assert len(result["git_commit"]) == 40 and result["cpu_model"] and result["gpu_models"] == []
+    assert all(result[k] for k in ("torch", "transformers", "trl", "accelerate")) and result["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_launch_trains_with_the_trl_adapter_and_writes_results(tmp_path, monkeypatch):
+    """A real (tiny) run through launch(): random one-layer Qwen2 with SmolLM2's tokenizer, CPU, v = 2, 3 steps."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     launch_recipe = load_launch_recipe(
         CONFIG_DIR / "cpu_arith_smollm2.yaml",
-        [f"model={tmp_path / 'model'}", "G=2", "prompts_per_step=2", "micro_batch_size=2", "v=2", "steps=3",
-         "max_completion_length=4", "train_problems=8", "checkpoint_every=0", "device=cpu",
-         f"output_dir={tmp_path / 'run'}"], ["disable_tqdm=true"])
+        [f"model={tiny_qwen2(tmp_path / 'model')}", *TINY, "v=2", "steps=3", f"output_dir={tmp_path / 'run'}"],
+        ["disable_tqdm=true"])
     result = gl.launch(launch_recipe)
-    assert (result["v"], result["steps"], result["syncs"]) == (2, 3, 2)  # α ← π_θ at k = 0 and 2
-    assert result["iters_per_second"] > 0 and 0.0 <= result["final_reward"] <= 1.0
+    assert (result["v"], result["steps"], result["syncs"], result["seed"]) == (2, 3, 2, 0)  # α ← π_θ at k = 0 and 2
+    assert result["seconds"] > 0 and result["steps_per_second"] == result["steps"] / result["seconds"]
+    assert 0.0 <= result["final_reward"] <= 1.0
+    check_provenance(result)
     assert json.loads((tmp_path / "run" / gl.RESULT_FILE).read_text()) == result
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_repeats_time_each_v_three_times_interleaved_and_summarise_the_files(tmp_path, monkeypatch):
+    """The driver on the TRL route: v = 1 and 2, 3 repeats each, 2 steps, each launch a process of its own; the
+    summary is the files' seconds, recomputed here."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    sets = [f"model={tiny_qwen2(tmp_path / 'model')}", *TINY, "steps=2"]
+    summary = repeats.run_repeats(CONFIG_DIR / "cpu_arith_smollm2.yaml", [1, 2], 3, tmp_path / "out", sets=sets,
+                                  trl=["disable_tqdm=true"])
+    assert summary["plan"] == [(1, 0), (2, 0), (2, 1), (1, 1), (1, 2), (2, 2)]
+    assert json.loads((tmp_path / "out" / repeats.SUMMARY_FILE).read_text()) == json.loads(json.dumps(summary))
+    for (v, j), run in zip(summary["plan"], summary["runs"]):
+        assert run == json.loads((tmp_path / "out" / f"v{v}_r{j}" / gl.RESULT_FILE).read_text())
+        assert (run["v"], run["seed"], run["steps"], run["syncs"]) == (v, j, 2, 2 // v)
+        assert run["seconds"] > 0 and not (tmp_path / "out" / f"v{v}_r{j}" / "final").exists()
+        check_provenance(run)
+    rates = {v: [r["steps"] / r["seconds"] for r in summary["runs"] if r["v"] == v] for v in (1, 2)}
+    per_v = summary["summary"]["per_v"]
+    assert [per_v[str(v)]["steps_per_second"] for v in (1, 2)] == [rates[1], rates[2]]
+    assert per_v["1"]["mean"] == pytest.approx(np.mean(rates[1]))
+    ratio = summary["summary"]["ratios"]["2:1"]
+    assert ratio["ratio"] == pytest.approx(np.exp(np.mean(np.log(rates[2])) - np.mean(np.log(rates[1]))))
+    assert ratio["ci"][0] < ratio["ratio"] < ratio["ci"][1]
+
+
+def made_up_run(v, seconds, steps=2, **changes):
+    return {"v": v, "seed": 0, "steps": steps, "seconds": seconds, "world_size": 1, "gpu_models": ["H100"],
+            "cpu_model": "x", **changes}
+
+
+def test_throughput_summary_by_hand():
+    """v = 1: 2 steps in 4, 4e^0.1 and 4e^−0.1 s; v = 10: 2 steps in 2, 2e^0.2 and 2e^−0.2 s. Log rates: mean
+    log 0.5, s.d. 0.1; mean log 1, s.d. 0.2. Ratio e^(0 − log 0.5) = 2; s.e. √(0.01/3 + 0.04/3) = 0.129099; Welch
+    df = (0.05/3)² / ((0.01/3)²/2 + (0.04/3)²/2) = 2.94 → 2; t_0.975,2 = 4.302653; interval 2·e^(±0.555468)."""
+    runs = [made_up_run(1, 4.0), made_up_run(10, 2.0), made_up_run(10, 2 * np.exp(0.2)),
+            made_up_run(1, 4 * np.exp(0.1)), made_up_run(1, 4 * np.exp(-0.1)), made_up_run(10, 2 * np.exp(-0.2))]
+    summary = repeats.throughput_summary(runs)
+    ratio = summary["ratios"]["10:1"]
+    assert ratio["ratio"] == pytest.approx(2.0) and ratio["df"] == 2 and ratio["log_se"] == pytest.approx(0.1290994)
+    assert ratio["ci"] == pytest.approx([1.147605, 3.485520], rel=1e-6)
+    v1 = summary["per_v"]["1"]       # rates 0.5, 0.5e^−0.1, 0.5e^0.1: mean 0.501668, s.d. 0.050125
+    assert v1["repeats"] == 3 and v1["steps_per_second"] == pytest.approx([0.5, 0.5 * np.exp(-0.1), 0.5 * np.exp(0.1)])
+    assert v1["mean"] == pytest.approx(0.501668) and v1["ci"] == pytest.approx([0.377202, 0.626134], rel=1e-5)
+    lines = repeats.summary_lines(summary)
+    assert lines[-1] == "v 10 : v 1: 2.000x [1.148, 3.486] (95 %, 2 df)"
+    table = tp.colocate_table(summary)
+    assert [row["source"] for row in table] == [tp.PAPER] * 3 + [f"{tp.MEASURED} (8 GPUs)"] * 3
+    assert table[2]["steps/s or ratio"] == pytest.approx(0.03828 / 0.02828) and table[-1]["v"] == "10 : 1"
+    assert len(tp.colocate_table(None)) == 3
+
+
+def test_throughput_summary_refuses_what_it_cannot_compare():
+    runs = [made_up_run(v, 3.0) for v in (1, 1, 10, 10)]
+    with pytest.raises(ValueError, match="differ in world_size"):
+        repeats.throughput_summary([*runs, made_up_run(10, 3.0, world_size=8)])
+    with pytest.raises(ValueError, match="differ in steps"):
+        repeats.throughput_summary([*runs, made_up_run(10, 3.0, steps=3)])
+    with pytest.raises(ValueError, match="v = 4 has 1 repeat"):
+        repeats.throughput_summary([*runs, made_up_run(4, 3.0)])
+    with pytest.raises(ValueError, match="seconds = 0.0"):
+        repeats.throughput_summary([*runs[:3], made_up_run(10, 0.0)])
+
+
+def test_repeat_plan_interleaves_and_alternates_the_first_v():
+    assert repeats.repeat_plan([1, 10], 4) == [(1, 0), (10, 0), (10, 1), (1, 1), (1, 2), (10, 2), (10, 3), (1, 3)]
+    with pytest.raises(ValueError, match="repeats must be"):
+        repeats.repeat_plan([1, 10], 2)
+    with pytest.raises(ValueError, match="two different values of v"):
+        repeats.repeat_plan([4, 4], 3)
+
+
+def test_repeat_command_sets_v_seed_and_folder_and_reads_files_already_there(tmp_path, monkeypatch):
+    config = CONFIG_DIR / "cpu_arith_smollm2.yaml"
+    command = repeats.repeat_command(config, 10, 2, tmp_path, "gpu8_zero3", ["seed=5"], ["logging_steps=2"])
+    assert command[1:5] == ["-m", "accelerate.commands.launch", "--config_file",
+                            str(CONFIG_DIR / "accelerate" / "gpu8_zero3.yaml")]
+    sets = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    assert sets == ["seed=5", "v=10", "seed=7", f"output_dir={tmp_path.resolve() / 'v10_r2'}"]
+    assert command[-3:] == ["--trl", "logging_steps=2", "--no-final-model"]
+    assert repeats.repeat_command(config, 1, 0, tmp_path)[1:3] == ["-m", "grpo_lab.scale.launch"]
+    for v, j in repeats.repeat_plan([1, 10], 3):          # every run already there: nothing is launched
+        repeats.run_dir(tmp_path, v, j).mkdir()
+        (repeats.run_dir(tmp_path, v, j) / gl.RESULT_FILE).write_text(json.dumps(made_up_run(v, 3.0 + j / v)))
+    monkeypatch.setattr(repeats.subprocess, "run", lambda *a, **k: pytest.fail("a finished repeat was run again"))
+    summary = repeats.run_repeats(config, [1, 10], 3, tmp_path)
+    assert json.loads(json.dumps(summary)) == repeats.read_summary(tmp_path)
+    assert summary["summary"] == repeats.throughput_summary(summary["runs"])
+    (repeats.run_dir(tmp_path, 10, 1) / gl.RESULT_FILE).write_text(json.dumps(made_up_run(1, 3.0)))
+    with pytest.raises(ValueError, match="holds a run at v = 1, not 10"):
+        repeats.run_repeats(config, [1, 10], 3, tmp_path)
+
+
+def test_training_clock_spans_the_first_step_start_to_the_last_step_end(monkeypatch):
+    ticks = iter([10.0, 12.5, 14.0, 19.0])   # the first step's start, then each step's end
+    monkeypatch.setattr(gl.time, "perf_counter", lambda: next(ticks))
+    clock = gl.TrainingClock()
+    with pytest.raises(ValueError, match="no whole optimiser step"):
+        _ = clock.seconds
+    for _ in range(3):
+        clock.on_step_begin(None, None, None)
+        clock.on_step_end(None, None, None)
+    assert clock.seconds == 9.0 and next(ticks, None) is None   # 19.0 − 10.0: read once at the start
+
+
+def test_require_free_gpus_names_the_device_in_use(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    used = {0: 30 * 2**30}      # cuda:0 holds 30 GiB (an engine still alive), the rest are free
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (80 * 2**30 - used.get(d, 0), 80 * 2**30))
+    with pytest.raises(RuntimeError, match="cuda:0 has 30.0 of 80.0 GiB in use"):
+        gl.require_free_gpus(8)
+    used.clear()
+    gl.require_free_gpus(8)
+    with pytest.raises(RuntimeError, match="needs 9 CUDA devices; torch sees 8"):
+        gl.require_free_gpus(9)
+
+
+def one_line(text):
+    """Shell text with its line continuations joined and its runs of spaces made one."""
+    return " ".join(text.replace("\\\n", " ").split())
+
+
+def test_the_printed_commands_are_the_documented_ones():
+    """The notebooks print the commands these functions build; docs/recipes.md and the recipes' headers hold the
+    same lines."""
+    from grpo_lab.lm.recipes import GSM8K_RECIPES, eval_command, recipe_arg, train_command
+
+    docs = one_line((gl.ROOT / "docs" / "recipes.md").read_text())
+    for name in gl.COLOCATE_RECIPES.values():
+        assert gl.launch_command(name, "gpu8_zero3") in docs, name
+    deepscaler = "deepscaler_r1distill_1p5b_offpolicy_v10"
+    assert train_command(deepscaler) in docs
+    assert gl.launch_command(deepscaler, trl=["use_vllm=true", "vllm_mode=colocate",
+                                              "vllm_gpu_memory_utilization=0.3"]) in docs
+    for name in GSM8K_RECIPES.values():
+        header = one_line((gl.ROOT / recipe_arg(name)).read_text().replace("#", " "))
+        assert train_command(name) in header and eval_command(name) in header, name
+    with pytest.raises(ValueError, match="no bundled recipe 'gsm8k'"):
+        train_command("gsm8k")
+    with pytest.raises(ValueError, match="accelerate_config must be one of"):
+        gl.launch_command(deepscaler, "gpu9")
+
+
+def test_full_mode_starts_only_when_asked(monkeypatch):
+    import torch
+
+    from grpo_lab.lm.recipes import run_mode
+
+    monkeypatch.delenv("GRPO_LAB_SMOKE", raising=False)
+    monkeypatch.delenv("GRPO_LAB_FULL", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert run_mode() == "reduced"                         # a GPU alone does not start the long runs
+    monkeypatch.setenv("GRPO_LAB_FULL", "1")
+    assert run_mode() == "full"
+    monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
+    assert run_mode() == "smoke"                           # CI's smoke mode wins
+    monkeypatch.setenv("GRPO_LAB_SMOKE", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="GRPO_LAB_FULL=1 asks for the GPU recipes' runs, but torch sees no CUDA"):
+        run_mode()
+    monkeypatch.setenv("GRPO_LAB_FULL", "0")
+    assert run_mode() == "reduced"

@@ -241,3 +241,20 @@ def test_a_mixed_precision_loop_trains_float32_weights_and_proves_every_sync():
     finally:
         policy.model.load_state_dict(saved)
         sampler.sync(policy)
+
+
+def test_close_tears_the_engine_down_while_the_sampler_lives():
+    """close() frees the engine and vLLM's process groups with the sampler object still referenced (no garbage
+    collection does it), and an engine started afterwards samples."""
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    _live.clear()
+    gc.collect()
+    _, sampler = make(torch.float32)
+    assert model_parallel_is_initialized()
+    sampler.close()
+    assert not model_parallel_is_initialized() and not hasattr(sampler, "llm")
+    _, other = make(torch.float32)
+    rollout = other.sample(PROMPTS, G, torch.Generator().manual_seed(0))
+    assert rollout.completions.shape[0] == len(PROMPTS) * G
+    other.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import torch
 import yaml
 
 from ..checks import require_choice
-from ..config import smoke_mode
+from ..config import FULL_ENV, full_mode, smoke_mode
 from .train_config import TrainConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -137,10 +138,18 @@ def load_launch_recipe(path: str | Path, overrides: Sequence[str] = (),
 # ----------------------------------------------------------------------------- the notebooks' recipes
 
 def run_mode() -> str:
-    """``smoke`` (CI), ``full`` (a CUDA GPU is present) or ``reduced`` (CPU)."""
+    """``smoke`` (``GRPO_LAB_SMOKE``, CI; it wins over the other), ``full`` (``GRPO_LAB_FULL=1`` on a machine with a
+    CUDA GPU: the GPU sections start their long runs) or ``reduced`` (the default, on a GPU too: the GPU sections
+    print what each run costs and its command). ``GRPO_LAB_FULL=1`` where torch sees no CUDA device is a
+    RuntimeError."""
     if smoke_mode():
         return "smoke"
-    return "full" if torch.cuda.is_available() else "reduced"
+    if not full_mode():
+        return "reduced"
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{FULL_ENV}=1 asks for the GPU recipes' runs, but torch sees no CUDA device: unset it "
+                           "(the GPU sections then print each run's cost and command)")
+    return "full"
 
 
 RUNS_DIR_ENV = "GRPO_LAB_RUNS_DIR"
@@ -153,20 +162,43 @@ def run_dir(name: str) -> str:
     return str(Path(os.environ.get(RUNS_DIR_ENV) or "runs") / name)
 
 
+def recipe_arg(name: str) -> str:
+    """Bundled recipe ``name`` as the commands name it (docs/recipes.md, the recipes' headers): the path
+    ``grpo_lab/configs/<name>.yaml`` relative to a checkout. A ValueError if no such recipe is bundled."""
+    if not (CONFIG_DIR / f"{name}.yaml").is_file():
+        raise ValueError(f"no bundled recipe {name!r} in {CONFIG_DIR}")
+    return f"{CONFIG_DIR.parent.name}/{CONFIG_DIR.name}/{name}.yaml"
+
+
+def train_command(name: str) -> str:
+    """The shell line that trains recipe ``name`` in one process: ``grpo-lab train --config <recipe>``."""
+    return shlex.join(["grpo-lab", "train", "--config", recipe_arg(name)])
+
+
+def eval_command(name: str, trained: bool = True) -> str:
+    """The shell line that scores recipe ``name``'s model on its held-out questions: the checkpoint that
+    ``grpo-lab train`` wrote, or (``trained=False``) the untrained model."""
+    checkpoint = ["--checkpoint", f"{recipe(name).output_dir}/checkpoint.pt"] if trained else []
+    return shlex.join(["grpo-lab", "eval", "--config", recipe_arg(name), *checkpoint])
+
+
 def recipe(name: str, **changes: Any) -> TrainConfig:
     """``grpo_lab/configs/<name>.yaml`` as a :class:`TrainConfig`, with ``changes`` applied."""
     return load_config(CONFIG_DIR / f"{name}.yaml").replace(**changes)
 
 
+GSM8K_RECIPES = {name: f"gsm8k_qwen05b_{name}" for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10")}
+"""The paper's four GSM8K runs on Qwen2.5-0.5B-Instruct (notebook 02's GPU section), by short name."""
+
+
 def gsm8k_lab_configs(mode: str) -> dict[str, TrainConfig]:
     """Notebook 02's GSM8K section. ``full``: the paper's four configurations on
-    Qwen2.5-0.5B-Instruct. ``smoke``: the same code path on SmolLM2-135M, one-digit
-    additions, v = 1 vs v = 4, shrunk to a few tiny steps (CI checks the plumbing). On a
-    CPU without smoke mode the notebook shows the lag frontier instead (no runs here)."""
+    Qwen2.5-0.5B-Instruct (:data:`GSM8K_RECIPES`). ``smoke``: the same code path on SmolLM2-135M, one-digit
+    additions, v = 1 vs v = 4, shrunk to a few tiny steps (CI checks the plumbing). Without either the notebook
+    prints the full runs' costs and commands (no runs there)."""
     require_choice("mode", mode, ("smoke", "full"))
     if mode == "full":
-        return {name: recipe(f"gsm8k_qwen05b_{name}")
-                for name in ("onpolicy", "masked", "offpolicy_v10", "reuse_i10")}
+        return {name: recipe(file) for name, file in GSM8K_RECIPES.items()}
     shrink = dict(G=3, prompts_per_step=2, max_completion_length=4, steps=5, micro_batch_size=6,
                   checkpoint_every=0, eval_problems=2, eval_samples=2)
     return {f"v={v}": recipe("cpu_arith_smollm2", v=v, output_dir=run_dir(f"nb02_smoke_v{v}"), **shrink)

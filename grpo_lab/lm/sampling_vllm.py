@@ -366,6 +366,17 @@ class VLLMSampler:
             raise ValueError(f"policy.model's parameters do not match the sampler's: {mismatch}")
         torch._foreach_copy_(self._alpha, sources)
         load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))
+
+    def close(self) -> None:
+        """Shut the engine down and free what the sampler holds on its device: the engine's weights and KV cache,
+        vLLM's process groups (:func:`vllm.distributed.cleanup_dist_env_and_memory`, which then empties torch's
+        cache) and α's copy. For a process that hands its GPU on (notebook 03 before it launches a multi-GPU run);
+        the sampler cannot sample afterwards, and another engine may start in this process."""
+        from vllm.distributed import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm, self._scorer, self._alpha
+        cleanup_dist_env_and_memory()
         return self._bytes
 
     @torch.no_grad()

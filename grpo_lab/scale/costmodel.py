@@ -15,17 +15,23 @@ overlap  max(gen, train) + (min(gen, train) + sync) / v         generation of th
 ======== ====================================================== ==========================================
 
 Fit the three terms to measured step records (or to two measured step times), then read
-off the speed-up step_serial(1) / step(v) for any v.
+off the speed-up step_serial(1) / step(v) for any v. The paper's two rates (:data:`PAPER_ITERS_PER_SECOND`) are
+the PAPER's figures, 1.35× between them; the kit has not measured that ratio on GPUs
+(:mod:`grpo_lab.scale.repeats` is how it would).
+
+What a recipe's run costs before it starts (notebooks' GPU sections): :func:`run_cost`, a ROUGH estimate from the
+recipe's sizes and a card's datasheet under stated assumptions, and :func:`paper_run_seconds` at the paper's rates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..checks import require_int_at_least, require_number_in
+from ..checks import require_choice, require_int_at_least, require_number_in
 
 # The paper's throughput run (docs/theory.md §6): Qwen2.5-7B, TRL colocate, vLLM TP=4, 8 GPUs.
 PAPER_ITERS_PER_SECOND = {1: 0.02828, 10: 0.03828}
@@ -155,3 +161,94 @@ def sync_seconds_for(params: float, bandwidth_gb_s: float, bytes_per_param: int 
 def paper_effective_bandwidth_gb_s(bytes_per_param: int = 2) -> float:
     """The bandwidth that makes a 7.6B-parameter bf16 push take the paper's sync time."""
     return PAPER_PARAMS_7B * bytes_per_param / 1e9 / paper_cost_model().sync
+
+
+# ----------------------------------------------------------------------------- what a recipe's run costs (rough)
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU by its datasheet: dense bfloat16 peak (TFLOP/s) and memory bandwidth (TB/s)."""
+
+    name: str
+    bf16_tflops: float
+    memory_tb_s: float
+
+
+H100 = Card("NVIDIA H100 SXM 80 GB", bf16_tflops=989.0, memory_tb_s=3.35)
+MODEL_PARAMS = {"smollm2-135m": 0.135e9, "Qwen/Qwen2.5-0.5B-Instruct": 0.49e9,
+                "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 1.78e9, "Qwen/Qwen2.5-7B": PAPER_PARAMS_7B}
+"""Parameter counts N of the recipes' models (their model cards)."""
+ROUND_SECONDS = 0.025
+"""ASSUMED fixed cost of one decoding round (one token for every sequence of a batch) on the one-process route:
+kernel launches and Python, which dominate a small model's decoding. Anchored on the one GPU run on record
+(docs/benchmarks.md, *On a GPU*): the Qwen2.5-0.5B shape took 0.9–1.4 s a step at 32 tokens, training included,
+≈ 30–40 ms a token."""
+MFU = 0.3
+"""ASSUMED share of the card's bf16 peak that training and batched decoding reach."""
+EVAL_PROMPTS_PER_BATCH = 8
+"""Questions per batch of :func:`~grpo_lab.lm.evaluate.evaluate` (its default)."""
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What one recipe's run costs on the one-process route (``grpo-lab train``, α sampled in process), and a
+    ROUGH time: every completion is taken to run to T (an upper bound: answers that stop earlier cost less),
+    prompts are left out, and the rates are :data:`ROUND_SECONDS` and :data:`MFU` (assumptions, not measurements).
+
+    ==================== =================================================================================
+    ``steps``            steps k
+    ``completions``      steps · P · G sampled completions
+    ``tokens``           completions · T: the most tokens they can hold
+    ``eval_completions`` eval_problems · eval_samples, per evaluation
+    ``sample_seconds``   steps · T rounds, each ROUND_SECONDS + max(2·N·P·G / (MFU · peak), 2·N bytes /
+                         bandwidth): the fixed cost, then the batch's compute or the bf16 weights' read
+    ``train_seconds``    (6·i + 2·[β > 0]) · N · tokens / (MFU · peak): i forward–backward passes, the
+                         π_ref forward where β > 0
+    ``eval_seconds``     ⌈eval_problems / 8⌉ batches of T rounds each, as sampling, per evaluation
+    ==================== =================================================================================
+    """
+
+    steps: int
+    completions: int
+    tokens: int
+    eval_completions: int
+    sample_seconds: float
+    train_seconds: float
+    eval_seconds: float
+
+    def seconds(self, evaluations: int = 1) -> float:
+        """Training plus ``evaluations`` evaluations."""
+        return self.sample_seconds + self.train_seconds + evaluations * self.eval_seconds
+
+
+def run_cost(config: Any, card: Card, params: float | None = None) -> RunCost:
+    """:class:`RunCost` of a :class:`~grpo_lab.lm.train_config.TrainConfig` on ``card``; ``params``: N (None: the
+    recipe's model in :data:`MODEL_PARAMS`, else a ValueError naming the model)."""
+    if params is None:
+        if config.model not in MODEL_PARAMS:
+            raise ValueError(f"no parameter count on record for {config.model!r}: pass params "
+                             f"(known: {sorted(MODEL_PARAMS)})")
+        params = MODEL_PARAMS[config.model]
+    require_number_in("params", params, 0.0, low_open=True)
+    flops, weight_read = card.bf16_tflops * 1e12 * MFU, 2 * params / (card.memory_tb_s * 1e12)
+
+    def round_seconds(sequences: int) -> float:
+        return ROUND_SECONDS + max(2 * params * sequences / flops, weight_read)
+
+    batch, T = config.prompts_per_step * config.G, config.max_completion_length
+    tokens = config.steps * batch * T
+    passes = 6 * config.i + (2 if config.beta > 0 else 0)
+    eval_batches = -(-config.eval_problems // EVAL_PROMPTS_PER_BATCH)
+    return RunCost(steps=config.steps, completions=config.steps * batch, tokens=tokens,
+                   eval_completions=config.eval_problems * config.eval_samples,
+                   sample_seconds=config.steps * T * round_seconds(batch),
+                   train_seconds=passes * params * tokens / flops,
+                   eval_seconds=eval_batches * T * round_seconds(EVAL_PROMPTS_PER_BATCH * config.eval_samples))
+
+
+def paper_run_seconds(steps: int, v: int) -> float:
+    """``steps`` steps at the paper's mean rate at lag v (PAPER: 7B colocate, 8 GPUs; its batch and lengths, which
+    it does not report, may differ from the recipe's), loading and initialisation left out."""
+    require_int_at_least("steps", steps, 1)
+    require_choice("v", v, PAPER_ITERS_PER_SECOND)
+    return steps / PAPER_ITERS_PER_SECOND[v]

@@ -5,8 +5,10 @@ A recipe (``grpo_lab/configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_
 :class:`~grpo_lab.scale.trl.OffPolicyGRPOConfig` fields (vLLM mode, tensor parallelism, memory share) and
 an optional ``orz_data_files:`` path. :func:`trl_args` maps the theory's
 names onto TRL's; :func:`launch` trains with :class:`~grpo_lab.scale.trl.OffPolicyGRPOTrainer` on the
-process group ``accelerate`` started and writes iter/s and the final reward to ``throughput.json``,
-which notebook 03 reads back (:func:`read_result`) beside the paper's numbers.
+process group ``accelerate`` started and writes ``throughput.json``: steps k over the seconds of training proper
+(:class:`TrainingClock`: model loading, the accelerator's and DeepSpeed's initialisation and the vLLM engine's start
+left out), the final reward and where it ran. :mod:`grpo_lab.scale.repeats` repeats launches per v and sets their
+rates side by side.
 
 In TRL's server mode (``trl: {use_vllm: true, vllm_mode: server}``) α runs in a vLLM server on GPUs of its own:
 ``--print-vllm-serve`` prints the ``trl vllm-serve`` line that serves the recipe (:func:`vllm_serve_command`);
@@ -19,14 +21,16 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from transformers import TrainerCallback
 
-from ..checks import require_choice
-from ..lm.recipes import CONFIG_DIR, LaunchRecipe, load_launch_recipe
+from ..checks import require_choice, require_int_at_least
+from ..lm.recipes import CONFIG_DIR, LaunchRecipe, load_launch_recipe, recipe_arg
 from ..lm.tasks import chat_messages, load_orz
 from ..lm.text_task import train_problems
 from ..lm.train_config import TrainConfig
@@ -35,28 +39,80 @@ if TYPE_CHECKING:
     from .trl import OffPolicyGRPOConfig
 
 ROOT = CONFIG_DIR.parents[1]
-"""Where notebook 03 launches the colocate runs, and where :func:`read_result` looks for their
-``output_dir``: the checkout above the package (an editable install)."""
+"""The checkout above the package (an editable install): where the recipes' relative ``output_dir`` and the
+commands' relative paths are read from, and whose commit a result records."""
 COLOCATE_RECIPES = {1: "qwen7b_orz_colocate_v1", 10: "qwen7b_orz_colocate_v10"}
 """The paper's 7B colocate throughput runs (docs/theory.md §6), by lag v."""
-ACCELERATE_ZERO3 = CONFIG_DIR / "accelerate" / "gpu8_zero3.yaml"
+ACCELERATE_CONFIGS = tuple(sorted(path.stem for path in (CONFIG_DIR / "accelerate").glob("*.yaml")))
+"""The bundled ``accelerate`` configs (``grpo_lab/configs/accelerate/<name>.yaml``): ``gpu8_ddp``, ``gpu8_zero3``, …"""
 RESULT_FILE = "throughput.json"
 
 
-def colocate_command(v: int) -> list[str]:
-    """The 8-GPU launch of the paper's throughput run at lag v (the bundled recipes by their full paths; its
-    ``output_dir`` is relative to where it runs, :data:`ROOT` in notebook 03):
-    ``accelerate launch`` with this interpreter, so the kernel's environment is the one launched."""
-    require_choice("v", v, COLOCATE_RECIPES)
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_ZERO3),
-            "-m", "grpo_lab.scale.launch", "--config", str(CONFIG_DIR / f"{COLOCATE_RECIPES[v]}.yaml")]
+def launch_command(name: str, accelerate_config: str = "gpu8_ddp", trl: Sequence[str] = ()) -> str:
+    """The shell line that launches recipe ``name`` on the TRL route under ``accelerate`` (docs/recipes.md), paths
+    relative to the checkout; ``trl``: ``key=value`` settings of TRL fields, each passed as ``--trl``."""
+    require_choice("accelerate_config", accelerate_config, ACCELERATE_CONFIGS)
+    config = recipe_arg(name)
+    accelerate = f"{config.rsplit('/', 1)[0]}/accelerate/{accelerate_config}.yaml"
+    return shlex.join(["accelerate", "launch", "--config_file", accelerate, "-m", "grpo_lab.scale.launch",
+                       "--config", config, *(word for setting in trl for word in ("--trl", setting))])
 
 
-def read_result(v: int) -> dict[str, float] | None:
-    """``throughput.json`` of the colocate run at lag v, or None if it has not run."""
-    launch_recipe = load_launch_recipe(CONFIG_DIR / f"{COLOCATE_RECIPES[v]}.yaml")
-    path = ROOT / launch_recipe.config.output_dir / RESULT_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+FREE_SHARE = 0.9
+"""The least share of every GPU's memory that must be free before :func:`require_free_gpus` lets a launch start."""
+
+
+def require_free_gpus(count: int, share: float = FREE_SHARE) -> None:
+    """Raise unless torch sees ``count`` CUDA devices or more and each of the first ``count`` has ``share`` of its
+    memory free, every process's use counted (``torch.cuda.mem_get_info``): a multi-GPU launch from a process that
+    may still hold a GPU (notebook 03's vLLM engine) would otherwise fail later, or share a card unseen. The error
+    names the device and what is in use."""
+    import torch
+
+    require_int_at_least("count", count, 1)
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < count:
+        raise RuntimeError(f"the launch needs {count} CUDA devices; torch sees {found}")
+    for device in range(count):
+        free, total = torch.cuda.mem_get_info(device)
+        if free < share * total:
+            raise RuntimeError(f"cuda:{device} has {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use "
+                               f"(at most {1 - share:.0%} may be): free it (an engine or model still held in this "
+                               "process, another program) before the launch")
+
+
+def _now() -> float:
+    """``time.perf_counter`` after the device's queued work has finished (CUDA runs kernels asynchronously)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+class TrainingClock(TrainerCallback):
+    """The seconds of training proper: from the start of the first optimiser step (before its batch is generated)
+    to the end of the last, each read by :func:`_now`. ``Trainer.train`` prepares the model (the accelerator,
+    DeepSpeed) before its first step and the vLLM engine starts with the trainer, so neither is counted; logging
+    and saving after the last step are not counted either. Each process keeps its own clock; the steps of a
+    data-parallel run end together (their gradients are reduced every step)."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.end: float | None = None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.start is None:
+            self.start = _now()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.end = _now()
+
+    @property
+    def seconds(self) -> float:
+        if self.start is None or self.end is None:
+            raise ValueError("the clock saw no whole optimiser step: train for at least one step first")
+        return self.end - self.start
 
 
 def model_path(config: TrainConfig) -> str:
@@ -259,27 +315,44 @@ def stop_token_ids(model: str, trust_remote_code: bool = False) -> list[int]:
     return ids if first is None or first in ids else [first, *ids]
 
 
-def launch(launch_recipe: LaunchRecipe) -> dict[str, float]:
+def launch(launch_recipe: LaunchRecipe, save_final: bool = True) -> dict[str, Any]:
     """Train a recipe with the TRL adapter on this process group; the main process writes
-    ``<output_dir>/throughput.json`` (iter/s = steps k per second, final reward, syncs)."""
+    ``<output_dir>/throughput.json`` and returns it:
+
+    ==================== ================================================================================
+    ``v``, ``seed``      the recipe's
+    ``steps``            steps k trained (TRL's optimiser steps / i)
+    ``seconds``          :class:`TrainingClock`'s seconds of training proper
+    ``steps_per_second`` steps / seconds
+    ``syncs``            α ← π_θ pushes
+    ``final_reward``     mean logged reward over the last 10 % of the logged steps
+    ``world_size``       processes in the group
+    the rest             :func:`~grpo_lab.provenance.provenance`: commit, CPU and GPU models, versions
+    ==================== ================================================================================
+
+    ``save_final``: also save the trained model to ``<output_dir>/final``."""
     from accelerate import PartialState
 
+    from ..provenance import provenance
     from .trl import OffPolicyGRPOTrainer
 
     config = launch_recipe.config
     model = model_path(config)
     reward = verifiable_reward(config.format_weight, config.scoring, stop_token_ids(model, config.trust_remote_code))
+    clock = TrainingClock()
     trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=reward,
                                    args=trl_args(config, launch_recipe.trl, PartialState().num_processes),
-                                   train_dataset=training_dataset(launch_recipe))
-    output = trainer.train()
+                                   train_dataset=training_dataset(launch_recipe), callbacks=[clock])
+    trainer.train()
     rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
     tail = rewards[-max(len(rewards) // 10, 1):]
-    result = {"v": config.v, "steps": trainer.state.global_step // config.i,
-              "iters_per_second": output.metrics["train_steps_per_second"] / config.i,
-              "train_seconds": output.metrics["train_runtime"], "final_reward": float(np.mean(tail)),
-              "syncs": len(trainer.sync_steps)}
-    trainer.save_model(str(Path(config.output_dir) / "final"))
+    steps = trainer.state.global_step // config.i
+    result = {"v": config.v, "seed": config.seed, "steps": steps, "seconds": clock.seconds,
+              "steps_per_second": steps / clock.seconds, "syncs": len(trainer.sync_steps),
+              "final_reward": float(np.mean(tail)), "world_size": trainer.accelerator.num_processes,
+              **provenance(ROOT)}
+    if save_final:
+        trainer.save_model(str(Path(config.output_dir) / "final"))
     if trainer.accelerator.is_main_process:
         (Path(config.output_dir) / RESULT_FILE).write_text(json.dumps(result, indent=2))
     return result
@@ -295,6 +368,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE", help="set a TRL config field")
     parser.add_argument("--print-vllm-serve", action="store_true", help="print the `trl vllm-serve` line of a "
                         "server-mode recipe (vllm_mode: server) and exit; start it before the trainer")
+    parser.add_argument("--no-final-model", action="store_true", help="do not save the trained model (a timing run)")
     return parser
 
 
@@ -304,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.print_vllm_serve:
         print(shlex.join(vllm_serve_command(launch_recipe)))
         return 0
-    print(json.dumps(launch(launch_recipe)))
+    print(json.dumps(launch(launch_recipe, save_final=not args.no_final_model)))
     return 0
 
 

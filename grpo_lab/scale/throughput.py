@@ -15,8 +15,9 @@ split           staleness log(π_k/π_sync) vs mismatch log(π_sync/α) along sh
 paper           the same model fitted to the paper's 7B colocate rates
                 (:data:`~grpo_lab.scale.costmodel.PAPER_ITERS_PER_SECOND`): predicted
                 speed-up against v and against model size
-full mode       the 7B colocate runs themselves are launched by :mod:`grpo_lab.scale.launch`
-                (8 GPUs); :func:`colocate_table` sets their iter/s beside the PAPER's
+full mode       the 7B colocate runs themselves, repeated per v by :mod:`grpo_lab.scale.repeats` (8 GPUs);
+                :func:`colocate_table` sets their steps/s and ratio beside the PAPER's (the paper's 1.35×
+                stays the paper's figure until they have run)
 figures         :mod:`grpo_lab.viz.throughput` draws these numbers
 =============== ===================================================================
 """
@@ -55,7 +56,6 @@ ADAPTIVE_THRESHOLD = 0.3
 """Drift (mean |log π_k − log α|) above which the adaptive run syncs at the next step: a few optimiser
 steps of SmolLM2 at lr 1e-5 (the measured drift per step is in docs/benchmarks.md), so the run syncs
 every few steps while the policy moves and waits longer (up to its v) while steps are skipped."""
-PAPER_FINAL_REWARD = 0.50
 FIXED_VS = (1, 2, 4, 8)
 """The sync periods notebook 03 times, to fit step(v) = gen + train + sync / v on."""
 MODEL_SIZES = {"0.5B": 0.49e9, "1.5B": 1.54e9, "7B": PAPER_PARAMS_7B, "14B": 14.7e9, "32B": 32.5e9, "72B": 72.7e9}
@@ -245,13 +245,22 @@ def size_speedups(v: int, fixed_shares: Sequence[float]) -> dict[float, np.ndarr
 
 # ----------------------------------------------------------------------------- full mode: the PAPER's run beside ours
 
-def colocate_table(results: Mapping[int, Mapping[str, float] | None]) -> list[dict[str, Any]]:
-    """The PAPER's iter/s and final reward per v, and the MEASURED ones where a run wrote them."""
-    rows = []
-    for v, ips in PAPER_ITERS_PER_SECOND.items():
-        rows.append({"v": v, "source": PAPER, "iter/s": ips, "± std": PAPER_ITERS_PER_SECOND_SPREAD[v],
-                     "final reward": PAPER_FINAL_REWARD})
-        if results.get(v):
-            rows.append({"v": v, "source": "MEASURED (8 GPUs)", "iter/s": results[v]["iters_per_second"],
-                         "± std": float("nan"), "final reward": results[v]["final_reward"]})
+def colocate_table(summary: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The PAPER's iter/s per v and the ratio of its two means (it gives no interval for that ratio), then, where
+    the repeats have run (``summary``: :func:`~grpo_lab.scale.repeats.throughput_summary`'s), the MEASURED mean
+    steps/s per v and the ratio, each with its 95 % interval."""
+    paper_ratio = PAPER_ITERS_PER_SECOND[10] / PAPER_ITERS_PER_SECOND[1]
+    rows = [{"v": str(v), "source": PAPER, "steps/s or ratio": ips,
+             "interval": f"± {PAPER_ITERS_PER_SECOND_SPREAD[v]} (undefined)", "repeats": "not given"}
+            for v, ips in PAPER_ITERS_PER_SECOND.items()]
+    rows.append({"v": "10 : 1", "source": PAPER, "steps/s or ratio": paper_ratio, "interval": "not given",
+                 "repeats": "not given"})
+    if summary is not None:
+        measured = f"{MEASURED} (8 GPUs)"
+        for v, entry in summary["per_v"].items():
+            rows.append({"v": v, "source": measured, "steps/s or ratio": entry["mean"],
+                         "interval": f"[{entry['ci'][0]:.4g}, {entry['ci'][1]:.4g}]", "repeats": str(entry["repeats"])})
+        for pair, entry in summary["ratios"].items():
+            rows.append({"v": pair.replace(":", " : "), "source": measured, "steps/s or ratio": entry["ratio"],
+                         "interval": f"[{entry['ci'][0]:.3f}, {entry['ci'][1]:.3f}]", "repeats": "as above"})
     return rows

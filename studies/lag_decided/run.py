@@ -31,10 +31,10 @@ ROOT = HERE.parents[1]
 if str(ROOT) not in sys.path:   # run as a script from any folder
     sys.path.insert(0, str(ROOT))
 
+from grpo_lab.provenance import provenance  # noqa: E402
 from studies.lag_decided import design  # noqa: E402
 from studies.lag_decided.summary import rebuild_summary  # noqa: E402
 from studies.locks import UnitLock  # noqa: E402
-from studies.provenance import provenance  # noqa: E402
 
 
 def base_config(lr: float, steps: int) -> Any:

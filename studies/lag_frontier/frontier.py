@@ -269,8 +269,8 @@ def constant_answer(questions: Sequence[Any]) -> dict[str, Any]:
 
 
 def provenance(root: Path) -> dict[str, Any]:
-    """What a unit records of where it ran (:func:`studies.provenance.provenance`)."""
-    from studies.provenance import provenance as where
+    """What a unit records of where it ran (:func:`grpo_lab.provenance.provenance`)."""
+    from grpo_lab.provenance import provenance as where
 
     return where(root)
 

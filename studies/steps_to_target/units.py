@@ -7,7 +7,7 @@ its :func:`~studies.time_to_accuracy.units.evaluator` and untrained unit), drive
 file ``units/<arm>_s<seed>.json`` holds ``points`` (per evaluation: ``optimizer_steps``, ``steps`` (batches),
 ``training_seconds``, ``j``, ``j_per_question``, ``pruned_max``), ``step_log``, ``stopped_by`` (``targets``,
 ``cap`` or ``batch_cap``), the loop's ``records`` or TRL's resolved ``trl_config``, and its provenance
-(:func:`studies.provenance.provenance`: commit and whether the tree had changes outside the units folder, CPU
+(:func:`grpo_lab.provenance.provenance`: commit and whether the tree had changes outside the units folder, CPU
 model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU,
 evaluation and checkpoint seconds and ``design_sha``. Its training seconds are a record only: units share the
 machine, so they measure nothing. TRL's units train with its fused LM head scoring the completion positions only
@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_lab.provenance import provenance
 from studies.locks import UnitLock
-from studies.provenance import provenance
 from studies.steps_to_target import design as std
 from studies.steps_to_target.resume import UnitCheckpoint
 from studies.time_to_accuracy import design as tta

@@ -10,7 +10,7 @@ this module only trains and evaluates. A unit file ``units/<arm>_s<seed>.json`` 
   so J per second and J per optimiser step both come from the file;
 * ``step_log``: per step the training seconds at its end and whether AdamW stepped; the loop's arms also keep
   every :class:`~grpo_lab.loop.StepRecord` (``records``);
-* provenance as every study's units (:func:`studies.provenance.provenance`: commit, CPU, versions, threads, load
+* provenance as every study's units (:func:`grpo_lab.provenance.provenance`: commit, CPU, versions, threads, load
   at the start) plus the load at the end, wall, CPU and evaluation seconds, and ``design_sha``, which ties the
   unit to the design it was run under.
 """

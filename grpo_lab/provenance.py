@@ -1,6 +1,7 @@
-"""Where a study's unit ran, recorded in the unit: the commit and whether the tree had changes, the CPU's model and
-vector extensions, the libraries' versions (TRL's and accelerate's where installed), torch's threads and the load
-average. One function for every study, so any two units can be compared on the same fields."""
+"""Where a run ran, recorded in its result file: the commit and whether the tree had changes, the CPU's model and
+vector extensions, the GPUs torch sees, the libraries' versions (TRL's, accelerate's and vLLM's where installed),
+torch's threads and the load average. One function for every study unit and every measured run, so any two can be
+compared on the same fields."""
 
 from __future__ import annotations
 
@@ -24,10 +25,19 @@ def cpu() -> dict[str, Any]:
     return {"cpu_model": model, "cpu_vector": sorted(f for f in flags if f in VECTOR_FLAGS), "cpus": os.cpu_count()}
 
 
+def gpus() -> dict[str, Any]:
+    """The model of every CUDA device torch sees (an empty list without one) and torch's CUDA version."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"gpu_models": [torch.cuda.get_device_name(i) for i in range(count)], "cuda": torch.version.cuda}
+
+
 def provenance(root: Path, ignore: str | Path = "") -> dict[str, Any]:
-    """What a unit records of where it ran (the module docstring); ``tree_dirty`` counts changes under ``root``
+    """What a run records of where it ran (the module docstring); ``tree_dirty`` counts changes under ``root``
     except paths containing ``ignore`` (a study's own unit folder, written while it runs: a path relative to
-    ``root``, or a folder anywhere, which counts only where it lies under ``root``)."""
+    ``root``, or a folder anywhere, which counts only where it lies under ``root``). Outside a git checkout the
+    commit is ``""``."""
     if isinstance(ignore, Path):
         folder, base = ignore.resolve(), root.resolve()
         ignore = str(folder.relative_to(base)) if folder.is_relative_to(base) else ""
@@ -46,7 +56,7 @@ def provenance(root: Path, ignore: str | Path = "") -> dict[str, Any]:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
 
     changed = [line for line in git("status", "--porcelain").splitlines() if not ignore or ignore not in line]
-    return {"git_commit": git("rev-parse", "HEAD"), "tree_dirty": bool(changed), **cpu(),
+    return {"git_commit": git("rev-parse", "HEAD"), "tree_dirty": bool(changed), **cpu(), **gpus(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "trl": installed("trl"), "accelerate": installed("accelerate"),
+            "trl": installed("trl"), "accelerate": installed("accelerate"), "vllm": installed("vllm"),
             "torch_threads": torch.get_num_threads(), "load_start": list(os.getloadavg())}
