@@ -38,7 +38,7 @@ def test_every_subpackage_says_what_it_holds():
 ALLOWED = {
     "core": {"core"},
     "lm": {"core", "lm"},
-    "scale": {"core", "lm", "scale"},
+    "scale": {"core", "lm", "stats", "scale"},
     "exact": {"core", "lm", "scale", "exact"},
     "stats": {"core", "stats"},
     "viz": {"core", "exact", "lm", "scale", "stats", "viz"},
@@ -53,7 +53,7 @@ core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpac
          objective, plan, schedules, rollout, sync_audit,
          loop, config, checks, files)
 lm       ``grpo_lab/lm/``                                    core, lm
-scale    ``grpo_lab/scale/``                                 core, lm, scale
+scale    ``grpo_lab/scale/``                                 core, lm, stats (repeats' intervals), scale
 exact    ``grpo_lab/exact/``                                 core, lm (SmolLM2 exactly), scale (the cost model)
 stats    ``grpo_lab/stats/`` (no study's code)               core, stats
 viz      ``grpo_lab/viz/`` (drawing only)                    every layer: it draws what they compute
