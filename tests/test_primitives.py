@@ -338,6 +338,26 @@ def test_tv_terms_hand_computed_and_zero_after_a_sync():
     assert torch.equal(tv_terms(logp_a, logp_a, mask), torch.zeros(2, dtype=torch.float64))
 
 
+def test_an_engines_mismatch_puts_the_tv_estimate_above_0_at_lag_0():
+    """At lag 0 with an engine whose token log-ratios are independent normal with mean |log r′| = 0.032 nats,
+    log r′_b ~ N(0, s²), s² = L·σ², σ = 0.032·√(π/2), and E[½|r′_b − 1|] = ½·e^{s²/2}·erf(s/√2): 0.045 at 8 tokens,
+    0.19 at 128 (docs/theory.md §3, docs/metrics.md), by tv_terms on 100 000 sampled sequences and in closed form.
+    With log α = log π_k bit for bit it is exactly 0."""
+    from grpo_lab.objective import tv_terms
+    sigma = 0.032 * math.sqrt(math.pi / 2)
+    g = torch.Generator().manual_seed(3)
+    for length, quoted in ((8, 0.045), (128, 0.19)):
+        s = sigma * math.sqrt(length)
+        closed = 0.5 * math.exp(s * s / 2) * math.erf(s / math.sqrt(2))
+        assert round(closed, 3 if length == 8 else 2) == quoted
+        logp_k = torch.full((100_000, length), -1.0, dtype=torch.float64)
+        logp_alpha = logp_k + sigma * torch.randn(logp_k.shape, generator=g, dtype=torch.float64)
+        mask = torch.ones_like(logp_k, dtype=torch.bool)
+        assert float((logp_k - logp_alpha).abs().mean()) == pytest.approx(0.032, rel=2e-3)
+        assert float(tv_terms(logp_k, logp_alpha, mask).mean()) == pytest.approx(closed, rel=2e-2)
+        assert float(tv_terms(logp_k, logp_k.clone(), mask).abs().max()) == 0.0
+
+
 def test_tv_estimate_is_unbiased_for_the_sequence_tv():
     """E_{y~α} of ½|r′(y) − 1| over every two-token sequence equals TV(π_k, α) of the sequence distributions."""
     g = torch.Generator().manual_seed(13)
