@@ -10,7 +10,16 @@ from typing import Any
 
 from .advantages import EPS_PLACEMENTS
 from .checks import require_choice, require_int_at_least, require_number_in
-from .objective import BANDS, IS_CORRECTIONS, KL_KINDS, LEVELS, LOSS_TYPES, MASK_NORMALIZATIONS, require_is_floor
+from .objective import (
+    BANDS,
+    IS_CORRECTIONS,
+    KL_KINDS,
+    LEVELS,
+    LOSS_TYPES,
+    MASK_NORMALIZATIONS,
+    correction_level,
+    require_is_floor,
+)
 from .schedules import SYNC_MODES
 
 SMOKE_ENV = "GRPO_LAB_SMOKE"
@@ -64,8 +73,9 @@ class GRPOConfig:
     (``is_correction="ratio"``) its expectation is ∇E_{π_θ}[k], the gradient of the value the estimator
     estimates: ∇KL(π_θ ‖ π_ref), the *reverse* KL, for k1 and k3 (for k2 the gradient of its second-order value).
     It changes the gradient even on-policy, where the weight's value is 1. Under ``truncated`` and ``none`` base
-    = π_k, exact only at lag 0. The weight is per token at either ``level`` (TRL broadcasts the sequence weight
-    under ``importance_sampling_level="sequence"``)."""
+    = π_k, exact only at lag 0. The weight is per token at either ``level``. TRL's is π_θ/π_old, one per sequence
+    under ``importance_sampling_level="sequence"``: the kit's only per token and off ``ratio`` (base π_k = π_old),
+    so at β > 0 a stock ``GRPOTrainer`` computes the kit's KL term only there (docs/theory.md §3)."""
     ref_period: int = 0
     """Reset π_ref ← π_θ after every ``ref_period`` steps; 0 = never (TRL ``ref_model_sync_steps``)."""
     eps_std: float = 1e-4
@@ -102,17 +112,18 @@ class GRPOConfig:
     both divide by the whole batch's token count, TRL's ``dapo`` (its default); TRL's ``bnpo`` divides per
     micro-batch. ``dr_grpo`` is Dr. GRPO's aggregation only, with the whitened advantage (docs/theory.md §3)."""
     level: str = "token"
-    """Importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``). At
-    ``sequence`` the correction's weight is one per sequence, of the whole-sequence ratio Π_t π_k/α (TRL's
-    ``sequence_*`` modes)."""
+    """The clipped importance ratio per ``token`` or per ``sequence`` (GSPO; TRL ``importance_sampling_level``).
+    Unless ``is_level`` sets it apart, also the level of the correction's weight c: at ``sequence`` one per
+    sequence, of the whole-sequence ratio Π_t π_k/α (TRL's ``sequence_*`` modes)."""
     is_correction: str = "ratio"
     """How the surrogate corrects for sampling from α (docs/theory.md §3, *The correction knob*), ρ = r′ = π_k/α
-    (per token, or per sequence at ``level="sequence"``): ``ratio`` (the paper) r = π_θ/α with the band around
-    r′; the others weight PPO's clipped surrogate of π_θ/π_k by c: ``truncated`` c = min(ρ, C) (truncated
-    importance sampling, TRL ``vllm_importance_sampling_mode="token_truncate"`` / ``"sequence_truncate"``);
-    ``mask`` c = ρ inside [1/C, C], 0 outside (TRL ``token_mask`` / ``sequence_mask`` with clip_min 1/C);
-    ``icepop`` c = ρ inside [a, C], a = ``is_floor``, 0 outside (IcePop; TRL's ``*_mask`` with clip_min a);
-    ``none`` c = 1, α ignored: the samples are treated as on-policy, as a naive asynchronous trainer does."""
+    (per token, or per sequence at ``is_level="sequence"``, by default ``level``'s): ``ratio`` (the paper)
+    r = π_θ/α with the band around r′; the others weight PPO's clipped surrogate of π_θ/π_k by c: ``truncated``
+    c = min(ρ, C) (truncated importance sampling, TRL ``vllm_importance_sampling_mode="token_truncate"`` /
+    ``"sequence_truncate"``); ``mask`` c = ρ inside [1/C, C], 0 outside (TRL ``token_mask`` / ``sequence_mask``
+    with clip_min 1/C); ``icepop`` c = ρ inside [a, C], a = ``is_floor``, 0 outside (IcePop; TRL's ``*_mask`` with
+    clip_min a); ``none`` c = 1, α ignored: the samples are treated as on-policy, as a naive asynchronous trainer
+    does."""
     is_cap: float = 2.0
     """C > 1, the upper bound on ρ of ``truncated`` (its cap), ``mask`` and ``icepop`` (verl's default 2; TRL's
     ``vllm_importance_sampling_clip_max`` defaults to 3). The step's ``cap_frac`` is the share of sampled tokens
@@ -121,6 +132,13 @@ class GRPOConfig:
     """a in (0, 1), the lower bound on ρ of ``is_correction="icepop"`` (IcePop's and verl's ``"0.5_5.0"``: 0.5;
     TRL ``vllm_importance_sampling_clip_min``, verl ``rollout_rs_threshold_lower``); None: no lower bound (TRL's
     default clip_min). ``mask`` takes a = 1/C instead; the other values do not read it."""
+    is_level: str | None = None
+    """The level of the correction's weight c under ``truncated``, ``mask`` and ``icepop``: ``token`` (each
+    token's ρ = π_k/α) or ``sequence`` (one ρ = Π_t π_k/α per sequence, on its every token); None: ``level``'s.
+    Set apart from ``level`` (the clipped ratio's) as TRL sets ``vllm_importance_sampling_mode`` apart from
+    ``importance_sampling_level``: TRL 1.16's default is ``icepop`` with ``level="token"``,
+    ``is_level="sequence"``, C = 3 and ``is_floor=None``. ``ratio`` and ``none`` have no weight c: for them it must
+    be None or ``level``."""
     lr: float = 1e-6
     """Learning rate."""
     optimizer: str = "adamw"
@@ -176,6 +194,7 @@ class GRPOConfig:
         require_choice("is_correction", self.is_correction, IS_CORRECTIONS)
         require_number_in("is_cap", self.is_cap, 1.0, low_open=True)
         require_is_floor(self.is_floor)
+        correction_level(self.is_correction, self.level, self.is_level)
         require_number_in("lr", self.lr, 0.0, low_open=True)
         require_choice("optimizer", self.optimizer, OPTIMIZERS)
         require_number_in("weight_decay", self.weight_decay, 0.0)

@@ -396,7 +396,7 @@ class GRPOLoop:
                 logp_sync = torch.cat([self.sampler.synced_logprobs(rollout, rows) for rows in chunks])
             split = offpolicy_split(logp_k, logp_sync, rollout.logp_alpha, rollout.mask)
         ratios = ratio_diagnostics(logp_k, rollout.logp_alpha, rollout.mask, plan.objective.is_correction,
-                                   plan.objective.is_cap, plan.objective.is_floor, plan.objective.level)
+                                   plan.objective.is_cap, plan.objective.is_floor, plan.objective.is_level)
         return {"tv_estimate": tv, **ratios, **split}
 
     def state_dict(self) -> dict[str, Any]:

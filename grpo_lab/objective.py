@@ -22,6 +22,8 @@ MASK_NORMALIZATIONS = ("batch", "unmasked")
 IS_CORRECTIONS = ("ratio", "truncated", "mask", "icepop", "none")
 IS_MASKS = ("mask", "icepop")
 """The corrections that drop (weight 0) the tokens or sequences whose r′ leaves a band."""
+IS_WEIGHTS = ("truncated", *IS_MASKS)
+"""The corrections with a detached weight c of ρ; ``ratio`` and ``none`` have c = 1."""
 NO_TOKEN_METRICS: dict[str, float] = {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "ratio_k_mean": 0.0,
                                       "ratio_k_max": 0.0, "log_ratio_k_abs": 0.0, "num_tokens": 0}
 """The metrics of :func:`grpo_objective` over no counted token."""
@@ -103,6 +105,22 @@ def require_is_floor(is_floor: float | None) -> float | None:
     return float(is_floor)
 
 
+def correction_level(is_correction: str, level: str, is_level: str | None = None) -> str:
+    """The level of the correction's weight c (docs/theory.md §3, *The correction knob*): ``is_level``, or
+    ``level``'s, the clipped ratio's, when None. Only the values with a weight c (:data:`IS_WEIGHTS`) may set it
+    apart from ``level``, as TRL sets ``vllm_importance_sampling_mode`` (``token_*`` / ``sequence_*``) apart from
+    ``importance_sampling_level``; ``ratio`` corrects through r′ inside the clipped ratio, at its level, and
+    ``none`` has no weight. Raises a ValueError naming the bad value."""
+    require_choice("level", level, LEVELS)
+    if is_level is None:
+        return level
+    require_choice("is_level", is_level, LEVELS)
+    if is_level != level and is_correction not in IS_WEIGHTS:
+        raise ValueError(f"is_level = {is_level!r} differs from level = {level!r}, but is_correction = "
+                         f"{is_correction!r} has no weight c whose level could differ: only {IS_WEIGHTS} have one")
+    return is_level
+
+
 def sequence_log_ratio(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log r′_b = Σ_t (log π_k − log α) over sequence b's tokens in ``mask``: the log of the whole-sequence ratio
     π_k(y_b)/α(y_b), a *sum*, not a mean (TRL's ``sequence_*`` modes: ``per_token_logps_diff.sum(dim=-1,
@@ -120,8 +138,9 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
     :func:`grpo_objective` (the loop, the TRL adapter), the closed-form bandit engine and
     :func:`ratio_diagnostics`.
 
-    c is a function of ρ = exp(``log_ratio``): the token's r′ = π_k/α, or at ``level="sequence"`` the whole
-    sequence's Π_t r′_t (:func:`sequence_log_ratio`, TRL's sum), on every token of the sequence.
+    c is a function of ρ = exp(``log_ratio``): the token's r′ = π_k/α, or at the sequence level (``is_level``,
+    :func:`correction_level`) the whole sequence's Π_t r′_t (:func:`sequence_log_ratio`, TRL's sum), on every
+    token of the sequence.
 
     ============== ========= ================== =============================================================
     is_correction  base      c                  what it weights or masks; what it costs
@@ -132,7 +151,7 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
     ``mask``       log π_k   ρ·1[1/C ≤ ρ ≤ C]   drops what leaves the log-symmetric band [1/C, C], the rest
                                                 keeps ρ; biased: a dropped token loses its whole gradient
     ``icepop``     log π_k   ρ·1[a ≤ ρ ≤ C]     IcePop's band, both bounds knobs (a = ``is_floor``; None: no
-                                                floor, so C = 3 at level sequence is TRL's default mode)
+                                                floor, so C = 3 at is_level sequence is TRL's default mode)
     ``none``       log π_k   1                  f_ε(π_θ/π_k, 1, A): α ignored, the samples treated as
                                                 on-policy; biased by the whole lag
     ============== ========= ================== =============================================================
@@ -440,7 +459,8 @@ def tv_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor)
     of the token ratios over ``mask``), in float64, ``[B]``. Their mean over sequences drawn
     from α is an unbiased estimate of TV(π_k, α) (docs/theory.md §3) when α covers π_k's support (π_k ≪ α):
     E_α|π_k/α − 1| = Σ_{α>0}|π_k − α|, which misses π_k's mass where α = 0 (a top-p/top-k sampler).
-    It is exactly 0 where π_k = α (right after a sync)."""
+    It is exactly 0 where log π_k = log α bit for bit (right after a sync with the trainer's own copy as α; an
+    engine's mismatch makes it positive at lag 0, the more so the longer the sequences)."""
     require_same_shape(logp_k=logp_k, logp_alpha=logp_alpha, mask=mask)
     log_ratio = torch.where(mask.bool(), logp_k.detach() - logp_alpha, torch.zeros_like(logp_alpha))
     return 0.5 * torch.expm1(log_ratio.to(torch.float64).sum(dim=1)).abs()
@@ -457,7 +477,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                    eps_high: float | None = None, band: str = "additive", kl_kind: str = "k3",
                    kl_importance_weighted: bool = False, kl_weight_differentiable: bool = False,
                    level: str = "token", is_correction: str = "ratio", is_cap: float = 2.0,
-                   is_floor: float | None = 0.5) -> tuple[torch.Tensor, dict[str, float]]:
+                   is_floor: float | None = 0.5, is_level: str | None = None
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimise, −(L^c_α − β·KL), and the step's metrics (docs/theory.md §3).
 
     Equation::
@@ -472,7 +493,9 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     is 0 in expectation (see :func:`kl_estimate`). ``kl_importance_weighted`` multiplies each
     term by the detached π_θ/base (the same gradients, taken as on-policy), ``kl_weight_differentiable``
     by π_θ/base with its gradient (TRL's default ``use_bias_correction_kl``: ∇KL(π_θ ‖ π_ref) for
-    k1 and k3): :func:`kl_weight`, per token at either ``level``.
+    k1 and k3): :func:`kl_weight`, per token at either ``level``. TRL's weight is π_θ/π_old, per token only at its
+    ``importance_sampling_level="token"``: the kit's where base = π_k = π_old, not under ``ratio`` (base α)
+    nor at ``level="sequence"`` (docs/theory.md §3, *The KL's weight and TRL*).
 
     ============== ========== ==================================================
     argument       shape      meaning
@@ -493,9 +516,11 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     micro-batch passes its rows ``weights[rows]`` and the losses add up.
 
     ``level="sequence"`` (GSPO-style) replaces per-token ratios by the ratio of
-    length-normalised sequence log-probabilities, broadcast to the tokens; the correction's weight
-    c (``is_correction``, ``is_cap``, ``is_floor``) is then one per sequence, of the whole-sequence ratio
-    Π_t π_k/α (:func:`sequence_log_ratio`: a sum of the token log-ratios, TRL's ``sequence_*`` modes).
+    length-normalised sequence log-probabilities, broadcast to the tokens. ``is_level`` (None: ``level``'s,
+    :func:`correction_level`) is the level of the correction's weight c (``is_correction``, ``is_cap``,
+    ``is_floor``): at ``"sequence"`` one per sequence, of the whole-sequence ratio Π_t π_k/α
+    (:func:`sequence_log_ratio`: a sum of the token log-ratios, TRL's ``sequence_*`` modes), at ``"token"`` each
+    token's π_k/α. TRL 1.16's default is ``level="token"`` with ``is_level="sequence"``.
 
     Metrics (floats, over counted tokens): ``clip_low_frac`` (r below the band
     with A < 0), ``clip_high_frac`` (r above with A > 0), ``ratio_k_mean`` /
@@ -503,7 +528,7 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
     the lag drift), ``kl`` (mean KL̂ to π_ref, when given) and ``num_tokens``.
     """
     beta = require_number_in("beta", beta, 0.0)
-    require_choice("level", level, LEVELS)
+    is_level = correction_level(is_correction, level, is_level)
     require_same_shape(logp=logp, logp_alpha=logp_alpha, weights=weights)
     if not weights.is_floating_point():
         raise ValueError(f"weights must be float token weights (StepPlan.weights or loss_weights(mask)), "
@@ -522,9 +547,10 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
             return (torch.where(mask, x, torch.zeros_like(x)).sum(dim=1, keepdim=True) / lengths).expand_as(x)
 
         ratio_logp, ratio_logp_k, ratio_logp_alpha = seq_mean(logp), seq_mean(logp_k), seq_mean(logp_alpha)
-        weight_log_ratio = sequence_log_ratio(logp_k, logp_alpha, mask).expand_as(logp)
     else:
-        ratio_logp, ratio_logp_k, ratio_logp_alpha, weight_log_ratio = logp, logp_k, logp_alpha, None
+        ratio_logp, ratio_logp_k, ratio_logp_alpha = logp, logp_k, logp_alpha
+    weight_log_ratio = (sequence_log_ratio(logp_k, logp_alpha, mask).expand_as(logp) if is_level == "sequence"
+                        else logp_k - logp_alpha)
     base, correction = is_correction_terms(ratio_logp_k, ratio_logp_alpha, is_correction, is_cap, is_floor,
                                            weight_log_ratio)
     token_base = base if level == "token" else is_correction_terms(logp_k, logp_alpha, is_correction, is_cap)[0]

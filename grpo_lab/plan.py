@@ -18,13 +18,14 @@ import torch
 from .advantages import whiten, zero_variance_mask
 from .checks import require_reward_groups
 from .config import GRPOConfig
-from .objective import clip_widths, loss_weights
+from .objective import clip_widths, correction_level, loss_weights
 
 
 @dataclass(frozen=True)
 class ObjectiveArgs:
     """The knobs of :func:`~grpo_lab.objective.grpo_objective`, resolved from a config once
-    (``eps_high`` None → ε_low, :func:`~grpo_lab.objective.clip_widths`): every driver passes them whole,
+    (``eps_high`` None → ε_low, :func:`~grpo_lab.objective.clip_widths`; ``is_level`` None → ``level``,
+    :func:`~grpo_lab.objective.correction_level`): every driver passes them whole,
     ``grpo_objective(…, **plan.objective.kwargs())``, so none spells them out again."""
 
     beta: float
@@ -38,6 +39,7 @@ class ObjectiveArgs:
     is_correction: str
     is_cap: float
     is_floor: float | None
+    is_level: str
 
     @classmethod
     def of(cls, config: GRPOConfig) -> ObjectiveArgs:
@@ -45,7 +47,8 @@ class ObjectiveArgs:
         return cls(beta=config.beta, eps_low=eps_low, eps_high=eps_high, band=config.band, kl_kind=config.kl_kind,
                    kl_importance_weighted=config.kl_importance_weighted,
                    kl_weight_differentiable=config.kl_weight_differentiable, level=config.level,
-                   is_correction=config.is_correction, is_cap=config.is_cap, is_floor=config.is_floor)
+                   is_correction=config.is_correction, is_cap=config.is_cap, is_floor=config.is_floor,
+                   is_level=correction_level(config.is_correction, config.level, config.is_level))
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``grpo_objective``."""

@@ -213,6 +213,38 @@ def test_truncation_never_raises_the_mean_square_above_ratio(seed):
     assert abs(res.var - ratio.var) < 1e-10        # C above every r′: truncation is the ratio
 
 
+def test_at_sequence_level_truncation_and_gspos_mean_are_not_ordered():
+    """At the sequence level the weights are min(Π_t r′_t, C) and exp(mean_t log r′_t), which no inequality orders:
+    on random trees either one has the larger E‖u‖² = var + ‖m‖² (the token-level order above does not carry
+    over)."""
+    larger = []
+    for seed in range(20):
+        space, cond_k, cond_alpha, rewards = random_tree(seed=seed, lag_scale=1.2)
+        second = {c: r.var + r.mean_norm**2 for c, r in
+                  ((c, exact(space, cond_k, cond_alpha, rewards, c, "sequence")) for c in ("ratio", "truncated"))}
+        larger.append(second["truncated"] > second["ratio"])
+    assert 0 < sum(larger) < len(larger), larger
+
+
+def test_token_ratios_are_unbiased_when_alpha_moved_only_where_the_reward_is_decided():
+    """Token ratios are biased on answers of several tokens in general, not always: where α differs from π_k only
+    at the root and the first token decides the reward, a deeper token's weight is 1 and its expected score is 0
+    whatever the prefix, on- and off-policy, so ``ratio`` is exact. Let the reward depend on the second token and
+    the bias is back."""
+    space, cond_k, _, _ = random_tree(seed=10)
+    g = torch.Generator().manual_seed(10)
+    cond_alpha = cond_k.clone()
+    cond_alpha[:, 0] = (cond_k[:, 0] + torch.randn(cond_k[:, 0].shape, generator=g, dtype=torch.float64)
+                        ).log_softmax(-1)
+    first, second = space.tokens[:, 0], space.tokens[:, 1]
+    by_first = (first == 0).double()[None]
+    ratio = exact(space, cond_k, cond_alpha, by_first, "ratio", "token")
+    assert ratio.rel_error < 1e-12 and abs(ratio.cosine - 1) < 1e-12
+    assert exact(space, cond_k, cond_alpha, by_first, "none", "token").rel_error > 1e-3   # α did move
+    by_second = ((first != 2) & (second == 0)).double()[None]
+    assert exact(space, cond_k, cond_alpha, by_second, "ratio", "token").rel_error > 1e-3
+
+
 def mean_with_cap(space, cond_k, cond_alpha, rewards, cap):
     logp_k, logp_a = token_table(cond_k, space), token_table(cond_alpha, space)
     alpha = logp_a.sum(-1).exp()
@@ -248,6 +280,36 @@ def test_the_sweep_reads_the_config_and_refuses_a_random_denominator():
         bias_sweep([cond_k], cond_alpha, rewards, space, config.replace(mask_normalize="unmasked"))
     with pytest.raises(ValueError, match="0/1"):
         bias_of(cond_k, cond_alpha, rewards * 0.5, space, "ratio")
+
+
+def test_trls_default_is_its_own_row_and_drops_only_the_answers_above_3():
+    """TRL 1.16's default is ``sequence_mask`` with clip_max 3 and no clip_min (its stock config, read here), not
+    the band [1/2, 2] of ``mask · seq``: the sweep's last row. It drops exactly the answers whose Π_t r′_t > 3, the
+    share truncation at C = 3 caps, a subset of those truncation at C = 2 caps; ``mask · seq`` at C = 2 also drops
+    the answers below 1/2, so it drops more."""
+    import trl
+
+    from grpo_lab.scale.knobs import trl_correction_arguments
+
+    stock = trl.GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
+    trl_knobs = {k: v for k, v in cb.TRL_DEFAULT.items() if k != "level"}
+    arguments = trl_correction_arguments(GRPOConfig(**trl_knobs, is_level=cb.TRL_DEFAULT["level"]))
+    for name in ("importance_sampling_level", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                 "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"):
+        assert arguments[name] == getattr(stock, name), name
+    space, cond_k, cond_alpha, rewards = random_tree(seed=9, lag_scale=1.0)
+    sweep = bias_sweep([cond_alpha, cond_k], cond_alpha, rewards, space, GRPOConfig(G=G, eps_std=EPS, is_cap=2.0))
+    by = {r.name: r for r in sweep[1]}
+    trl_row = sweep[1][-1]
+    assert trl_row.name == cb.TRL_DEFAULT_NAME and (trl_row.is_correction, trl_row.level) == ("icepop", "sequence")
+    assert trl_row == bias_of(cond_k, cond_alpha, rewards, space, G=G, eps_std=EPS, label=cb.TRL_DEFAULT_NAME,
+                              **cb.TRL_DEFAULT)
+    above = {cap: bias_of(cond_k, cond_alpha, rewards, space, "truncated", "sequence", G=G, eps_std=EPS,
+                          is_cap=cap).cap_share for cap in (2.0, 3.0)}
+    assert trl_row.drop_share == pytest.approx(above[3.0], abs=1e-12) and 0 < above[3.0] < above[2.0]
+    assert by["mask · seq"].drop_share > by["mask · seq"].cap_share == pytest.approx(above[2.0], abs=1e-12)
+    assert by["mask · seq"].drop_share > trl_row.drop_share
+    assert sweep[0][-1].rel_error < 1e-12                                    # lag 0: unbiased as every row
 
 
 def test_truncation_can_raise_the_centred_variance_a_little():
@@ -290,5 +352,5 @@ def test_the_figure_names_each_correction_and_titles_every_axis():
     assert names == [r.name for r in sweep[0]] + ["lag 1"]
     assert all(axis.title.text for axis in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.yaxis, fig.layout.yaxis2))
     styles = {(t.line.color, t.line.dash, t.marker.symbol) for t in fig.data if t.name != "lag 1"}
-    assert len(styles) == len(CORRECTIONS)
+    assert len(styles) == len(CORRECTIONS) + 1                                # and TRL's default, a style of its own
     assert len(cb.bias_figure(sweep).data) == len(fig.data)                   # the same traces, for a panel's update

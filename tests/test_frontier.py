@@ -134,3 +134,32 @@ def test_a_unit_runs_and_the_summary_is_rebuilt_from_its_file(tmp_path) -> None:
     assert [row["arm"] for row in summary["runs"]] == ["v1", "v4_ratio"]
     assert summary["frontier"] == {"ratio": "not resolved", "truncated": "not resolved", "none": "not resolved"}
     assert summary["design"]["primary"]["in"] == 2 and summary["comparisons"] == []
+
+
+def test_what_notebook_01_says_of_the_collapses_is_what_the_committed_runs_show() -> None:
+    """No run without a correction collapsed, in either study (the frontier's ``v*_none`` arms, the decided study's
+    ``v10_none`` in both regimes; nothing collapsed there at all); the runs that did were ``v32_ratio`` and
+    ``v32_truncated``, one seed in five each. Notebook 01's takeaway and its try-it 7 say so (they once said a
+    collapse without a correction needed sequences)."""
+    import json
+    from types import SimpleNamespace
+
+    from grpo_lab.exact import bandit_lab
+
+    root = Path(__file__).resolve().parents[1] / "studies"
+    frontier_arms = json.loads((root / "lag_frontier" / "results" / "summary.json").read_text())["arms"]
+    decided = json.loads((root / "lag_decided" / "summary.json").read_text())
+    collapsed = {arm: entry["collapsed"] for arm, entry in frontier_arms.items() if entry["collapsed"]}
+    assert collapsed == {"v32_ratio": 1, "v32_truncated": 1}
+    assert all(len(frontier_arms[arm]["seeds"]) == 5 for arm in collapsed)
+    studies = (frontier_arms, decided["arms"], decided["regime2"]["arms"], decided["corrections"]["arms"])
+    nones = [entry["collapsed"] for arms in studies for arm, entry in arms.items() if arm.endswith("_none")]
+    assert len(nones) == 5 and not any(nones)
+    assert not any(entry["collapsed"] for arms in studies[1:] for entry in arms.values())
+
+    (seven,) = (q for q in bandit_lab.TRY_IT if q.question.startswith("7."))
+    text = seven.answer({name: SimpleNamespace(J=np.zeros((1, 1))) for name in seven.tries})
+    assert "no run without one collapsed" in text and "(`ratio` and `truncated`, one seed in five each)" in text
+    notebook = json.loads((root.parent / "notebooks" / "01_bandit.ipynb").read_text())
+    takeaway = " ".join("".join(notebook["cells"][0]["source"]).replace(">", " ").split())
+    assert "no run without a correction collapsed; the runs that collapsed, at v = 32, had one" in takeaway

@@ -115,3 +115,17 @@ def test_token_ratios_are_a_partial_correction_on_sequences_the_sequence_weight_
     assert (ratio - on_policy).abs().max() > 1e-2
     assert torch.allclose(first_pass_gradient(pi, alpha, advantage, "sequence"), on_policy, atol=1e-12)
     assert torch.allclose(first_pass_gradient(pi, pi, advantage, "ratio"), on_policy, atol=1e-12)  # lag 0: exact
+
+
+def test_notebook_02_says_what_the_token_correction_is_on_sequences():
+    """The test above is why notebook 02 §2 may not call the token-corrected step an unbiased estimate for π_k: it
+    corrects each token given α's prefix, and only the whole answer's Π_t r′_t is unbiased."""
+    import json
+    from pathlib import Path
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "02_lag_frontier.ipynb"
+    cells = json.loads(notebook.read_text())["cells"]
+    text = " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
+    assert "The correction makes the step an unbiased estimate for π_k" not in text
+    assert ("reweights each token for its own conditional given α's prefix (only a weight of the whole answer, "
+            "Π_t r′_t, would make the step an unbiased estimate for π_k") in text

@@ -338,6 +338,26 @@ def test_tv_terms_hand_computed_and_zero_after_a_sync():
     assert torch.equal(tv_terms(logp_a, logp_a, mask), torch.zeros(2, dtype=torch.float64))
 
 
+def test_an_engines_mismatch_puts_the_tv_estimate_above_0_at_lag_0():
+    """At lag 0 with an engine whose token log-ratios are independent normal with mean |log r′| = 0.032 nats,
+    log r′_b ~ N(0, s²), s² = L·σ², σ = 0.032·√(π/2), and E[½|r′_b − 1|] = ½·e^{s²/2}·erf(s/√2): 0.045 at 8 tokens,
+    0.19 at 128 (docs/theory.md §3, docs/metrics.md), by tv_terms on 100 000 sampled sequences and in closed form.
+    With log α = log π_k bit for bit it is exactly 0."""
+    from grpo_lab.objective import tv_terms
+    sigma = 0.032 * math.sqrt(math.pi / 2)
+    g = torch.Generator().manual_seed(3)
+    for length, quoted in ((8, 0.045), (128, 0.19)):
+        s = sigma * math.sqrt(length)
+        closed = 0.5 * math.exp(s * s / 2) * math.erf(s / math.sqrt(2))
+        assert round(closed, 3 if length == 8 else 2) == quoted
+        logp_k = torch.full((100_000, length), -1.0, dtype=torch.float64)
+        logp_alpha = logp_k + sigma * torch.randn(logp_k.shape, generator=g, dtype=torch.float64)
+        mask = torch.ones_like(logp_k, dtype=torch.bool)
+        assert float((logp_k - logp_alpha).abs().mean()) == pytest.approx(0.032, rel=2e-3)
+        assert float(tv_terms(logp_k, logp_alpha, mask).mean()) == pytest.approx(closed, rel=2e-2)
+        assert float(tv_terms(logp_k, logp_k.clone(), mask).abs().max()) == 0.0
+
+
 def test_tv_estimate_is_unbiased_for_the_sequence_tv():
     """E_{y~α} of ½|r′(y) − 1| over every two-token sequence equals TV(π_k, α) of the sequence distributions."""
     g = torch.Generator().manual_seed(13)
@@ -526,19 +546,24 @@ def plain_weight(rho: float, is_correction: str, cap: float, floor: float | None
     return rho if low <= rho <= cap else 0.0
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("level, is_level", [("token", None), ("sequence", None), ("token", "sequence"),
+                                             ("sequence", "token")])
 @pytest.mark.parametrize("is_correction, cap, floor", [("ratio", 2.0, 0.5), ("truncated", 1.5, 0.5),
                                                         ("mask", 1.5, 0.5), ("icepop", 2.5, 0.7),
                                                         ("icepop", 3.0, None), ("none", 2.0, 0.5)])
-def test_every_correction_loss_against_a_plain_loop(is_correction, cap, floor, level):
+def test_every_correction_loss_against_a_plain_loop(is_correction, cap, floor, level, is_level):
     """grpo_objective's loss off π_k (a second pass: π_θ ≠ π_k) equals a loop over sequences and tokens in plain
-    Python floats: loss = Σ_{b,t} w_{b,t} · (−c · min(r·A, clip(r)·A)), with, per level,
+    Python floats: loss = Σ_{b,t} w_{b,t} · (−c · min(r·A, clip(r)·A)), with r, r′ per ``level`` (the clip's)
 
-        token:    ρ_t = π_k/α of the token;               r, r′ the token's ratios
-        sequence: ρ_b = exp(Σ_t log π_k/α), TRL's sum;   r, r′ of the length-normalised log-probs (GSPO)
+        token:    the token's ratios;   sequence: the ratios of the length-normalised log-probs (GSPO)
 
-    and c = ``plain_weight(ρ)``. The draws put ρ on both sides of every bound (asserted), so a wrong bound, a
-    mean in place of the sum, or a cap in place of a mask fails."""
+    and c = ``plain_weight(ρ)`` per ``is_level`` (the weight's; None: ``level``'s)
+
+        token:    ρ_t = π_k/α of the token;   sequence: ρ_b = exp(Σ_t log π_k/α), TRL's sum.
+
+    The two set apart (TRL's default clips per token and weighs per sequence) only where there is a weight c:
+    ``ratio`` and ``none`` refuse it. The draws put ρ on both sides of every bound (asserted), so a wrong bound, a
+    mean in place of the sum, a cap in place of a mask, or the weight's level taken from the clip's fails."""
     from grpo_lab.objective import grpo_objective, loss_weights
     g = torch.Generator().manual_seed(5)
     B, T, eps = 12, 5, 0.2
@@ -549,20 +574,26 @@ def test_every_correction_loss_against_a_plain_loop(is_correction, cap, floor, l
     lengths = [2 + b % 4 for b in range(B)]
     mask = torch.tensor([[t < lengths[b] for t in range(T)] for b in range(B)])
     weights = loss_weights(mask, "grpo", dtype=torch.float64)
-    loss, _ = grpo_objective(logp, logp_alpha, adv, weights, logp_k=logp_k, eps_low=eps, level=level,
-                             is_correction=is_correction, is_cap=cap, is_floor=floor)
+    knobs = dict(logp_k=logp_k, eps_low=eps, level=level, is_correction=is_correction, is_cap=cap, is_floor=floor,
+                 is_level=is_level)
+    if is_level not in (None, level) and is_correction in ("ratio", "none"):
+        with pytest.raises(ValueError, match=f"is_level = '{is_level}' differs from level = '{level}'"):
+            grpo_objective(logp, logp_alpha, adv, weights, **knobs)
+        return
+    loss, _ = grpo_objective(logp, logp_alpha, adv, weights, **knobs)
 
     expected, rhos = 0.0, []
     for b in range(B):
         toks = range(lengths[b])
         lp, lk, la = ([float(x[b, t]) for t in toks] for x in (logp, logp_k, logp_alpha))
         a = float(adv[b])
+        token_rhos = [math.exp(k - al) for k, al in zip(lk, la)]
+        rho_seq = math.prod(token_rhos)
         if level == "sequence":
-            rho_seq = math.exp(sum(k - al for k, al in zip(lk, la)))
             mean = [sum(x) / lengths[b] for x in (lp, lk, la)]
             lp, lk, la = ([m] * lengths[b] for m in mean)
         for t in toks:
-            rho = rho_seq if level == "sequence" else math.exp(lk[t] - la[t])
+            rho = rho_seq if (is_level or level) == "sequence" else token_rhos[t]
             rhos.append(rho)
             c = plain_weight(rho, is_correction, cap, floor)
             base = la[t] if c is None else lk[t]
@@ -573,6 +604,36 @@ def test_every_correction_loss_against_a_plain_loop(is_correction, cap, floor, l
     bounds = {"truncated": [cap], "mask": [1 / cap, cap], "icepop": [cap] + ([floor] if floor else [])}
     for bound in bounds.get(is_correction, []):
         assert min(rhos) < bound < max(rhos), (bound, min(rhos), max(rhos))   # the bound acts on this batch
+    if is_level not in (None, level):   # setting the levels apart changes the loss: the weight's level is read
+        assert float(loss) != pytest.approx(float(grpo_objective(logp, logp_alpha, adv, weights,
+                                                                 **knobs | {"is_level": None})[0]), rel=1e-6)
+
+
+def test_trls_default_levels_give_the_sequence_levels_first_pass_and_part_from_the_second():
+    """TRL's default clips π_θ/π_old per token and weighs each answer by its ρ = Π_t r′_t (``level="token"``,
+    ``is_level="sequence"``). At the first pass (π_θ = π_k) no clip acts at either level and the gradient is
+    c_b·A·∇log π on every token either way, so it equals the kit's ``icepop`` at ``level="sequence"``; from the
+    second pass on, where π_θ ≠ π_k and the clip binds, it does not."""
+    from grpo_lab.objective import grpo_objective, loss_weights
+    g = torch.Generator().manual_seed(11)
+    B, T = 8, 4
+    logp_alpha = -1 - torch.rand(B, T, generator=g, dtype=torch.float64)
+    logp_k = logp_alpha + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[t < 2 + b % 3 for t in range(T)] for b in range(B)])
+    trl_default = dict(is_correction="icepop", is_cap=3.0, is_floor=None, is_level="sequence")
+
+    def gradient(start: torch.Tensor, level: str) -> torch.Tensor:
+        logp = start.clone().requires_grad_(True)
+        for loss_type in ("grpo", "dapo"):
+            loss, _ = grpo_objective(logp, logp_alpha, adv, loss_weights(mask, loss_type, dtype=torch.float64),
+                                     logp_k=logp_k, level=level, **trl_default)
+            loss.backward()
+        return logp.grad
+
+    assert torch.allclose(gradient(logp_k, "token"), gradient(logp_k, "sequence"), rtol=1e-12, atol=1e-14)
+    second = logp_k + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    assert not torch.allclose(gradient(second, "token"), gradient(second, "sequence"), rtol=1e-3)
 
 
 def test_a_sequence_weight_is_the_product_of_its_token_ratios_not_their_geometric_mean():

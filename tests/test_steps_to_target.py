@@ -20,6 +20,7 @@ from studies.steps_to_target.summary import (
     agrees,
     check_micro_batch,
     decomposition,
+    halves,
     issue38_check,
     per_update_plan,
     summarize,
@@ -165,6 +166,10 @@ def test_a_stalled_trl_seed_makes_the_time_ratio_an_upper_bound_and_leaves_the_t
     assert summary["passages"]["trl"]["50%"][2] == [4, 36, False]
     ratio = summary["time_ratios"]["50%"]
     assert ratio["ratio"] == pytest.approx(22 / ((22 + 22 + 44) / 3)) and ratio["bound"] == "upper"
+    reached = summary["time_ratios_reached"]["50%"]   # the stalled seed left out: 22 s against 22 s
+    assert reached["ratio"] == pytest.approx(1.0) and (reached["seeds"], reached["reference_seeds"]) == (3, 2)
+    assert reached["bound"] == "exact" and any("among the seeds that reached it (3 of the loop's 3, 2 of TRL's 3): "
+                                               "1.00 (no interval" in line for line in summary_lines(summary))
     assert summary["per_update"]["10"]["seeds"] == {"grpo_lab_v1": 3, "trl": 2}
     assert any("batch cap" in line and "trl_s2" in line for line in summary_lines(summary))
 
@@ -250,6 +255,20 @@ def test_the_decomposition_by_hand():
     assert out["factors_product"]["ratio"] == pytest.approx(3.75)
     assert out["interaction"]["ratio"] == pytest.approx(4.0 / 3.75) and out["unexplained"]["ratio"] == pytest.approx(2)
     assert out["unexplained"]["ci_low"] == pytest.approx(2) == out["unexplained"]["ci_high"]
+
+
+def test_the_halves_show_a_side_that_slows_along_its_run():
+    """The intervals resample rounds within one run, so a step that grows slower round by round stays inside them;
+    the halves show it. TRL's step 8, 8, 10, 10 s against the loop's 1 s (empty batches at half that, share 0.5):
+    the ratio 9 over the run, 8 and 10 over its halves; a side that keeps its pace has equal halves."""
+    group = {"grpo_lab_v1": ([1.0] * 4, [0.5] * 4), "trl": ([8.0, 8.0, 10.0, 10.0], [4.0, 4.0, 5.0, 5.0]),
+             "generate_sampler": ([2.0] * 4, [1.0] * 4), "trl_like": ([4.0] * 4, [2.0] * 4)}
+    out = decomposition([group], 0.5)
+    assert out["to_v1"]["trl"]["ratio"] == pytest.approx(9.0)
+    assert out["halves"]["trl"] == pytest.approx([8.0, 10.0]) and out["halves"]["trl_like"] == pytest.approx([4.0, 4.0])
+    assert out["halves"]["unexplained"] == pytest.approx([2.0, 2.5])
+    with pytest.raises(ValueError, match="at least 2 rounds"):
+        halves({name: ([c[0]], [e[0]]) for name, (c, e) in group.items()}, 0.5)
 
 
 def test_the_groups_resample_independently_and_must_be_joinable():

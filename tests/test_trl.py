@@ -64,7 +64,9 @@ CASES += [dict(mask_normalize="unmasked"), dict(mask_normalize="unmasked", loss_
           dict(is_correction="none"), dict(is_correction="none", importance_sampling_level="sequence"),
           dict(is_correction="mask", is_cap=1.3), dict(is_correction="truncated", is_cap=1.3,
                                                        importance_sampling_level="sequence"),
-          dict(is_correction="icepop", is_cap=1.5, is_floor=0.9, importance_sampling_level="sequence")]
+          dict(is_correction="icepop", is_cap=1.5, is_floor=0.9, importance_sampling_level="sequence"),
+          dict(is_correction="icepop", is_cap=1.5, is_floor=None, is_level="sequence"),   # TRL's default's levels
+          dict(is_correction="truncated", is_cap=1.3, importance_sampling_level="sequence", is_level="token")]
 
 
 def test_loss_and_gradient_equal_grpo_objective(model_dir, tmp_path):

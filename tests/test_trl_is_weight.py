@@ -9,9 +9,12 @@ summed per sequence in the default ``sequence_mask`` mode, then ``torch.exp``) a
 (``_compute_loss``: ``per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]``).
 
 Each value of the kit's ``is_correction`` is then run on TRL's side, through the arguments
-:func:`grpo_lab.scale.knobs.trl_is_arguments` maps it to (every ``vllm_importance_sampling_mode``, the two-sided
-``vllm_importance_sampling_clip_min`` and TRL's default), with an engine whose mismatch differs from token to token:
-TRL's weight and loss equal the kit's on the same batch.
+:func:`grpo_lab.scale.knobs.trl_correction_arguments` maps it to (every ``vllm_importance_sampling_mode``, the
+two-sided ``vllm_importance_sampling_clip_min``, TRL's default with its clip per token and its correction per
+sequence, and β with the KL weighted or not), with an engine whose mismatch differs from token to token: TRL's
+weight, loss and gradient equal the kit's on the same batch, at every optimiser step. Where the mapping refuses
+(β > 0 with TRL's KL weight under ``ratio`` or at ``level="sequence"``), TRL's loss is the kit's with its KL weight
+replaced by TRL's π_θ/π_old, per token or per sequence, and not the kit's.
 """
 
 import copy
@@ -23,8 +26,17 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_two_process import TRAIN_PROMPTS, build_tiny_model
 
 from grpo_lab.config import GRPOConfig as KitConfig
-from grpo_lab.objective import clipped_surrogate, grpo_objective, is_correction_terms, loss_weights, sequence_log_ratio
-from grpo_lab.scale.knobs import TRL_IS_MODES, trl_is_arguments
+from grpo_lab.objective import (
+    clipped_surrogate,
+    grpo_objective,
+    is_correction_terms,
+    kl_estimate,
+    loss_weights,
+    sequence_log_ratio,
+    weighted_sum,
+)
+from grpo_lab.plan import ObjectiveArgs
+from grpo_lab.scale.knobs import TRL_IS_MODES, trl_correction_arguments
 
 S, STEPS, G = 2, 4, 4  # steps_per_generation = 2 optimiser steps per generation, so step 1 of each is lagged
 
@@ -71,7 +83,7 @@ def trl_trainer(model_dir: str, out: str, mismatch: float, spread: float = 0.0,
     ``trl_args``: more of TRL's own arguments (its importance-sampling mode and bounds)."""
     config = GRPOConfig(output_dir=out, per_device_train_batch_size=G, gradient_accumulation_steps=1,
                         steps_per_generation=S, num_generations=G, max_completion_length=8, learning_rate=0.05,
-                        beta=0.0, loss_type="grpo", max_steps=STEPS, logging_steps=1, report_to="none",
+                        loss_type="grpo", max_steps=STEPS, logging_steps=1, report_to="none",
                         save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True, seed=0, **trl_args)
     trainer = GRPOTrainer(model=model_dir, reward_funcs=alternating_reward, args=config,
                           train_dataset=Dataset.from_dict({"prompt": list(TRAIN_PROMPTS)}))
@@ -81,28 +93,42 @@ def trl_trainer(model_dir: str, out: str, mismatch: float, spread: float = 0.0,
     return trainer, engine
 
 
-def current_logps(trainer: GRPOTrainer, inputs: dict) -> torch.Tensor:
-    """log π_θ of the batch's completion tokens at the weights of this optimiser step (π_k), TRL's own forward."""
+def current_logps(trainer: GRPOTrainer, inputs: dict, grad: bool = False) -> torch.Tensor:
+    """log π_θ of the batch's completion tokens at the weights of this optimiser step (π_k), TRL's own forward;
+    with ``grad``, differentiable in the weights."""
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         return trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
                                                           inputs["completion_ids"].size(1))[0]
 
 
-def train_and_record(trainer: GRPOTrainer) -> list[dict]:
+def gradient(trainer: GRPOTrainer, loss: torch.Tensor) -> torch.Tensor:
+    """∇ of ``loss`` in the trainable weights, flat (the graph kept: TRL's own backward follows)."""
+    weights = [p for p in trainer.model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, weights, retain_graph=True, allow_unused=True)
+    return torch.cat([torch.zeros(p.numel()) if g is None else g.flatten() for p, g in zip(weights, grads)])
+
+
+def train_and_record(trainer: GRPOTrainer, losses: dict | None = None) -> list[dict]:
     """Each optimiser step's TRL weight (None with TRL's correction off), π_old, log α as the engine returned it,
-    π_k, the mask, TRL's advantages and the loss TRL's ``_compute_loss`` returned."""
+    π_k, the mask, TRL's advantages, log π_ref (None at β = 0) and the loss TRL's ``_compute_loss`` returned, with
+    its gradient. Given ``losses`` (name → ``loss_of(s, logp)``, a loss from a step's record ``s`` and a
+    differentiable log π_θ), also each one's value and gradient, at the weights TRL's step is taken at."""
     seen, compute_loss = [], trainer._compute_loss
 
     def recorded(model, inputs):
-        weight = inputs.get("importance_sampling_ratio")
-        seen.append({"step": trainer.state.global_step, "weight": None if weight is None else weight.clone(),
-                     "old": inputs["old_per_token_logps"].clone(), "engine": inputs["sampling_per_token_logps"].clone(),
-                     "pi_k": current_logps(trainer, inputs), "mask": inputs["completion_mask"].bool(),
-                     "advantages": inputs["advantages"].clone()})
+        weight, ref = inputs.get("importance_sampling_ratio"), inputs.get("ref_per_token_logps")
+        s = {"step": trainer.state.global_step, "weight": None if weight is None else weight.clone(),
+             "old": inputs["old_per_token_logps"].clone(), "engine": inputs["sampling_per_token_logps"].clone(),
+             "pi_k": current_logps(trainer, inputs), "mask": inputs["completion_mask"].bool(),
+             "advantages": inputs["advantages"].clone(), "ref": None if ref is None else ref.clone()}
         loss = compute_loss(model, inputs)
-        seen[-1]["loss"] = float(loss.detach())
+        s |= {"loss": float(loss.detach()), "grad": gradient(trainer, loss)}
+        for name, loss_of in (losses or {}).items():
+            other = loss_of(s, current_logps(trainer, inputs, grad=True))
+            s |= {f"{name}_loss": float(other.detach()), f"{name}_grad": gradient(trainer, other)}
+        seen.append(s)
         return loss
 
     trainer._compute_loss = recorded
@@ -161,55 +187,125 @@ def test_token_weights_on_one_token_responses_give_the_multiplicative_band(model
     assert (log_rho.abs() > 0.2).any() and (log_w.exp() > 1.5).any()  # the clip and a weight far from 1 both act
 
 
-TRL_MODES = {  # TRL's mode (and bounds) → the kit's knobs that map to it
+TRL_DEFAULT = "TRL's default: sequence_mask, clip_max 3, no clip_min, token clip"
+TRL_MODES = {  # TRL's mode (and bounds) → the kit's knobs that map to it; the clip's level is TRL's
+    # importance_sampling_level, the correction's the prefix of TRL's mode
     "token_truncate": dict(is_correction="truncated", is_cap=1.5),
-    "sequence_truncate": dict(is_correction="truncated", is_cap=2.0, level="sequence"),
+    "sequence_truncate, sequence clip": dict(is_correction="truncated", is_cap=2.0, level="sequence"),
+    "token_truncate, sequence clip": dict(is_correction="truncated", is_cap=1.5, level="sequence", is_level="token"),
     "token_mask": dict(is_correction="mask", is_cap=1.5),
-    "sequence_mask": dict(is_correction="mask", is_cap=2.0, level="sequence"),
+    "sequence_mask, sequence clip": dict(is_correction="mask", is_cap=2.0, level="sequence"),
     "token_mask, clip_min (IcePop)": dict(is_correction="icepop", is_cap=2.0, is_floor=0.7),
-    "sequence_mask, clip_min (IcePop)": dict(is_correction="icepop", is_cap=4.0, is_floor=0.4, level="sequence"),
-    "sequence_mask, clip_max 3, no clip_min (TRL's default)": dict(is_correction="icepop", is_cap=3.0, is_floor=None,
-                                                                   level="sequence"),
+    "sequence_mask, clip_min (IcePop), sequence clip": dict(is_correction="icepop", is_cap=4.0, is_floor=0.4,
+                                                            level="sequence"),
+    TRL_DEFAULT: dict(
+        is_correction="icepop", is_cap=3.0, is_floor=None, is_level="sequence"),
+    "sequence_mask, clip_max 3, no clip_min, sequence clip": dict(is_correction="icepop", is_cap=3.0, is_floor=None,
+                                                                  level="sequence"),
     "token_mask, no bounds (ratio, multiplicative band)": dict(is_correction="ratio", band="multiplicative"),
     "correction off (none)": dict(is_correction="none"),
 }
 SPREAD = 0.6  # the engine's δ ∈ [−1.2, 1.2]: token r′ ∈ [0.3, 3.3], sequence r′ over 3–5 tokens far wider
+BETA = 0.3
+KL_SETTINGS = {  # β and the KL weight: TRL's use_bias_correction_kl is the kit's kl_weight_differentiable
+    "beta 0": dict(beta=0.0),
+    "beta > 0, KL weighted (TRL's default)": dict(beta=BETA, kl_weight_differentiable=True),
+    "beta > 0, KL unweighted": dict(beta=BETA),
+}
+
+
+def refused(mode: str, kl: str) -> bool:
+    """Where TRL's KL weight π_θ/π_old (per token, or one per sequence at importance_sampling_level "sequence")
+    is not the kit's π_θ/base per token (base = α under ``ratio``): β > 0, the KL weighted, and ``ratio`` or the
+    clip at sequence level."""
+    knobs = {**TRL_MODES[mode], **KL_SETTINGS[kl]}
+    return (knobs["beta"] > 0 and knobs.get("kl_weight_differentiable", False)
+            and (knobs["is_correction"] == "ratio" or knobs.get("level") == "sequence"))
+
+
+CASES = [(mode, kl) for mode in TRL_MODES for kl in KL_SETTINGS]
+WEIGHTED = "beta > 0, KL weighted (TRL's default)"
+
+
+def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ relative to ‖a‖ (at least 1e-12), the gradients' distance."""
+    return float((a - b).norm()) / max(float(a.norm()), 1e-12)
 
 
 def test_every_correction_value_has_a_trl_row_and_the_default_is_trls():
     """One row per value; TRL 1.16's own defaults are ``sequence_mask``, clip_max 3, no clip_min (its docstring
-    says ``token_truncate``): the row of icepop at level sequence, C = 3, no floor."""
+    says ``token_truncate``), at ``importance_sampling_level="token"``, β = 0 and ``use_bias_correction_kl``: the
+    row of icepop with the clip per token, the weight per sequence (``is_level``), C = 3, no floor. Every argument
+    equals the stock config's, the clip's level included."""
     from grpo_lab.objective import IS_CORRECTIONS
     assert [row.value for row in TRL_IS_MODES] == list(IS_CORRECTIONS)
     stock = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
-    default = trl_is_arguments(KitConfig(**TRL_MODES["sequence_mask, clip_max 3, no clip_min (TRL's default)"]))
-    assert {name: getattr(stock, name) for name in default if name != "importance_sampling_level"} == {
-        name: value for name, value in default.items() if name != "importance_sampling_level"}
-    assert stock.vllm_importance_sampling_mode == "sequence_mask" and stock.vllm_importance_sampling_clip_min is None
+    default = trl_correction_arguments(KitConfig(**TRL_MODES[TRL_DEFAULT], kl_weight_differentiable=True))
+    assert {name: getattr(stock, name) for name in default} == default
+    assert default["importance_sampling_level"] == "token"
+    assert default["vllm_importance_sampling_mode"] == "sequence_mask"
+    assert stock.vllm_importance_sampling_clip_min is None and stock.use_bias_correction_kl and stock.beta == 0
     with pytest.raises(ValueError, match="is_correction = 'ratio' with level = 'sequence'"):
-        trl_is_arguments(KitConfig(is_correction="ratio", level="sequence", band="multiplicative"))
+        trl_correction_arguments(KitConfig(is_correction="ratio", level="sequence", band="multiplicative"))
     with pytest.raises(ValueError, match="band = 'additive' has no TRL equal"):
-        trl_is_arguments(KitConfig(is_correction="ratio"))
+        trl_correction_arguments(KitConfig(is_correction="ratio"))
+    with pytest.raises(ValueError, match="is_level = 'sequence' differs from level = 'token', but is_correction = "):
+        KitConfig(is_correction="ratio", is_level="sequence")
 
 
-@pytest.mark.parametrize("mode", list(TRL_MODES))
-def test_trls_weight_and_loss_equal_the_kits_for_each_mode(model_dir, tmp_path, mode):
-    """Stock GRPOTrainer with the arguments the kit's knobs map to (``trl_is_arguments``) trains 4 optimiser steps
-    on an engine whose mismatch varies per token. At every step, TRL's ``importance_sampling_ratio`` is the kit's
-    c = ``is_correction_terms`` of π_old/α (per token, or per sequence from ``sequence_log_ratio``) and the loss
-    TRL's ``_compute_loss`` returns is ``grpo_objective``'s on the same batch: π_θ, π_old as π_k, the engine's
-    log-probs as log α, TRL's advantages, the grpo weights. At the lagged steps (every second one) π_θ ≠ π_old, so
-    the clip is in the comparison too. The batch has weights on both sides of each bound (asserted): a wrong bound,
-    a mean in place of TRL's sum, or a cap in place of a mask would fail."""
-    knobs = KitConfig(**TRL_MODES[mode])
-    arguments = trl_is_arguments(knobs)
+@pytest.mark.parametrize(("mode", "kl"), CASES)
+def test_the_mapping_refuses_exactly_where_trls_kl_weight_is_not_the_kits(mode, kl):
+    """At β > 0 with the KL weighted, TRL weights it by π_θ/π_old (a sequence's at importance_sampling_level
+    "sequence"), the kit by π_θ/base per token: the mapping refuses ``ratio`` (base α) and the sequence-level clip
+    there, and nothing else; at β > 0 the KL's arguments are the kit's β and weight. The detached weight and the
+    other estimators have no TRL equal."""
+    knobs = KitConfig(**TRL_MODES[mode], **KL_SETTINGS[kl])
+    if refused(mode, kl):
+        with pytest.raises(ValueError, match="kl_weight_differentiable = True at beta = 0.3 .* has no TRL equal"):
+            trl_correction_arguments(knobs)
+    else:
+        arguments = trl_correction_arguments(knobs)
+        assert (arguments["beta"], arguments["use_bias_correction_kl"]) == (knobs.beta, knobs.kl_weight_differentiable)
+    if knobs.beta > 0:
+        with pytest.raises(ValueError, match="kl_kind = 'k2' at beta = 0.3 has no TRL equal"):
+            trl_correction_arguments(knobs.replace(kl_kind="k2"))
+        with pytest.raises(ValueError, match="kl_importance_weighted = True at beta = 0.3 has no TRL equal"):
+            trl_correction_arguments(knobs.replace(kl_importance_weighted=True, kl_weight_differentiable=False))
+
+
+def kit_loss(trainer: GRPOTrainer, knobs: KitConfig):
+    """grpo_objective's loss on a recorded TRL step: π_θ, π_old as π_k, the engine's log-probs as log α, TRL's
+    advantages, π_ref and its ε, the grpo weights of the micro-batch."""
+    args = ObjectiveArgs.of(knobs.replace(eps_low=trainer.args.epsilon, eps_high=trainer.args.epsilon_high))
+
+    def loss_of(s: dict, logp: torch.Tensor) -> torch.Tensor:
+        return grpo_objective(logp, s["engine"], s["advantages"], loss_weights(s["mask"]), logp_k=s["old"],
+                              logp_ref=s["ref"], **args.kwargs())[0]
+
+    return loss_of
+
+
+@pytest.mark.parametrize(("mode", "kl"), [case for case in CASES if not refused(*case)])
+def test_trls_weight_loss_and_gradient_equal_the_kits_for_each_mode(model_dir, tmp_path, mode, kl):
+    """Stock GRPOTrainer with the arguments the kit's knobs map to (``trl_correction_arguments``) trains 4 optimiser
+    steps on an engine whose mismatch varies per token. At every step, TRL's ``importance_sampling_ratio`` is the
+    kit's c = ``is_correction_terms`` of π_old/α (per token, or per sequence from ``sequence_log_ratio`` at the
+    correction's level) and the loss and gradient of TRL's ``_compute_loss`` are ``grpo_objective``'s on the same
+    batch: π_θ, π_old as π_k, the engine's log-probs as log α, TRL's advantages and π_ref, the grpo weights. At the
+    lagged steps (every second one) π_θ ≠ π_old, so the clip is in the comparison too, at its own level. The batch
+    has weights on both sides of each bound (asserted): a wrong bound, a mean in place of TRL's sum, a cap in place
+    of a mask, or the correction's level moved with the clip's would fail."""
+    knobs = KitConfig(**TRL_MODES[mode], **KL_SETTINGS[kl])
+    arguments = trl_correction_arguments(knobs)
     trainer, _ = trl_trainer(model_dir, str(tmp_path / "out"), 0.0, SPREAD, **arguments)
-    seen = train_and_record(trainer)
+    seen = train_and_record(trainer, {"kit": kit_loss(trainer, knobs)})
     assert len(seen) == STEPS
+    is_level = knobs.is_level or knobs.level
     weights = []
     for s in seen:
         mask = s["mask"]
-        log_rho = sequence_log_ratio(s["old"], s["engine"], mask) if knobs.level == "sequence" else None
+        assert (s["ref"] is not None) == (knobs.beta > 0)
+        log_rho = sequence_log_ratio(s["old"], s["engine"], mask) if is_level == "sequence" else None
         _, c = is_correction_terms(s["old"], s["engine"], knobs.is_correction, knobs.is_cap, knobs.is_floor, log_rho)
         if s["weight"] is None:
             assert not arguments["vllm_importance_sampling_correction"] and c is None
@@ -219,11 +315,8 @@ def test_trls_weight_and_loss_equal_the_kits_for_each_mode(model_dir, tmp_path, 
             on = mask if kit.shape == mask.shape else torch.ones_like(kit, dtype=torch.bool)
             torch.testing.assert_close(s["weight"][on], kit[on], rtol=1e-5, atol=1e-6)
             weights.append(s["weight"][on])
-        loss, _ = grpo_objective(s["pi_k"], s["engine"], s["advantages"], loss_weights(mask), logp_k=s["old"],
-                                 eps_low=trainer.args.epsilon, eps_high=trainer.args.epsilon_high, band=knobs.band,
-                                 level=knobs.level, is_correction=knobs.is_correction, is_cap=knobs.is_cap,
-                                 is_floor=knobs.is_floor)
-        assert float(loss) == pytest.approx(s["loss"], rel=1e-5, abs=1e-6), s["step"]
+        assert s["kit_loss"] == pytest.approx(s["loss"], rel=1e-5, abs=1e-6), s["step"]
+        assert gap(s["grad"], s["kit_grad"]) < 1e-5, s["step"]
     if weights:
         w = torch.cat(weights)
         if knobs.is_correction == "truncated":
@@ -232,8 +325,49 @@ def test_trls_weight_and_loss_equal_the_kits_for_each_mode(model_dir, tmp_path, 
             assert (w == 0).any() and (w > 0).any()  # the band drops some, keeps others
             low = 1 / knobs.is_cap if knobs.is_correction == "mask" else knobs.is_floor
             if low is not None:
-                raw = torch.cat([sequence_log_ratio(s["old"], s["engine"], s["mask"])[:, 0] if knobs.level == "sequence"
+                raw = torch.cat([sequence_log_ratio(s["old"], s["engine"], s["mask"])[:, 0] if is_level == "sequence"
                                  else (s["old"] - s["engine"])[s["mask"]] for s in seen]).exp()
                 assert (raw < low).any() and (raw > knobs.is_cap).any()  # both bounds drop something
     lagged = [s for s in seen if s["step"] % S]
     assert max(float((s["pi_k"] - s["old"])[s["mask"]].abs().max()) for s in lagged) > 0.02  # π_θ ≠ π_old
+
+
+def trls_kl_weight(trainer: GRPOTrainer, knobs: KitConfig):
+    """The loss TRL computes where the mapping refuses: the kit's at β = 0 plus β·Σ w·k3·ρ, with TRL's
+    ``coef_1`` ρ = π_θ/π_old per token, or exp(mean_t log π_θ/π_old) per sequence at level sequence, with its
+    gradient (``_compute_loss``: ``per_token_kl = per_token_kl * coef_1``)."""
+    surrogate = kit_loss(trainer, knobs.replace(beta=0.0, kl_weight_differentiable=False))
+
+    def loss_of(s: dict, logp: torch.Tensor) -> torch.Tensor:
+        log_rho = torch.where(s["mask"], logp - s["old"], torch.zeros_like(logp))
+        if knobs.level == "sequence":
+            log_rho = (log_rho.sum(1, keepdim=True) / s["mask"].sum(1, keepdim=True).clamp(min=1)).expand_as(logp)
+        kl = kl_estimate(logp, s["ref"], "k3") * log_rho.exp()
+        return surrogate(s, logp) + knobs.beta * weighted_sum(kl, loss_weights(s["mask"]))
+
+    return loss_of
+
+
+@pytest.mark.parametrize("mode", ["token_mask, no bounds (ratio, multiplicative band)", "sequence_mask, sequence clip"])
+def test_where_the_mapping_refuses_trl_weights_the_kl_by_pi_old_not_the_kits_base(model_dir, tmp_path, mode):
+    """``ratio`` (TRL ``token_mask`` without bounds) and a sequence-level clip, at β > 0 with TRL's
+    ``use_bias_correction_kl``: stock GRPOTrainer, given the arguments of the unweighted KL with the weight switched
+    on, computes the kit's surrogate plus β·k3 weighted by its ``coef_1`` (π_θ/π_old per token; at the sequence
+    level exp(mean_t log π_θ/π_old), one per sequence), in loss and gradient at every step; not the kit's loss with
+    ``kl_weight_differentiable=True``, whose weight is π_θ/α per token under ``ratio`` (the engine's mismatch parts
+    the values even where π_θ = π_old) and π_θ/π_k per token at the sequence level (the same value right after a
+    generation, another gradient)."""
+    assert refused(mode, WEIGHTED)
+    knobs = KitConfig(**TRL_MODES[mode], **KL_SETTINGS[WEIGHTED])
+    arguments = trl_correction_arguments(knobs.replace(kl_weight_differentiable=False))
+    arguments["use_bias_correction_kl"] = True
+    trainer, _ = trl_trainer(model_dir, str(tmp_path / "out"), 0.0, SPREAD, **arguments)
+    seen = train_and_record(trainer, {"trl_kl": trls_kl_weight(trainer, knobs), "kit": kit_loss(trainer, knobs)})
+    for s in seen:
+        assert s["trl_kl_loss"] == pytest.approx(s["loss"], rel=1e-5, abs=1e-6), s["step"]
+        assert gap(s["grad"], s["trl_kl_grad"]) < 1e-5, s["step"]
+        if s["step"] == 0:  # π_θ = π_ref: k3 and its weighted gradient (log π_θ − log π_ref)·∇log π are 0
+            continue
+        assert gap(s["grad"], s["kit_grad"]) > 1e-3, s["step"]
+        if knobs.is_correction == "ratio":
+            assert abs(s["kit_loss"] - s["loss"]) > 1e-4, s["step"]

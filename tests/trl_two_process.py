@@ -121,7 +121,8 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
     tv_logged = trainer._metrics["train"]["off_policy/tv_estimate"]  # one per equal-sized micro-batch
     expected = [ratio_diagnostics(*(acc.gather(acc.pad_across_processes(b[k], dim=1).contiguous()) for k in (
         "old_per_token_logps", "sampling_per_token_logps", "completion_mask")), trainer.args.is_correction,
-        trainer.args.is_cap, trainer.args.is_floor, trainer.args.importance_sampling_level) for b in batches]
+        trainer.args.is_cap, trainer.args.is_floor, trainer.args.is_level or trainer.args.importance_sampling_level)
+        for b in batches]
     diagnostics_error = max(abs(trainer._metrics["train"][f"off_policy/{name}"][j] - e[name])
                             for j, e in enumerate(expected) for name in RATIO_DIAGNOSTICS)
     loss.backward()
@@ -163,7 +164,7 @@ def lab_reference(trainer: OffPolicyGRPOTrainer, batch: dict[str, torch.Tensor])
         logp_ref=batch.get("ref_per_token_logps"), beta=args.beta, eps_low=args.epsilon, eps_high=args.epsilon_high,
         band=args.clip_band, level=args.importance_sampling_level, is_correction=args.is_correction,
         kl_importance_weighted=args.kl_importance_weighted, kl_weight_differentiable=args.use_bias_correction_kl,
-        is_cap=args.is_cap, is_floor=args.is_floor)
+        is_cap=args.is_cap, is_floor=args.is_floor, is_level=args.is_level)
     metrics["masked_frac"] = plan.masked_frac
     metrics["tv_estimate"] = float(tv_terms(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
                                             batch["completion_mask"]).mean())

@@ -587,8 +587,9 @@ TRY_IT = (
         f"{final_j(r, 'v = 20'):.3f}; at lr = 30 `none` ends at {final_j(r, 'lr = 30, v = 20, none'):.3f}, "
         f"`ratio` at {final_j(r, 'lr = 30, v = 20'):.3f}, `truncated` (C = 2) at "
         f"{final_j(r, 'lr = 30, v = 20, truncated'):.3f}. The weights r′ add variance that costs more than a stale "
-        "α's bias on a one-token softmax; the collapse reported without a correction needs sequences (notebook "
-        "02).")),
+        "α's bias on a one-token softmax. On a language model (notebook 02), training without a correction cost J "
+        "at v = 10 against `ratio`, but no run without one collapsed; the runs that collapsed, at v = 32, had one "
+        "(`ratio` and `truncated`, one seed in five each).")),
 )
 """Notebook 01 §6's questions, in its order; :func:`grpo_lab.viz.exercises.answer_tries` prints an answer once
 its first try has been predicted."""

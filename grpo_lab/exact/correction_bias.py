@@ -65,13 +65,20 @@ import torch
 from ..advantages import whiten
 from ..checks import require_choice
 from ..config import GRPOConfig
-from ..objective import IS_MASKS, LEVELS, is_correction_terms, sequence_log_ratio
+from ..objective import IS_MASKS, IS_WEIGHTS, LEVELS, is_correction_terms, sequence_log_ratio
 from .digits_lm import AnswerSpace, token_table
 
 CORRECTIONS = (("ratio", "token"), ("truncated", "token"), ("mask", "token"), ("icepop", "token"),
                ("none", "token"), ("ratio", "sequence"), ("truncated", "sequence"), ("mask", "sequence"),
                ("icepop", "sequence"))
-"""(is_correction, level) pairs compared; ``none`` reads no ratio, so its two levels are one update."""
+"""(is_correction, level) pairs compared at the config's cap C and floor a; ``none`` reads no ratio, so its two
+levels are one update. ``mask`` at C is the band [1/C, C]."""
+TRL_DEFAULT: dict[str, Any] = dict(is_correction="icepop", level="sequence", is_cap=3.0, is_floor=None)
+"""TRL 1.16's default correction (``vllm_importance_sampling_mode="sequence_mask"``, ``clip_max`` 3, no
+``clip_min``): the answer's ρ = Π_t r′_t, its every token dropped where ρ > 3, no floor. TRL clips per token
+(``importance_sampling_level="token"``), which at the first pass gives the same update. :func:`bias_sweep`
+compares it as its own row (:data:`TRL_DEFAULT_NAME`), at its own band whatever the config's C and a."""
+TRL_DEFAULT_NAME = "TRL default · seq"
 LENGTH_WEIGHTS = ("dr_grpo", "grpo")
 
 
@@ -91,9 +98,13 @@ class CorrectionBias:
     mean_norm: float
     target_norm: float
     whiten_scale: float
+    label: str | None = None
 
     @property
     def name(self) -> str:
+        """``label``, or the correction with `` · seq`` at level sequence."""
+        if self.label is not None:
+            return self.label
         return self.is_correction if self.level == "token" else f"{self.is_correction} · seq"
 
 
@@ -156,8 +167,10 @@ def to_nodes(coef: torch.Tensor, blocks: torch.Tensor, space: AnswerSpace, nodes
 def bias_of(cond_k: torch.Tensor, cond_alpha: torch.Tensor, rewards: torch.Tensor, space: AnswerSpace,
             is_correction: str, level: str = "token", *, G: int = 8, is_cap: float = 2.0,
             is_floor: float | None = 0.5, eps_std: float = 1e-4, unbiased_std: bool = False,
-            eps_placement: str = "under_sqrt", loss_type: str = "dr_grpo") -> CorrectionBias:
-    """The module docstring's quantities for one (is_correction, level) at (π_k, α), summed over Y exactly."""
+            eps_placement: str = "under_sqrt", loss_type: str = "dr_grpo", label: str | None = None
+            ) -> CorrectionBias:
+    """The module docstring's quantities for one (is_correction, level) at (π_k, α), summed over Y exactly;
+    ``label`` names it (:attr:`CorrectionBias.name`)."""
     if bool(((rewards != 0) & (rewards != 1)).any()):
         raise ValueError("the exact group sums need 0/1 rewards")
     A = advantage_table(G, eps_std, unbiased_std, eps_placement)
@@ -182,7 +195,7 @@ def bias_of(cond_k: torch.Tensor, cond_alpha: torch.Tensor, rewards: torch.Tenso
         sums["count"] += float(alpha @ unit.sum(1))
         if is_correction in IS_MASKS:
             sums["drop"] += float(alpha @ (on & (w[:, :1 if level == "sequence" else None] == 0)).double().sum(1))
-        if is_correction in ("truncated", *IS_MASKS):
+        if is_correction in IS_WEIGHTS:
             rho_u = rho[:, :1] if level == "sequence" else rho
             sums["cap"] += float(alpha @ (on & (rho_u > is_cap)).double().sum(1))
     m_all, target_all = torch.cat(m), torch.cat(target)
@@ -208,26 +221,30 @@ def bias_of(cond_k: torch.Tensor, cond_alpha: torch.Tensor, rewards: torch.Tenso
                           var=var, var_along=var_along, group_var=group_var,
                           drop_share=sums["drop"] / sums["count"], cap_share=sums["cap"] / sums["count"],
                           mean_norm=m_norm, target_norm=t_norm,
-                          whiten_scale=kappa_alpha / kappa_k if kappa_k else math.nan)
+                          whiten_scale=kappa_alpha / kappa_k if kappa_k else math.nan, label=label)
 
 
 def bias_sweep(tables: list[torch.Tensor], cond_alpha: torch.Tensor, rewards: torch.Tensor, space: AnswerSpace,
                config: GRPOConfig, corrections: tuple[tuple[str, str], ...] = CORRECTIONS,
                loss_type: str = "dr_grpo", **overrides: Any) -> dict[int, list[CorrectionBias]]:
     """``tables[ℓ]`` = π_ℓ's conditionals after ℓ steps from α (lag ℓ): {ℓ: one :class:`CorrectionBias` per
-    correction}, with ``config``'s G, whitening, cap and floor (``overrides`` replace ``is_cap``/``is_floor``)."""
+    correction, then :data:`TRL_DEFAULT` at its own band}, with ``config``'s G, whitening, cap and floor
+    (``overrides`` replace ``is_cap``/``is_floor``)."""
     if config.mask_normalize != "batch":
         raise ValueError("mask_normalize='unmasked' divides by a random count of groups: not one group's mean")
     knobs = dict(G=config.G, is_cap=config.is_cap, is_floor=config.is_floor, eps_std=config.eps_std,
                  unbiased_std=config.unbiased_std, eps_placement=config.eps_placement, loss_type=loss_type)
     knobs.update(overrides)
+    trl = {**knobs, "is_cap": TRL_DEFAULT["is_cap"], "is_floor": TRL_DEFAULT["is_floor"], "label": TRL_DEFAULT_NAME}
     return {lag: [bias_of(cond_k, cond_alpha, rewards, space, c, level, **knobs) for c, level in corrections]
+            + [bias_of(cond_k, cond_alpha, rewards, space, TRL_DEFAULT["is_correction"], TRL_DEFAULT["level"], **trl)]
             for lag, cond_k in enumerate(tables)}
 
 
 STYLES = {"ratio": ("#1f77b4", "circle"), "truncated": ("#ff7f0e", "square"), "mask": ("#2ca02c", "diamond"),
-          "icepop": ("#9467bd", "triangle-up"), "none": ("#7f7f7f", "x")}
-"""Colour and marker per correction; the level is the line's dash (token solid, sequence dashed)."""
+          "icepop": ("#9467bd", "triangle-up"), "none": ("#7f7f7f", "x"), TRL_DEFAULT_NAME: ("#d62728", "star")}
+"""Colour and marker per correction (a labelled row by its name); the level is the line's dash (token solid,
+sequence dashed)."""
 
 
 def bias_figure(sweep: dict[int, list[CorrectionBias]], lag: int | None = None) -> Any:
@@ -239,7 +256,7 @@ def bias_figure(sweep: dict[int, list[CorrectionBias]], lag: int | None = None) 
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
         "relative error ‖m − κ∇J‖/‖κ∇J‖", "1 − cosine(m, ∇J), lags ≥ 1"))
     for j, first in enumerate(sweep[lags[0]]):
-        color, symbol = STYLES[first.is_correction]
+        color, symbol = STYLES.get(first.name, STYLES[first.is_correction])
         points = [sweep[k][j] for k in lags]
         for col, ys, ks in ((1, [p.rel_error for p in points], lags),
                             (2, [1 - p.cosine for p in points[1:]], lags[1:])):

@@ -17,11 +17,15 @@ A GRPOConfig field with no TRL field of its own is listed in :data:`NOT_ONE_TO_O
 :func:`~.launch.trl_args` derives its TRL values explicitly. ``tests/test_knobs.py`` fails on a field in
 neither.
 
-:data:`TRL_IS_MODES` maps each value of ``is_correction`` to stock TRL's own importance-sampling arguments
-(:func:`trl_is_arguments`): the weight TRL puts on π_old/α_vLLM is the kit's c of π_k/α, so a stock
-``trl.GRPOTrainer`` with those arguments computes the kit's loss wherever π_old = π_k
-(``tests/test_trl_is_weight.py`` drives it). The adapter itself keeps TRL's correction off and applies c to
-r′ = π_k/α, which carries the lag.
+:data:`TRL_IS_MODES` maps each value of ``is_correction`` to stock TRL's own importance-sampling arguments, and
+:func:`trl_correction_arguments` gives them with the KL's (``beta``, ``use_bias_correction_kl``): the weight TRL puts
+on π_old/α_vLLM is the kit's c of π_k/α, so a stock ``trl.GRPOTrainer`` with those arguments computes the kit's loss
+wherever π_old = π_k (``tests/test_trl_is_weight.py`` drives it, at β = 0 and β > 0). At β > 0 with the KL weighted
+that holds only where both weights are π_θ/π_k per token: TRL's ``use_bias_correction_kl`` weight is π_θ/π_old, per
+token at ``importance_sampling_level="token"`` and one sequence ratio at ``"sequence"``; the kit's is π_θ/base per
+token, base = α under ``ratio``. So :func:`trl_correction_arguments` refuses ``ratio`` and ``level="sequence"`` with
+the KL weighted at β > 0. The adapter itself keeps TRL's correction off and applies c to r′ = π_k/α, which carries
+the lag, and its KL weight is the kit's.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import GRPOConfig
+from ..objective import correction_level
 
 TRL_OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd"}
 """GRPOConfig ``optimizer`` → TRL ``optim``."""
@@ -84,6 +89,7 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("is_correction", "is_correction"),
     KnobSpec("is_cap", "is_cap"),
     KnobSpec("is_floor", "is_floor"),
+    KnobSpec("is_level", "is_level"),
     KnobSpec("lr", "learning_rate"),
     KnobSpec("optimizer", "optim", TRL_OPTIMIZERS.__getitem__),
     KnobSpec("weight_decay", "weight_decay"),
@@ -113,9 +119,10 @@ _BY_LAB = {knob.lab_name: knob for knob in KNOBS}
 @dataclass(frozen=True)
 class ISModeSpec:
     """``is_correction`` = ``value`` is stock TRL's vLLM importance sampling with
-    ``vllm_importance_sampling_mode`` = ``f"{level}_{constraint}"`` (``level`` the kit's ``level``, also TRL's
-    ``importance_sampling_level``) and the bounds ``clip_min`` / ``clip_max`` of the config; ``constraint``
-    None means TRL's correction off. ``levels`` / ``bands``: where TRL has an equal (else no row applies)."""
+    ``vllm_importance_sampling_mode`` = ``f"{is_level}_{constraint}"`` (the level of the weight c, the kit's
+    ``is_level``; TRL's ``importance_sampling_level`` is the kit's ``level``, the clipped ratio's) and the bounds
+    ``clip_min`` / ``clip_max`` of the config; ``constraint`` None means TRL's correction off. ``levels`` / ``bands``:
+    where TRL has an equal (else no row applies)."""
 
     value: str
     constraint: str | None
@@ -142,7 +149,7 @@ TRL_IS_MODES: tuple[ISModeSpec, ...] = (
     ISModeSpec("none", None, _no_bound, _no_bound),                                       # c = 1 against π_k
 )
 """One row per value of ``GRPOConfig.is_correction`` (ρ = π_k/α per token, or Π_t per sequence at
-``level="sequence"``, TRL's sum of log-ratios):
+``is_level="sequence"``, TRL's sum of log-ratios):
 
 ============= ==================================== ===================== ===================
 is_correction ``vllm_importance_sampling_mode``     ``…_clip_min``         ``…_clip_max``
@@ -155,25 +162,42 @@ is_correction ``vllm_importance_sampling_mode``     ``…_clip_min``         ``�
 ============= ==================================== ===================== ===================
 
 TRL 1.16's own default is ``sequence_mask`` with clip_max 3 and clip_min None (its docstring still calls
-``token_truncate`` the default; the field's default is ``sequence_mask``): the weight of ``icepop`` at
-``level="sequence"``, C = 3, ``is_floor=None``. TRL pairs it with ``importance_sampling_level="token"``, the
-kit's level with GSPO's sequence ratio: the first pass's gradient is the same, the clip of later passes is
-not."""
+``token_truncate`` the default; the field's default is ``sequence_mask``) at ``importance_sampling_level="token"``:
+the kit's ``icepop`` with ``level="token"``, ``is_level="sequence"``, C = 3 and ``is_floor=None``, at every pass
+(``tests/test_trl_is_weight.py``)."""
 
 
-def trl_is_arguments(config: GRPOConfig) -> dict[str, Any]:
-    """The stock ``trl.GRPOConfig`` arguments under which TRL's loss is the kit's for ``config``'s
-    ``is_correction``, ``is_cap``, ``is_floor`` and ``level`` (:data:`TRL_IS_MODES`). Raises a ValueError naming
-    the value where TRL has no equal (``ratio`` at level sequence, or with the additive band)."""
+def trl_correction_arguments(config: GRPOConfig) -> dict[str, Any]:
+    """The stock ``trl.GRPOConfig`` arguments under which TRL's correction and KL term are the kit's for
+    ``config``'s ``is_correction``, ``is_cap``, ``is_floor``, ``level``, ``is_level`` (:data:`TRL_IS_MODES`),
+    ``beta`` and KL weight, wherever π_old = π_k. Raises a ValueError naming the value where TRL has no equal:
+    ``ratio`` at level sequence or with the additive band; and at β > 0 a KL estimator other than k3 (TRL computes
+    k3 only), the detached ``kl_importance_weighted`` (no TRL field), or ``kl_weight_differentiable`` under
+    ``ratio`` (TRL weights the KL by π_θ/π_old, the kit by π_θ/α) or at ``level="sequence"`` (TRL weights it by
+    the sequence's exp(mean_t log π_θ/π_old), the kit per token)."""
     (row,) = (row for row in TRL_IS_MODES if row.value == config.is_correction)
+    is_level = correction_level(config.is_correction, config.level, config.is_level)
     if config.level not in row.levels or config.band not in row.bands:
         raise ValueError(f"is_correction = {config.is_correction!r} with level = {config.level!r} and band = "
                          f"{config.band!r} has no TRL equal: TRL offers it at level {row.levels} with band "
                          f"{row.bands}")
+    if config.beta > 0:
+        if config.kl_kind != "k3":
+            raise ValueError(f"kl_kind = {config.kl_kind!r} at beta = {config.beta} has no TRL equal: TRL computes k3")
+        if config.kl_importance_weighted and not config.kl_weight_differentiable:
+            raise ValueError(f"kl_importance_weighted = True at beta = {config.beta} has no TRL equal: TRL's KL "
+                             "weight (use_bias_correction_kl) keeps its gradient (kl_weight_differentiable)")
+        if config.kl_weight_differentiable and (config.is_correction == "ratio" or config.level == "sequence"):
+            raise ValueError(
+                f"kl_weight_differentiable = True at beta = {config.beta} with is_correction = "
+                f"{config.is_correction!r} and level = {config.level!r} has no TRL equal: TRL's use_bias_correction_kl "
+                "weights the KL by π_θ/π_old, per token only at importance_sampling_level='token', and the kit by "
+                "π_θ/base per token (base = α under 'ratio')")
     arguments: dict[str, Any] = {"importance_sampling_level": config.level,
-                                 "vllm_importance_sampling_correction": row.constraint is not None}
+                                 "vllm_importance_sampling_correction": row.constraint is not None,
+                                 "beta": config.beta, "use_bias_correction_kl": config.kl_weight_differentiable}
     if row.constraint is not None:
-        arguments |= {"vllm_importance_sampling_mode": f"{config.level}_{row.constraint}",
+        arguments |= {"vllm_importance_sampling_mode": f"{is_level}_{row.constraint}",
                       "vllm_importance_sampling_clip_min": row.clip_min(config),
                       "vllm_importance_sampling_clip_max": row.clip_max(config)}
     return arguments

@@ -12,8 +12,9 @@ TRL side                           the kit's
 ``clip_band``                      additive (paper) or multiplicative (TRL) band around r′ = π_k/α
 ``zero_variance_mask``             groups whose G rewards agree leave the loss
 ``is_correction``, ``is_cap``,     the correction on r′ (:data:`grpo_lab.scale.knobs.TRL_IS_MODES` maps each value
-``is_floor``                       to TRL's ``vllm_importance_sampling_*``, which stays off here)
-``use_bias_correction_kl``         ``kl_weight_differentiable``: the reverse-KL gradient of k3
+``is_floor``, ``is_level``         to TRL's ``vllm_importance_sampling_*``, which stays off here)
+``use_bias_correction_kl``         ``kl_weight_differentiable``: the reverse-KL gradient of k3, weighted by π_θ/base
+                                   (π_θ/α under ``ratio``; stock TRL's weight is π_θ/π_old)
 ``sync_audit``                     fingerprints of every tensor α serves, then a few tokens scored twice
 ================================== =====================================================================
 
@@ -88,6 +89,7 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
     is_correction: str = lab_field("is_correction")
     is_cap: float = lab_field("is_cap")
     is_floor: float | None = lab_field("is_floor")
+    is_level: str | None = lab_field("is_level")
     sync_audit: bool = lab_field("sync_audit")
     ref_model_mixup_alpha: float = field(default=1.0, metadata={"help": "1 = hard reset π_ref ← π_θ."})
     disable_dropout: bool = field(default=True, metadata={"help": "log π and log α from the same deterministic net."})
@@ -538,7 +540,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
         gathered = [acc.gather(acc.pad_across_processes(x.detach().contiguous(), dim=1))
                     for x in (logp_k, logp_alpha, sampled.to(torch.int32))]
         diagnostics = ratio_diagnostics(*gathered[:2], gathered[2].bool(), self._objective.is_correction,
-                                        self._objective.is_cap, self._objective.is_floor, self._objective.level)
+                                        self._objective.is_cap, self._objective.is_floor, self._objective.is_level)
         for name in RATIO_DIAGNOSTICS:
             self._metrics[mode][f"off_policy/{name}"].append(diagnostics[name])
 

@@ -5,8 +5,9 @@ the drift picture (what a lag costs in J_auc against how far the policy moved wh
 The drift picture has one point per arm (mean over its seeds, 95 % t intervals both ways) and a faint point per
 seed: x is the unit's mean |log r′| per token over its trained steps (the drift across the lag window), y its J_auc
 minus ``v1``'s at the same seed and lr. Colour is the correction, the marker the study (the 5-seed frontier at lr
-1e-5, this study's confirmatory arms at 1e-5, its second regime at 3e-6). The claim it lets a learner see: the
-cost of lag follows the drift, not v alone.
+1e-5, this study's confirmatory arms at 1e-5, its second regime at 3e-6). What it lets a learner see: the cost of a
+lag is consistent with the drift; the drift is an outcome that moves with the lr and with v, so the figure does not
+separate it from them.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def drift_cost_figure(points: list[dict[str, Any]]) -> go.Figure:
     fig.update_xaxes(title_text="drift over the lag window: mean |log r′| per token", type="log")
     fig.update_yaxes(title_text="J_auc − v1's (same seed, same lr)")
     markers = ", ".join(f"{m}: {s}" for s, m in STUDY_MARKERS.items())
-    fig.update_layout(title=f"What a lag costs follows the drift<br><sup>markers: {markers}</sup>",
+    fig.update_layout(title=f"What a lag costs, against the drift over its window<br><sup>markers: {markers}</sup>",
                       height=HEIGHT, legend_title="correction")
     return fig
 

@@ -9,7 +9,9 @@ with each arm's count of seeds) and ``per_update_plan`` (:func:`per_update_plan`
 the spreads the units show); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
 :func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
-``missing``, the design's units without a file, and ``missing_seconds``, its benchmark groups without one; and
+``time_ratios_reached`` (the same over the seeds that reached the target only, each arm's censored seeds left out:
+beside a bound that one stalled seed dominates, the ratio among those that got there); ``missing``, the design's
+units without a file, and ``missing_seconds``, its benchmark groups without one; and
 ``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; an amendment's run that
 ``replaces`` one of the design's (amendment 5) is read in its place, in ``seconds``; an amendment's sides'
 micro-batches are checked where it fixes one (:func:`check_amended`); and ``issue38_check``
@@ -78,6 +80,20 @@ def seconds_drawn(group: Mapping[str, tuple[Sequence[float], Sequence[float]]], 
     return at, drawn
 
 
+def halves(group: Mapping[str, tuple[Sequence[float], Sequence[float]]], share: float
+           ) -> tuple[dict[str, float], dict[str, float]]:
+    """Each side's seconds per optimiser step at ``share`` over the first ⌊n/2⌋ rounds of a group and over the rest:
+    the intervals resample rounds within one run, so a drift along the run (a side's step growing slower round by
+    round) shows here, not in them."""
+    n = len(next(iter(group.values()))[0])
+    if n < 2:
+        raise ValueError(f"halves of a run need at least 2 rounds, got {n}")
+    first, second = ({name: float(passage.seconds_per_step(np.mean(np.asarray(s)[part]), np.mean(np.asarray(e)[part]),
+                                                           share))
+                      for name, (s, e) in group.items()} for part in (slice(0, n // 2), slice(n // 2, n)))
+    return first, second
+
+
 def ratio_entry(value: float, draws: np.ndarray, level: float = std.LEVEL) -> dict[str, Any]:
     """A ratio and its percentile bootstrap interval."""
     low, high = passage.percentile_interval(draws, level)
@@ -93,24 +109,30 @@ def decomposition(groups: Sequence[Mapping[str, tuple[Sequence[float], Sequence[
     sides are there: the product of :data:`~.design.FACTORS`' ratios, ``interaction`` (``trl_like``'s ratio over
     that product: 1 where the factors multiply) and ``unexplained`` (``trl`` over ``trl_like``, run together: what
     the three leave). Intervals from one bootstrap: a group's rounds resampled jointly for its sides, the groups
-    independently (they are separate runs)."""
+    independently (they are separate runs): each interval is within one run. ``halves``: each side's ratio and
+    ``unexplained`` over the first and the second half of its group's rounds (:func:`halves`), point values."""
     std.check_groups([list(g) for g in groups])
     rng = np.random.default_rng(seed)
     point: dict[str, float] = {}
     boot: dict[str, np.ndarray] = {}
     per_group: list[dict[str, float]] = []
+    split: dict[str, list[float]] = {}
     for group in groups:
         at, drawn = seconds_drawn(group, share, resamples, rng)
         per_group.append(at)
+        parts = halves(group, share)
         for name in group:
             if name != V1:
                 point[name], boot[name] = at[name] / at[V1], drawn[name] / drawn[V1]
+                split[name] = [part[name] / part[V1] for part in parts]
         if {"trl", "trl_like"} <= set(group):
             point["unexplained"], boot["unexplained"] = at["trl"] / at["trl_like"], drawn["trl"] / drawn["trl_like"]
+            split["unexplained"] = [part["trl"] / part["trl_like"] for part in parts]
 
     out: dict[str, Any] = {"share": share, "seconds_per_step": per_group,
                            "to_v1": {name: ratio_entry(point[name], boot[name], level) for name in point
-                                     if name != "unexplained"}}
+                                     if name != "unexplained"},
+                           "halves": split}
     if set(std.FACTORS) <= set(point):
         product = math.prod(point[f] for f in std.FACTORS)
         product_draws = np.prod([boot[f] for f in std.FACTORS], axis=0)
@@ -164,14 +186,19 @@ def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], reci
                     resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
                     level: float = std.LEVEL) -> dict[str, Any]:
     """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c and c∅, and
-    :func:`amendment_ratios` at a step that trains and at e₀, each with a 95 % bootstrap interval. A file run under
-    another version of the amendment is refused."""
+    :func:`amendment_ratios` at a step that trains and at e₀, each with a 95 % bootstrap interval over the file's
+    rounds, and ``halves``: each of the amendment's own ratios over the first and the second half of the rounds
+    (:func:`halves`). A file run under another version of the amendment is refused."""
     check_amended(bench, amendment)
     keys = ("pairs", "git_commit", "tree_dirty", "cpu_model", "cpu_vector", "torch", "transformers", "trl",
             "torch_threads", "load_start", "load_end", "wall_seconds")
+    shares = (0.0, amendment["empty_share"])
     ratios = {f"{share:g}": amendment_ratios(bench, amendment, share, resamples, np.random.default_rng(seed), recipe)
-              for share in (0.0, amendment["empty_share"])}
+              for share in shares}
+    parts = {f"{share:g}": halves(round_seconds(bench), share) for share in shares}
     return {"task": bench["task"], "tokens": bench["tokens"], **{k: bench.get(k) for k in keys},
+            "halves": {share: {name: [part[a] / part[b] for part in split]
+                               for name, (a, b) in amendment["ratios"].items()} for share, split in parts.items()},
             "sides": {name: {"c": float(np.mean(c)), "c_empty": float(np.mean(e)),
                              "scoring": bench["sides"][name].get("scoring")}
                       for name, (c, e) in round_seconds(bench).items()},
@@ -347,7 +374,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
                      for arm, targets in passages.items()},
         "batch_capped": [f"{u['arm']}_s{u['seed']}" for u in units if u["stopped_by"] == "batch_cap"],
         "per_update": None, "per_update_plan": None, "seconds": {},
-        "time_ratios": {},
+        "time_ratios": {}, "time_ratios_reached": {},
         "missing": [f"{a}_s{s}" for a, s in design["order"] if not any(
             u["arm"] == a and u["seed"] == s for u in units)]}
     loop, trl = design["arms"]
@@ -366,10 +393,14 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     recipe_bench = next((b for b in benches if b["task"] == design["task"] and {V1, "trl"} <= set(b["sides"])), None)
     recipe = round_seconds(recipe_bench) if recipe_bench is not None else {}
     if recipe and all(passages[arm][next(iter(levels))] for arm in (loop, trl)):
+        boot = (design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"],
+                design["time_ratio"]["level"])
         summary["time_ratios"] = {name: passage.product_time_ratio(
-            passages[loop][name], passages[trl][name], recipe[V1], recipe["trl"],
-            design["time_ratio"]["resamples"], design["time_ratio"]["bootstrap_seed"], design["time_ratio"]["level"])
-            for name in levels}
+            passages[loop][name], passages[trl][name], recipe[V1], recipe["trl"], *boot) for name in levels}
+        reached = {arm: {name: [p for p in passages[arm][name] if p.reached] for name in levels} for arm in (loop, trl)}
+        summary["time_ratios_reached"] = {name: passage.product_time_ratio(
+            reached[loop][name], reached[trl][name], recipe[V1], recipe["trl"], *boot)
+            for name in levels if reached[loop][name] and reached[trl][name]}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
     summary["issue38_check"] = (
         issue38_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
@@ -411,12 +442,19 @@ BOUND_MARK = {"exact": "", "upper": "≤ ", "lower": "≥ ", "neither": "~ "}
 def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     """What ``run.py --summary`` prints: the time ratios, the per-update verdicts, the decomposition at e₀."""
     lines = []
-    for name, r in summary["time_ratios"].items():
-        said = r["note"] if r["ratio"] is None else (
+
+    def said(r: Mapping[str, Any]) -> str:
+        return r["note"] if r["ratio"] is None else (
             f"{BOUND_MARK[r['bound']]}{r['ratio']:.2f}" + (f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
                                                             if r["ci_low"] is not None else f" ({r['note']})"))
-        lines.append(f"time to {name}, loop / TRL: {said}; steps {r['steps_ratio']:.2f}, seconds a step "
+
+    for name, r in summary["time_ratios"].items():
+        lines.append(f"time to {name}, loop / TRL: {said(r)}; steps {r['steps_ratio']:.2f}, seconds a step "
                      f"{r['seconds_ratio']:.2f}")
+        if name in summary.get("time_ratios_reached", {}):
+            only = summary["time_ratios_reached"][name]
+            lines.append(f"  among the seeds that reached it ({only['seeds']} of the loop's {r['seeds']}, "
+                         f"{only['reference_seeds']} of TRL's {r['reference_seeds']}): {said(only)}")
     for n, entry in (summary["per_update"] or {}).items():
         seeds = "".join(f", {count} {arm} seeds" for arm, count in entry.get("seeds", {}).items())
         lines.append(f"per update at {n} steps: TRL − loop {entry['estimate']:+.3f} [{entry['ci95'][0]:+.3f}, "
@@ -433,12 +471,16 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     for run, entry in summary["seconds"].items():
         at = entry["at_share"][f"{std.EMPTY_SHARE:g}"]
         for side, r in {**at["to_v1"], **{k: at[k] for k in ("unexplained",) if k in at}}.items():
+            first, second = at["halves"][side]
             lines.append(f"{run}: {side} / {V1 if side != 'unexplained' else 'trl / trl_like'} a step: "
-                         f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+                         f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] within one run; its halves "
+                         f"{first:.2f}, {second:.2f}")
     for number, entry in summary.get("amendments", {}).items():
+        split = entry["halves"][f"{std.EMPTY_SHARE:g}"]
         for name, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].items():
             lines.append(f"amendment {number}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
-                         f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+                         f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+                         + (f"; its halves {split[name][0]:.2f}, {split[name][1]:.2f}" if name in split else ""))
     for name, check in (summary.get("issue38_check") or {}).items():
         lines.append(f"issue 38's wall clock, {name}: the loop's mean {check['loop_seconds']['issue38']:.0f} s there, "
                      f"{check['loop_seconds']['product']:.0f} s by the product")
