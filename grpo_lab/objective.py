@@ -262,7 +262,7 @@ def ratio_diagnostics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, sampled_ma
     sequences = sequence_log_ratio(logp_k, logp_alpha, sampled)[:, 0][sampled.any(dim=1)]
     dropped = torch.isneginf(applied) if is_correction in IS_MASKS else torch.zeros_like(applied, dtype=torch.bool)
     kept = applied[~dropped]
-    levels = torch.tensor([0.5, 0.99], dtype=torch.float64)
+    levels = torch.tensor([0.5, 0.99], dtype=torch.float64, device=tokens.device)
     rho = (log_ratio if sequence is None else sequence.expand_as(log_ratio))[sampled]
     capped = (rho > math.log(is_cap)).to(torch.float64).mean() if weight is not None else tokens.new_zeros(())
     kept_stats = ([kept.min(), *torch.quantile(kept, levels), kept.max()] if kept.numel()

@@ -48,6 +48,17 @@ AUDIT_TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32
 the probe's log-probs below which π_θ counts as unmoved, above a forward's run-to-run noise in that dtype (a GPU's
 reductions may differ between two forwards of equal weights, by up to a rounding of the logits in 16-bit)."""
 
+LAG0_MISMATCH: dict[torch.dtype, float] = {torch.float32: 1e-3, torch.bfloat16: 0.25}
+"""The mean |log π_k − log α| per token (``StepRecord.log_ratio_k_abs``) a step at lag 0 stays under with an
+untruncated in-process sampler, by the dtype π_θ's forward computes in (α decodes under the same autocast). After a
+proved sync α holds π_θ's weights, so this gap is the kernels' rounding (a cached one-token decode against one
+packed forward), not a lag: r′ = π_k/α is 1 only up to it. Measured on SmolLM2-135M, six steps at v = 1 on a CPU
+(experiments/lag0_compute_dtype.py; results/offpolicy_split/lag0_dtype.json): float32 at most 6.7e-6 a token (r′ ≤
+1.00003); bfloat16 0.021 to 0.064 (r′ up to 1.40). The bounds leave room for a GPU's kernels, which round otherwise:
+float32's over a hundred times its figure, bfloat16's about four times. Only these two dtypes were measured. In
+bfloat16 the rounding is as large as one training step's drift (0.08 a token at lag 1 in the CPU frontier study), so
+this bound cannot tell a stale α from a synced one: the weights' proof (:mod:`grpo_lab.fingerprint`) does."""
+
 PROBE_TOKENS = 8
 """Completion tokens of the probe: the first this many of the batch, row by row (all of them if fewer). One
 forward of π_θ and one of the sampler (on vLLM, one one-token request per probe token) per sync."""

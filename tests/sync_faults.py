@@ -46,8 +46,8 @@ def pushed(named: Iterable[tuple[str, torch.Tensor]], fault: str) -> list[tuple[
 
 
 def nudge(model: torch.nn.Module, scale: float = 0.01, seed: int = 1) -> None:
-    """Move every parameter by seeded noise relative to its mean size (π_θ ≠ α until the next sync)."""
+    """Move every parameter by seeded noise relative to its mean size (π_θ ≠ α until the next sync), on its device."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(scale * p.abs().mean() * torch.randn(p.shape, generator=g).to(p.dtype))
+            p.add_(scale * p.abs().mean() * torch.randn(p.shape, generator=g).to(p))

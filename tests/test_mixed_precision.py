@@ -10,14 +10,17 @@ import dataclasses
 import pytest
 import torch
 from reliability_runs import make_loop, problems, rows_of, same_tensors, tensors_of, tiny_model, tokenizer, train_config
+from tiny_lm import EvenTokenTask, word_tokenizer
+from tiny_lm import tiny_model as sharp_model
 
+from grpo_lab import GRPOConfig, GRPOLoop
 from grpo_lab.lm.build import build_loop
 from grpo_lab.lm.memory import ModelShape, estimate_memory
 from grpo_lab.lm.policy import LMPolicy
 from grpo_lab.lm.sampling import HFSampler
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics, train
-from grpo_lab.sync_audit import AUDIT_TOLERANCE
+from grpo_lab.sync_audit import AUDIT_TOLERANCE, LAG0_MISMATCH
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -123,3 +126,19 @@ def test_a_mixed_precision_run_resumes_bit_for_bit(tmp_path):
     assert resumed.k == full.k == config.steps
     assert rows_of(load_metrics(part.output_dir)) == rows_of(load_metrics(config.output_dir))
     assert same_tensors(tensors_of(resumed), tensors_of(full))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_right_after_a_sync_r_prime_is_one_up_to_the_dtypes_rounding(dtype):
+    """Notebook 02's checks on the steps at lag 0 (v = 1: every step) of a run with α in process: every sync proved
+    and the mean |log r′| a token under LAG0_MISMATCH of the compute dtype. In bfloat16 α decodes under π_θ's
+    autocast from the same weights, yet rounds otherwise (a sharp tiny Llama: r′ up to ~1.06), so r′ = 1 to 1e-3,
+    the check float32 meets, fails there."""
+    config = GRPOConfig(G=4, prompts_per_step=2, max_completion_length=8, lr=1e-2, steps=3, seed=0, v=1)
+    policy = LMPolicy(sharp_model(), config.temperature, compute_dtype=dtype)
+    loop = GRPOLoop(policy, HFSampler(policy, word_tokenizer(), 8), EvenTokenTask(), config)
+    records = [r for r in loop.run() if not r.skipped]
+    assert records and all(r.lag == 0 and r.weights_audit == "proved" for r in records)
+    assert all(r.log_ratio_k_abs < LAG0_MISMATCH[dtype] for r in records)
+    float32_check = all(abs(r.ratio_k_max - 1) < 1e-3 for r in records)
+    assert float32_check == (dtype == torch.float32), [r.ratio_k_max for r in records]

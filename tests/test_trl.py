@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -355,6 +356,28 @@ def test_a_bfloat16_recipe_on_the_trl_route_trains_float32_weights(model_dir, tm
     trainer = OffPolicyGRPOTrainer(model=str(saved), reward_funcs=alternating_reward, args=args,
                                    train_dataset=Dataset.from_dict({"prompt": list(two.TRAIN_PROMPTS)}))
     assert args.bf16 and {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("recipe_dtype, engine_dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16),
+                                                         ("float32", torch.float32)])
+def test_the_colocated_engine_computes_in_the_recipes_dtype(monkeypatch, recipe_dtype, engine_dtype):
+    """The 7B colocate recipe (bfloat16, vLLM in the trainer's processes) builds its engine in bfloat16, the dtype
+    its trainer's forwards compute in, not in the float32 of the weights TRL loads; a float16 or float32 recipe
+    alike. The engine is TRL's module-level ``LLM``, replaced here: nothing is started."""
+    import trl.generation.vllm_generation as generation
+
+    from grpo_lab.lm.recipes import load_launch_recipe
+    from grpo_lab.scale.trl import _engine_arguments
+
+    launch_recipe = load_launch_recipe(CONFIG_DIR / "qwen7b_orz_colocate_v10.yaml", [f"dtype={recipe_dtype}"])
+    args = trl_args(launch_recipe.config, {**launch_recipe.trl, "use_cpu": True}, num_processes=8)  # bf16: GPU or CPU
+    assert (args.use_vllm, args.vllm_mode) == (True, "colocate")
+    built = []
+    monkeypatch.setattr(generation, "LLM", lambda *args, **kwargs: built.append(kwargs), raising=False)
+    trainer = types.SimpleNamespace(args=args, model=types.SimpleNamespace(dtype=torch.float32))  # as TRL loads it
+    with _engine_arguments(trainer, enforce_eager=False):
+        generation.LLM(model=launch_recipe.config.model)
+    assert built == [{"model": "Qwen/Qwen2.5-7B", "dtype": engine_dtype}]
 
 
 def _free_port():

@@ -155,7 +155,8 @@ def test_vllm_engine_is_built_by_the_module_name_without_dtype_or_enforce_eager(
 
     built = []
     monkeypatch.setattr(generation, "LLM", lambda *args, **kwargs: built.append(kwargs), raising=False)
-    trainer = types.SimpleNamespace(model=types.SimpleNamespace(dtype=torch.float64))
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(bf16=False, fp16=False),
+                                    model=types.SimpleNamespace(dtype=torch.float64))
     stand_in = generation.LLM
     with adapter._engine_arguments(trainer, enforce_eager=True):
         generation.LLM(model="m", seed=0)

@@ -120,15 +120,24 @@ class OffPolicyGRPOConfig(trl.GRPOConfig):
                              "and repetition_penalty 1 (vLLM's processed log-probs include them)")
 
 
+def compute_dtype(args: trl.GRPOConfig, weights: torch.dtype) -> torch.dtype:
+    """The dtype the trainer's forwards compute in: bfloat16 or float16 under the recipe's mixed precision
+    (``args.bf16`` / ``args.fp16``: autocast over the float32 weights TRL loads), else the weights' ``weights``.
+    The colocated engine runs in it (:func:`_engine_arguments`) and the sync audit's τ is its."""
+    return torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else weights
+
+
 @contextlib.contextmanager
 def _engine_arguments(trainer: trl.GRPOTrainer, enforce_eager: bool) -> Iterator[None]:
     """TRL builds the colocated ``vllm.LLM`` itself, with no ``dtype`` and no ``enforce_eager``: add them to
     that one construction by patching the module's ``LLM`` (see :mod:`grpo_lab.scale.trl_surface`; a no-op
     without vLLM).
 
-    ``dtype`` = the policy's: left to itself vLLM runs a float32 checkpoint in bfloat16 (float16 on GPUs), so
-    log α would come from another precision than log π_θ (the gap at lag 0 is in docs/benchmarks.md, vLLM
-    section). ``trainer.model`` exists by the time TRL builds the engine.
+    ``dtype`` = the policy's compute dtype (:func:`compute_dtype`): bfloat16 under a bfloat16 recipe, as the
+    trainer's forwards, whatever the float32 weights TRL loads; the weights' dtype without mixed precision,
+    where left to itself vLLM would run a float32 checkpoint in bfloat16 (float16 on GPUs), so log α would come
+    from another precision than log π_θ (the gap at lag 0 is in docs/benchmarks.md, vLLM section).
+    ``trainer.args`` and ``trainer.model`` exist by the time TRL builds the engine.
     """
     import trl.generation.vllm_generation as generation
 
@@ -138,7 +147,7 @@ def _engine_arguments(trainer: trl.GRPOTrainer, enforce_eager: bool) -> Iterator
     original = generation.LLM
 
     def build(*args: Any, **engine_args: Any) -> Any:
-        engine_args.setdefault("dtype", trainer.model.dtype)
+        engine_args.setdefault("dtype", compute_dtype(trainer.args, trainer.model.dtype))
         if enforce_eager:
             engine_args.setdefault("enforce_eager", True)
         return original(*args, **engine_args)
@@ -247,9 +256,7 @@ class OffPolicyGRPOTrainer(trl.GRPOTrainer):
             warnings.warn("sync_audit: a vLLM server, or an engine in sleep mode, cannot score the audit's probe "
                           "between generations; this run's syncs are not checked", stacklevel=3)
             return None
-        dtype = (torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16
-                 else self.accelerator.unwrap_model(self.model).dtype)
-        return SyncAudit.for_dtype(dtype)
+        return SyncAudit.for_dtype(compute_dtype(self.args, self.accelerator.unwrap_model(self.model).dtype))
 
     # TRL pushes π_θ to vLLM wherever ``global_step != _last_loaded_step`` (the only guard of its
     # pushes; tests/test_trl.py checks TRL still works this way): reading global_step back disarms it.
