@@ -366,6 +366,7 @@ class VLLMSampler:
             raise ValueError(f"policy.model's parameters do not match the sampler's: {mismatch}")
         torch._foreach_copy_(self._alpha, sources)
         load_weights_into_vllm(self.llm, list(zip(self._names, self._alpha, strict=True)))
+        return self._bytes
 
     def close(self) -> None:
         """Shut the engine down and free what the sampler holds on its device: the engine's weights and KV cache,
@@ -377,7 +378,6 @@ class VLLMSampler:
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm, self._scorer, self._alpha
         cleanup_dist_env_and_memory()
-        return self._bytes
 
     @torch.no_grad()
     def prove_sync(self, policy: LMPolicy, step: int) -> None:
