@@ -11,7 +11,8 @@ in a process of its own as in a run. The JSON's ``checks`` hold, by part and rou
 - ``log_alpha``: max and mean |log α − log π| per token, log α from the sampler and log π from the trainer's forward
   of the same weights, within the compute dtype's :data:`LOGP_TOLERANCE`;
 - ``memory`` (the loop's routes): the memory plan keeps the recipe's micro-batch, and the bytes the run added at
-  its peak (``torch.cuda.max_memory_allocated`` on a GPU, peak RSS on a CPU) stay within the plan.
+  its peak (``torch.cuda.max_memory_allocated`` on a GPU, peak RSS on a CPU) stay within the plan ``build_loop``
+  made (:func:`memory_check`: its device, and α where it samples: vLLM's share of a GPU, a CPU engine's terms).
 
 Nothing is downloaded: the model is built from its config; the tokenizer is byte-level, with Qwen2.5's ChatML
 specials at its ids and a token for every other id (whatever a random model samples decodes); each prompt is a sum
@@ -159,15 +160,22 @@ class PeakMemory:
 
 
 def memory_check(loop: Any, config: TrainConfig, added: int) -> dict[str, Any]:
-    """The memory plan at the loop's micro-batch (the one call to ``lm/memory.py``'s plan) against the bytes the
-    run added; π_θ's weights, loaded while measured, count on both sides."""
-    from grpo_lab.lm.memory import ModelShape, estimate_memory
+    """The memory plan ``build_loop`` made, at the loop's micro-batch: on the loop's device, with α where the loop
+    samples it (:func:`~grpo_lab.lm.build.sampler_layout`: in torch, in vLLM's share of the GPU, or in a CPU
+    engine), against the bytes the run added. π_θ's weights, loaded while measured, count on both sides, and so does
+    a GPU engine's share: its weights and KV cache are allocated through torch."""
+    from grpo_lab.lm.build import sampler_layout
+    from grpo_lab.lm.memory import Device, ModelShape, estimate_memory
 
-    shape = ModelShape.of(loop.policy.model, loop.policy.compute_dtype)
+    policy = loop.policy
+    shape = ModelShape.of(policy.model, policy.compute_dtype)
     prompt_tokens = longest_prompt(loop.task.tokenizer, loop.task.prompt_of.values())
-    planned = shape.weights + estimate_memory(shape, config, prompt_tokens, loop.micro_batch_size).new
+    device, layout = Device.of(policy.device), sampler_layout(config, policy, prompt_tokens)
+    estimate = estimate_memory(shape, config, prompt_tokens, loop.micro_batch_size, device, layout)
+    planned = shape.weights + estimate.new + math.ceil(layout.vllm_share * device.memory)
     checks = {"recipe_micro_batch": loop.micro_batch_size == config.micro_batch_size, "within_plan": added <= planned}
     return {"passed": all(checks.values()), "checks": checks, "micro_batch_size": loop.micro_batch_size,
+            "device": device.name, "layout": str(layout), "plan": estimate.summary(),
             "planned_gib": planned / 2**30, "measured_gib": added / 2**30, "measured_over_planned": added / planned}
 
 

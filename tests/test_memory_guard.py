@@ -202,6 +202,46 @@ def test_vllm_cpu_kv_cache_is_one_block_per_sequence_plus_the_null_block():
         vllm_cpu_kv_cache_bytes(shape, 0, 79)
 
 
+def test_build_loop_plans_alpha_where_it_will_sample(monkeypatch, tmp_path):
+    """In torch by default; in vLLM's CPU engine with the KV cache the engine will allocate (the size build_loop
+    asks for, or VLLM_CPU_KVCACHE_SPACE's); on a GPU in vLLM's share of the card."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import grpo_lab.lm.memory
+    import grpo_lab.lm.sampling_vllm
+    from grpo_lab.lm.build import sampler_layout
+    from grpo_lab.lm.memory import Layout
+    from grpo_lab.lm.sampling_vllm import GPU_MEMORY_UTILIZATION, vllm_cpu_kv_cache_bytes
+
+    class Planned(Exception):
+        pass
+
+    def plan_memory(config, model, prompt_length, **kwargs):
+        raise Planned(prompt_length, kwargs["layout"])
+
+    monkeypatch.setattr(grpo_lab.lm.memory, "plan_memory", plan_memory)
+    monkeypatch.setattr(grpo_lab.lm.sampling_vllm, "import_vllm", lambda: None)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    config = train_config("lm", tmp_path, sampler="vllm")
+    model = tiny_model()
+    with pytest.raises(Planned) as planned:
+        build_loop(config, model, tokenizer(), list(problems()))
+    prompt_length, layout = planned.value.args
+    kv = vllm_cpu_kv_cache_bytes(ModelShape.of(model), 8, prompt_length + 6)
+    assert layout == Layout(vllm_cpu_kv_cache=kv) and kv > 0
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    with pytest.raises(Planned) as planned:
+        build_loop(config, model, tokenizer(), list(problems()))
+    assert planned.value.args[1] == Layout(vllm_cpu_kv_cache=3 * 2**30)
+    with pytest.raises(Planned) as planned:
+        build_loop(config.replace(sampler="hf"), model, tokenizer(), list(problems()))
+    assert planned.value.args[1] == Layout()
+    on_a_gpu = SimpleNamespace(device=torch.device("cuda"))
+    assert sampler_layout(config, on_a_gpu, 10) == Layout(vllm_share=GPU_MEMORY_UTILIZATION)
+
+
 def test_stored_import_errors_release_the_frames_they_held(monkeypatch):
     """A module that keeps an optional import's error keeps its traceback, and through it the frames that were on
     the stack at import time with their locals (vLLM's ``_torchcodec_import_exc``): dropping the traceback frees

@@ -16,6 +16,8 @@ from grpo_lab.lm.memory import (
     DEVICES,
     HEAP_RETENTION,
     TRL_LOGPROB_TILE,
+    VLLM_CPU_ENGINE_FIXED,
+    VLLM_CPU_ENGINE_W,
     Device,
     Layout,
     ModelShape,
@@ -25,8 +27,9 @@ from grpo_lab.lm.memory import (
     plan_for,
     sampler_tensor_bytes,
 )
-from grpo_lab.lm.recipes import CONFIG_DIR, load_launch_recipe
+from grpo_lab.lm.recipes import CONFIG_DIR, load_config, load_launch_recipe
 from grpo_lab.lm.train_config import TrainConfig
+from grpo_lab.scale import launch as gl
 
 
 def qwen2_shape(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int,
@@ -243,3 +246,266 @@ def test_a_layout_a_device_cannot_have_is_refused():
     with pytest.raises(ValueError, match="vllm_share = 0.3: vLLM's gpu_memory_utilization is a share of a GPU"):
         estimate_memory(SHAPE, CONFIG, 7, layout=Layout(vllm_share=0.3))
     assert Device.of("cpu").kind == "cpu"
+
+
+# ----------------------------------------------------------------------------- the commands of docs/recipes.md
+
+SHAPES = {"Qwen/Qwen2.5-0.5B-Instruct": QWEN05B, "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": R1_1P5B,
+          "Qwen/Qwen2.5-7B": QWEN7B}
+SECTION_CARDS = {"## DeepScaleR": ("80GB", "80 GB"), "## Throughput": ("80GB", "80 GB"),
+                 "## Past one node": ("80GB", "80 GB")}
+"""The card each section of docs/recipes.md writes its commands for (a key of DEVICES) and the words that name it
+there."""
+
+
+def docs_commands() -> list[tuple[str, list[str]]]:
+    """(section heading, shell words) of every indented command line of docs/recipes.md, continuations joined."""
+    import re
+    import shlex
+
+    text = (CONFIG_DIR.parents[1] / "docs" / "recipes.md").read_text()
+    commands = []
+    for section in re.split(r"\n(?=## )", text)[1:]:
+        code = "\n".join(line[4:] for line in section.splitlines() if line.startswith("    "))
+        commands += [(section.splitlines()[0], shlex.split(line))
+                     for line in re.sub(r"\\\n\s*", "", code).splitlines() if line.strip()]
+    return commands
+
+
+def planned_launch(words: list[str], card: Device) -> tuple[TrainConfig, Device, Layout]:
+    """An ``accelerate launch … -m grpo_lab.scale.launch …`` line as its run plans it: the recipe with its --set and
+    --trl, the card times the config's processes, the layout :func:`grpo_lab.scale.launch.trl_layout` takes from
+    the arguments the trainer gets (the DeepSpeed plugin as accelerate sets it from the config's ZeRO stage)."""
+    from types import SimpleNamespace
+
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import DistributedType
+
+    accelerate = launch_command_parser().parse_args(words[2:])
+    assert (accelerate.module, accelerate.training_script) == (True, "grpo_lab.scale.launch"), words
+    ours = gl.argument_parser().parse_args(accelerate.training_script_args)
+    cluster = load_config_from_file(accelerate.config_file)
+    launch_recipe = load_launch_recipe(ours.config, ours.set, ours.trl)
+    args = gl.trl_args(launch_recipe.config, {**launch_recipe.trl, "use_cpu": True}, cluster.num_processes)
+    if cluster.distributed_type == DistributedType.DEEPSPEED:   # what args carries where DeepSpeed is installed
+        args.deepspeed_plugin = SimpleNamespace(zero_stage=cluster.deepspeed_config["zero_stage"])
+    device = dataclasses.replace(card, count=cluster.num_processes)
+    return launch_recipe.config, device, gl.trl_layout(args, device)
+
+
+def trains(words: list[str]) -> bool:
+    """Whether a documented line trains a recipe; a line that is neither a training line nor one of the others
+    known here (evaluation, the vLLM server and the printing of its line, the acceptance script) fails the test."""
+    if words[:2] in (["grpo-lab", "train"], ["accelerate", "launch"]) or words[:3] == ["python", "-m",
+                                                                                       "grpo_lab.scale.repeats"]:
+        return "--print-vllm-serve" not in words
+    assert (words[:2] == ["grpo-lab", "eval"] or "vllm-serve" in words or "--print-vllm-serve" in words
+            or words[:2] == ["python", "benchmarks/gpu_acceptance.py"]), words
+    return False
+
+
+def planned_command(words: list[str], card: Device) -> tuple[TrainConfig, Device, Layout]:
+    """What a documented training line (:func:`trains`) trains, as its run plans it, on ``card``."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+
+    from grpo_lab.lm.build import sampler_layout
+    from grpo_lab.scale import repeats
+
+    if words[:2] == ["grpo-lab", "train"]:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--config")
+        parser.add_argument("--set", action="append", default=[])
+        given, _ = parser.parse_known_args(words[2:])
+        config = load_config(given.config, given.set)
+        return config, card, sampler_layout(config, SimpleNamespace(device=torch.device("cuda")), 1)
+    if words[:2] == ["accelerate", "launch"]:
+        return planned_launch(words, card)
+    given = repeats.argument_parser().parse_args(words[3:])
+    launched = repeats.repeat_command(given.config, given.v[0], 0, given.out, given.accelerate_config, given.set,
+                                      given.trl)
+    assert launched[1:3] == ["-m", "accelerate.commands.launch"], launched
+    return planned_launch(["accelerate", "launch", *launched[3:]], card)
+
+
+def test_every_training_command_of_docs_recipes_is_admitted_on_the_cards_it_names():
+    """Each section's card is named in its text; each command that trains is planned as its run plans it (the
+    launch's layout from accelerate's config and the --trl settings) at the recipe's micro-batch, on that card."""
+    planned = 0
+    for heading, words in filter(lambda command: trains(command[1]), docs_commands()):
+        cards = [card for prefix, card in SECTION_CARDS.items() if heading.startswith(prefix)]
+        assert cards, f"section {heading!r} gives a training command: name its card in SECTION_CARDS"
+        (key, named), = cards
+        assert named in docs_section(heading), (heading, named)
+        config, device, layout = planned_command(words, DEVICES[key])
+        for prompt_length in PROMPT_LENGTHS:
+            plan = plan_for(SHAPES[config.model], config, prompt_length, device, layout)
+            assert not plan.shrunk and plan.micro_batch_size == config.micro_batch_size, (words, plan)
+        planned += 1
+    assert planned == 7    # DeepScaleR, the two 7B colocate runs, their repeats, server mode, the two nodes
+
+
+def docs_section(heading: str) -> str:
+    text = (CONFIG_DIR.parents[1] / "docs" / "recipes.md").read_text()
+    start = text.index("\n" + heading + "\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_the_old_deepscaler_commands_are_refused():
+    """What docs/recipes.md gave before: one GPU (`grpo-lab train`, α in torch) and DDP over 8 GPUs."""
+    card = DEVICES["80GB"]
+    deepscaler = "grpo_lab/configs/deepscaler_r1distill_1p5b_offpolicy_v10.yaml"
+    for line in (f"grpo-lab train --config {deepscaler}",
+                 "accelerate launch --config_file grpo_lab/configs/accelerate/gpu8_ddp.yaml -m grpo_lab.scale.launch "
+                 f"--config {deepscaler} --trl use_vllm=true --trl vllm_mode=colocate "
+                 "--trl vllm_gpu_memory_utilization=0.3"):
+        config, device, layout = planned_command(line.split(), card)
+        refusal(R1_1P5B, config, 512, device, layout)
+
+
+# ----------------------------------------------------------------------------- the TRL route's guard
+
+
+class Planned(Exception):
+    """Raised by the stand-in for plan_for: the launch got as far as its plan."""
+
+
+@pytest.fixture
+def launch_until_planned(monkeypatch):
+    """``launch(trl=…, zero_stage=…, device=…)``: a launch of the SmolLM2 arithmetic recipe (8 prompts × G = 2, one
+    row a micro-batch) in a group of 8 processes on ``device`` (``80GB``: an H100 each; ``cpu``: this host), with
+    accelerate's DeepSpeed plugin at ``zero_stage`` (None: DDP), stopped at its plan: returns plan_for's arguments.
+    Nothing may load the model."""
+    from types import SimpleNamespace
+
+    import accelerate
+    import torch
+    import transformers
+
+    import grpo_lab.scale.trl
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the memory plan")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", no_load)
+    monkeypatch.setattr(grpo_lab.scale.trl, "OffPolicyGRPOTrainer", no_load)
+    monkeypatch.setattr(gl, "available_memory", lambda device: 64 * 2**30)
+
+    def plan_for_stand_in(*args):
+        raise Planned(*args)
+
+    monkeypatch.setattr(gl, "plan_for", plan_for_stand_in)
+
+    host = Device.__dict__["of"]
+
+    def run(trl=(), zero_stage=None, device="80GB"):
+        here = torch.device("cuda" if device != "cpu" else "cpu")
+        monkeypatch.setattr(accelerate, "PartialState", lambda: SimpleNamespace(num_processes=8, device=here))
+        monkeypatch.setattr(Device, "of", host if device == "cpu" else classmethod(lambda cls, at: DEVICES[device]))
+        real_args = gl.trl_args
+
+        def trl_args(*args):
+            made = real_args(*args)
+            made.deepspeed_plugin = None if zero_stage is None else SimpleNamespace(zero_stage=zero_stage)
+            return made
+
+        monkeypatch.setattr(gl, "trl_args", trl_args)
+        launch_recipe = load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
+                                           ["prompts_per_step=8", "G=2", "micro_batch_size=1", "train_problems=16"],
+                                           list(trl))
+        with pytest.raises(Planned) as planned:
+            gl.launch(launch_recipe)
+        shape, config, prompt_length, device_planned, layout, available = planned.value.args
+        assert config == launch_recipe.config and device_planned.count == 8 and prompt_length > 10
+        return shape, device_planned, layout, available
+
+    return run
+
+
+def test_the_launch_plans_ddp_zero3_and_vllm_as_accelerate_and_trl_set_them(launch_until_planned, monkeypatch):
+    import torch
+
+    from grpo_lab.lm.models import bundled_model_dir
+
+    shape, device, ddp, available = launch_until_planned()
+    assert shape == ModelShape.of_checkpoint(str(bundled_model_dir("smollm2-135m")), torch.float32,  # TRL's dtype
+                                             torch.float32)                                         # the recipe's
+    assert (device, ddp) == (dataclasses.replace(DEVICES["80GB"], count=8), Layout("trl", 1))
+    assert available == 64 * 2**30 - shape.weights                        # free before the load, less the replica
+    _, _, zero3, available = launch_until_planned(zero_stage=3)
+    assert zero3 == Layout("trl", 8) and available == 64 * 2**30 - math.ceil(shape.weights / 8)
+    assert launch_until_planned(zero_stage=2)[2] == Layout("trl", 1)      # ZeRO-2 keeps whole weights
+    colocate = ["use_vllm=true", "vllm_mode=colocate", "vllm_gpu_memory_utilization=0.25"]
+    assert launch_until_planned(colocate, zero_stage=3)[2] == Layout("trl", 8, vllm_share=0.25)
+    server = ["use_vllm=true", "vllm_mode=server"]
+    assert launch_until_planned(server, zero_stage=3)[2] == Layout("trl", 8, vllm_server=True)
+    # on this host: the processes share its memory; TRL's CPU engine asks for u of it, VLLM_CPU_KVCACHE_SPACE wins
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    _, host, engine, available = launch_until_planned(colocate, device="cpu")
+    assert host.kind == "cpu" and available == 64 * 2**30 // 8 - shape.weights
+    assert engine == Layout("trl", 1, vllm_cpu_kv_cache=math.ceil(0.25 * host.memory))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert launch_until_planned(colocate, device="cpu")[2] == Layout("trl", 1, vllm_cpu_kv_cache=2 * 2**30)
+
+
+def test_a_launch_over_its_budget_stops_before_the_model_loads(monkeypatch):
+    import transformers
+
+    import grpo_lab.scale.trl
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the memory plan")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", no_load)
+    monkeypatch.setattr(grpo_lab.scale.trl, "OffPolicyGRPOTrainer", no_load)
+    launch_recipe = load_launch_recipe(CONFIG_DIR / "cpu_arith_smollm2.yaml",
+                                       ["train_problems=16", "device=cpu", "memory_budget_gib=0.01"])
+    with pytest.warns(UserWarning, match="memory_budget_gib = 0.01 GiB"), \
+            pytest.raises(ValueError, match=r"memory guard: the run needs about [\d.]+ GiB .* even with "
+                                            r"micro_batch_size = 1"):
+        gl.launch(launch_recipe)
+
+
+def test_the_trl_route_names_the_micro_batch_that_fits_instead_of_taking_it(capsys):
+    """P·G = 8 rows at micro-batch 4: with room for 3 the TRL route stops and names 2 (8 is no multiple of 3)."""
+    config = CONFIG.replace(micro_batch_size=4)
+    layout = Layout("trl")
+    room = estimate_memory(SHAPE, config, 7, 3, CARD, layout).new
+    assert estimate_memory(SHAPE, config, 7, 4, CARD, layout).new > room
+    with pytest.warns(UserWarning, match="memory_budget_gib"), pytest.raises(
+            ValueError, match=r"with micro_batch_size = 4, but .* micro_batch_size = 2 fits "
+                              r"\(--set micro_batch_size=2\)"):
+        plan_for(SHAPE, config.replace(memory_budget_gib=room / 2**30), 7, CARD, layout)
+    assert capsys.readouterr().out == ""                                    # nothing says it shrank
+    loop_room = estimate_memory(SHAPE, config, 7, 3, CARD).new
+    with pytest.warns(UserWarning, match="memory_budget_gib"):             # the loop takes 3 and says so
+        assert plan_for(SHAPE, config.replace(memory_budget_gib=loop_room / 2**30), 7, CARD).micro_batch_size == 3
+    assert "micro_batch_size 4 → 3" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="prompts_per_step·G = 8 must be a multiple of the 3 processes"):
+        plan_for(SHAPE, config, 7, dataclasses.replace(CARD, count=3), layout)
+
+
+# ----------------------------------------------------------------------------- vLLM's engine on a CPU
+
+
+def test_a_cpu_vllm_engine_counts_its_weights_kv_cache_and_its_own_cost():
+    K = 10**6
+    loop, trl = (estimate_memory(SHAPE, CONFIG, 7, layout=Layout(route, vllm_cpu_kv_cache=K)) for route in ("loop",
+                                                                                                          "trl"))
+    engine = 4000 // 4 * 2 + K + math.ceil(VLLM_CPU_ENGINE_W * 4000) + VLLM_CPU_ENGINE_FIXED
+    assert loop.sampling == trl.sampling == engine          # its weights in b_c, its KV cache, what it adds itself
+    assert (loop.sampler, trl.sampler) == (4000, 0)          # the loop's scorer copy of α; TRL keeps none
+    in_torch = estimate_memory(SHAPE, CONFIG, 7)
+    assert loop.new - in_torch.new == engine - in_torch.sampling   # the sampler's tensors and heap are not counted
+    with pytest.raises(ValueError, match="vllm_cpu_kv_cache = 1000000: an engine on cuda takes vllm_share"):
+        estimate_memory(SHAPE, CONFIG, 7, device=CARD, layout=Layout(vllm_cpu_kv_cache=K))
+    with pytest.raises(ValueError, match="on this GPU, on this CPU or on a server, one of them"):
+        Layout(vllm_share=0.3, vllm_cpu_kv_cache=K)
+    with pytest.raises(ValueError, match="vllm_server = True on route 'loop'"):
+        Layout(vllm_server=True)
+    served = estimate_memory(SHAPE, CONFIG, 7, device=CARD, layout=Layout("trl", vllm_server=True))
+    assert served.sampler == served.sampling == 0            # α on the server's GPUs

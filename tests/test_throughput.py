@@ -285,13 +285,20 @@ def check_provenance(result):
 
 @pytest.mark.slow
 def test_launch_trains_with_the_trl_adapter_and_writes_results(tmp_path, monkeypatch):
-    """A real (tiny) run through launch(): random one-layer Qwen2 with SmolLM2's tokenizer, CPU, v = 2, 3 steps."""
+    """A real (tiny) run through launch(): random one-layer Qwen2 with SmolLM2's tokenizer, CPU, v = 2, 3 steps,
+    planned first on this host at the recipe's micro-batch."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     launch_recipe = load_launch_recipe(
         CONFIG_DIR / "cpu_arith_smollm2.yaml",
         [f"model={tiny_qwen2(tmp_path / 'model')}", *TINY, "v=2", "steps=3", f"output_dir={tmp_path / 'run'}"],
         ["disable_tqdm=true"])
+    plans, plan_launch = [], gl.plan_launch
+    monkeypatch.setattr(gl, "plan_launch", lambda *args: plans.append((args[3], plan_launch(*args))) or plans[-1][1])
     result = gl.launch(launch_recipe)
+    (device, plan), = plans
+    assert device.kind == "cpu" and device.count == 1 and plan.micro_batch_size == 2 and not plan.shrunk
+    assert plan.estimate.sampler > 0 and plan.estimate.sampling > 0                      # α samples in torch
+    assert plan.estimate.new <= plan.budget
     assert (result["v"], result["steps"], result["syncs"], result["seed"]) == (2, 3, 2, 0)  # α ← π_θ at k = 0 and 2
     assert result["seconds"] > 0 and result["steps_per_second"] == result["steps"] / result["seconds"]
     assert 0.0 <= result["final_reward"] <= 1.0
@@ -432,9 +439,8 @@ def test_the_printed_commands_are_the_documented_ones():
     for name in gl.COLOCATE_RECIPES.values():
         assert gl.launch_command(name, "gpu8_zero3") in docs, name
     deepscaler = "deepscaler_r1distill_1p5b_offpolicy_v10"
-    assert train_command(deepscaler) in docs
-    assert gl.launch_command(deepscaler, trl=["use_vllm=true", "vllm_mode=colocate",
-                                              "vllm_gpu_memory_utilization=0.3"]) in docs
+    assert gl.launch_command(deepscaler, "gpu8_zero3", trl=["use_vllm=true", "vllm_mode=colocate",
+                                                            "vllm_gpu_memory_utilization=0.3"]) in docs
     for name in GSM8K_RECIPES.values():
         header = one_line((gl.ROOT / recipe_arg(name)).read_text().replace("#", " "))
         assert train_command(name) in header and eval_command(name) in header, name

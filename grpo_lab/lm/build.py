@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from .tasks import Problem
 from .text_task import TextTask, train_problems
 from .train_config import TrainConfig
 
+if TYPE_CHECKING:
+    from .memory import Layout
+
 
 def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                problems: Sequence[Problem] | None = None, sampler: Any = None,
@@ -25,13 +28,13 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
     """π_θ, α, the task and the loop of a run (loading the model and problems unless given).
 
     Before α is copied, the memory guard plans the micro-batch that fits (:func:`~grpo_lab.lm.memory.plan_memory`,
-    with the share of the GPU a vLLM engine will take off first: the loop takes it; the config is left as given)
+    with α where it will sample, :func:`sampler_layout`: the loop takes it; the config is left as given)
     and, given the ``checkpoint`` path the run will write, the disk guard checks that its checkpoints fit
     (:func:`~grpo_lab.lm.disk_guard.guard_disk`, a DiskError otherwise).
     A given ``sampler`` (e.g. another run's engine, built once) is synced to this run's π_θ first.
     """
     from .disk_guard import estimate_run_checkpoint, guard_disk
-    from .memory import longest_prompt, plan_memory
+    from .memory import Layout, longest_prompt, plan_memory
     from .models import load_policy
     from .policy import LMPolicy
     from .sampling import GenerateSampler, HFSampler, stop_and_pad_ids
@@ -53,13 +56,10 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                     scoring=config.scoring, eos_token_ids=stop_and_pad_ids(model, tokenizer, None)[0])
     policy = LMPolicy(model, temperature=config.temperature, share_prompt=config.share_prompt,
                       compute_dtype=config.compute_dtype())
-    vllm_share = 0.0
-    if config.sampler == "vllm" and sampler is None and policy.device.type == "cuda":
-        from .sampling_vllm import GPU_MEMORY_UTILIZATION
-
-        vllm_share = GPU_MEMORY_UTILIZATION  # the engine built below takes it from the card
-    memory = plan_memory(config, model, longest_prompt(tokenizer, task.prompt_of.values()),
-                         compute_dtype=policy.compute_dtype, vllm_share=vllm_share)
+    prompt_tokens = longest_prompt(tokenizer, task.prompt_of.values())
+    # a given sampler holds its memory already (the plan reads what is left); one built below is planned for
+    layout = Layout() if sampler is not None else sampler_layout(config, policy, prompt_tokens)
+    memory = plan_memory(config, model, prompt_tokens, compute_dtype=policy.compute_dtype, layout=layout)
     if checkpoint is not None:
         guard_disk(config, estimate_run_checkpoint(config, model, config.steps), Path(checkpoint))
     if sampler is not None:
@@ -70,7 +70,7 @@ def build_loop(config: TrainConfig, model: Any = None, tokenizer: Any = None,
                              "{} at T = {}, top_p = {}, top_k = {}".format(*drawn, *needed))
         sampler.sync(policy)
     elif config.sampler == "vllm":
-        sampler = vllm_sampler(config, policy, tokenizer, longest_prompt(tokenizer, task.prompt_of.values()))
+        sampler = vllm_sampler(config, policy, tokenizer, prompt_tokens)
     else:
         engine = GenerateSampler if config.sampler == "hf_generate" else HFSampler
         sampler = engine(policy, tokenizer, config.max_completion_length, config.temperature,
@@ -113,25 +113,50 @@ def warn_if_updates_round_away(model: torch.nn.Module, lr: float) -> None:
                       "bfloat16 over float32 weights: mixed precision), or a larger lr.", stacklevel=3)
 
 
+def sampler_layout(config: TrainConfig, policy: Any, prompt_tokens: int) -> Layout:
+    """The :class:`~grpo_lab.lm.memory.Layout` the memory guard plans the loop with: α in torch (the default), or
+    in the vLLM engine :func:`vllm_sampler` builds for ``config``: on a GPU its share of the card
+    (:data:`~grpo_lab.lm.sampling_vllm.GPU_MEMORY_UTILIZATION`), on a CPU its KV cache as the engine will allocate
+    it (:func:`~grpo_lab.lm.sampling_vllm.vllm_cpu_engine_kv_bytes`: the size :func:`vllm_cpu_kv_cache_request`
+    asks for, or ``VLLM_CPU_KVCACHE_SPACE``'s)."""
+    from .memory import Layout
+
+    if config.sampler != "vllm":
+        return Layout()
+    from .sampling_vllm import GPU_MEMORY_UTILIZATION, vllm_cpu_engine_kv_bytes
+
+    if policy.device.type == "cuda":
+        return Layout(vllm_share=GPU_MEMORY_UTILIZATION)
+    return Layout(vllm_cpu_kv_cache=vllm_cpu_engine_kv_bytes(vllm_cpu_kv_cache_request(config, policy,
+                                                                                        prompt_tokens)))
+
+
+def vllm_cpu_kv_cache_request(config: TrainConfig, policy: Any, prompt_tokens: int) -> int:
+    """The ``kv_cache_memory_bytes`` :func:`vllm_sampler` gives a CPU engine: one step's P·G completions of up to
+    ``prompt_tokens`` + T tokens (:func:`~grpo_lab.lm.sampling_vllm.vllm_cpu_kv_cache_bytes`)."""
+    from .memory import ModelShape
+    from .sampling_vllm import vllm_cpu_kv_cache_bytes
+
+    return vllm_cpu_kv_cache_bytes(ModelShape.of(policy.model, policy.compute_dtype),
+                                   config.prompts_per_step * config.G, prompt_tokens + config.max_completion_length)
+
+
 def vllm_sampler(config: TrainConfig, policy: Any, tokenizer: Any, prompt_tokens: int) -> Any:
     """α in a ``vllm.LLM`` built from the checkpoint ``config.model`` names (the bundled model's converted
     directory for ``smollm2-135m``), sized to the run: ``max_model_len`` = longest prompt + T_max. On a CPU
     the engine runs eagerly (no inductor warm-up, minutes on two cores) with a KV cache for one step's
-    P·G completions (:func:`~grpo_lab.lm.sampling_vllm.vllm_cpu_kv_cache_bytes`; ``VLLM_CPU_KVCACHE_SPACE``, when
-    set, overrides it), and the tracebacks vLLM keeps from its optional imports are dropped once it is built
+    P·G completions (:func:`vllm_cpu_kv_cache_request`; ``VLLM_CPU_KVCACHE_SPACE``, when set, overrides it), and
+    the tracebacks vLLM keeps from its optional imports are dropped once it is built
     (:func:`~grpo_lab.lm.sampling_vllm.drop_stored_import_tracebacks`: they held this call's frames, and the run's
     π_θ and optimiser with them)."""
-    from .memory import ModelShape
     from .models import BUNDLED, bundled_model_dir
-    from .sampling_vllm import VLLMSampler, drop_stored_import_tracebacks, vllm_cpu_kv_cache_bytes
+    from .sampling_vllm import VLLMSampler, drop_stored_import_tracebacks
 
     path = str(bundled_model_dir(config.model)) if config.model in BUNDLED else config.model
-    max_model_len = prompt_tokens + config.max_completion_length
-    engine_kwargs = {"max_model_len": max_model_len,
+    engine_kwargs = {"max_model_len": prompt_tokens + config.max_completion_length,
                      "enforce_eager": policy.device.type == "cpu", "trust_remote_code": config.trust_remote_code}
     if policy.device.type == "cpu":
-        engine_kwargs["kv_cache_memory_bytes"] = vllm_cpu_kv_cache_bytes(
-            ModelShape.of(policy.model, policy.compute_dtype), config.prompts_per_step * config.G, max_model_len)
+        engine_kwargs["kv_cache_memory_bytes"] = vllm_cpu_kv_cache_request(config, policy, prompt_tokens)
     sampler = VLLMSampler(policy, tokenizer, path, config.max_completion_length, config.temperature,
                           top_p=config.top_p, top_k=config.top_k, seed=config.seed, engine_kwargs=engine_kwargs)
     drop_stored_import_tracebacks()

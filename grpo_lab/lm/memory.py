@@ -5,7 +5,8 @@ else is allocated: it estimates the bytes the run will add on π_θ's device, co
 has free and either plans a smaller micro-batch (printing why) or raises a ValueError naming the figure that does
 not fit, instead of an out-of-memory kill minutes into the run. :func:`plan_for` makes the same plan without the
 device: for a recorded one (:data:`DEVICES`) and a :class:`Layout` (the loop or the TRL adapter, one replica or
-ZeRO-3 shards per process, vLLM's share of each card).
+ZeRO-3 shards per process, where α's vLLM engine is); :func:`grpo_lab.scale.launch.plan_launch` makes it for a
+TRL-route launch before π_θ is loaded.
 
 What one process adds to π_θ's weights (already resident: W, or W/N_s under ZeRO-3), sampling and training
 added, not overlapped::
@@ -28,6 +29,9 @@ sampling    2·L·R·S·n_kv·d_head·b_c (KV cache)              α samples in 
             + ⌈P/N⌉·Lp·(4H + 3I)·b_c (one prefill layer)    lives in vLLM's share u·M of the card instead
             + (b_c + 20)·R·V (one decoding step's logits)
             + :data:`HEAP_RETENTION`·R·T·V (the C heap's)   CPU only (glibc keeps the sampler's freed blocks)
+            or, α in vLLM's CPU engine: its weights and     K: the engine's KV cache as configured
+            KV cache, W·b_c/b + K, and what it adds         (``Layout.vllm_cpu_kv_cache``); with TRL's
+            itself, c_E·W + :data:`VLLM_CPU_ENGINE_FIXED`   server mode none of it is here
 training    m·S·L·(10H + 4I)·b_c (activations)              the loop: one micro-batch's forward and backward
             + attention over L layers
             + 12·m·T·V (logits: float32 and their gradient,
@@ -50,13 +54,17 @@ The plan on a device of M bytes a card, N processes (one a card)::
     budget    = BUDGET_FRACTION·(available − u·M)      (or TrainConfig.memory_budget_gib, with a warning)
     available = what the device has free (live), or M − CUDA_RESERVED − W/N_s (a recorded card)
 
+The loop takes a smaller micro-batch when the plan's does not fit; the TRL route cannot (P·G must stay a multiple
+of its micro-batch × N), so there the plan refuses and names the micro-batch that would fit.
+
 B = P·G sequences (P prompts), R = ⌈B/N⌉ rows sampled per process, Lp the longest prompt,
 T = ``max_completion_length``, S = Lp + T, m the micro-batch, W and W_t π_θ's weights and trainable weights in
 bytes, b bytes per weight element, b_c per element the forwards compute in (b_c < b: mixed precision), c_W =
 :data:`C_OVERHEAD_W`, N_s the processes that split weights, gradients and optimiser (ZeRO-3: N; DDP: 1), u vLLM's
-``gpu_memory_utilization``, t·v TRL's LM-head tile (:data:`TRL_LOGPROB_TILE`); L, H, I, V, n_head, n_kv, d_head from
-the model's config (:class:`ModelShape`). Why each term, the heap's retention, the calibration
-(:data:`CALIBRATION`) and what has not been measured on a GPU: docs/internals.md#memory-guard.
+``gpu_memory_utilization``, c_E = :data:`VLLM_CPU_ENGINE_W`, t·v TRL's LM-head tile (:data:`TRL_LOGPROB_TILE`);
+L, H, I, V, n_head, n_kv, d_head from the model's config (:class:`ModelShape`). Why each term, the heap's
+retention, the calibrations (:data:`CALIBRATION`, :data:`VLLM_CPU_CALIBRATION`) and what has not been measured on
+a GPU: docs/internals.md#memory-guard.
 """
 
 from __future__ import annotations
@@ -92,6 +100,20 @@ CALIBRATION = (
     "completion stopped at EOS long before T). Fitted with the earlier sampling term (4·B·T·V, prefill of B "
     "rows); today's adds (b + 20)·B·V + 4·B·T·V and prefills P rows: 0.00–0.05 GiB more at those shapes, so "
     "the envelope holds (not re-measured)")
+VLLM_CPU_ENGINE_W = 1.25
+"""What a vLLM CPU engine adds besides its weights in b_c and its KV cache, per byte of W: the checkpoint it reads
+(its pages stay resident while mapped) and the load's temporaries (VLLM_CPU_CALIBRATION)."""
+VLLM_CPU_ENGINE_FIXED = 480 * 2**20
+"""Bytes a vLLM CPU engine adds whatever the model (its runner's buffers, the scheduler's and the sampler's state,
+the modules it imports while built), with VLLM_CPU_ENGINE_W·W: above every measured engine (VLLM_CPU_CALIBRATION)."""
+VLLM_CPU_CALIBRATION = (
+    "vLLM 0.32's CPU build, eager, a bfloat16 engine over float32 Qwen2 weights with Qwen2.5's vocabulary, P = 2, "
+    "G = 4, T = 8, 96 prompt tokens, the KV cache build_loop sizes: peak RSS of vllm_sampler (the engine, its KV "
+    "cache, α's scorer copy, the first sync) and one step's sampling above the RSS before it, 3 fresh processes per "
+    "model (benchmarks/vllm_cpu_engine_memory.py): W = 75, 295 and 739 MiB added 650, 1246 and 2432 MiB; less W "
+    "(the scorer), W·b_c/b and K that leaves 536.4–536.7, 797.1–797.7 and 1298.3–1298.4 MiB, about "
+    "450 MiB + 1.15·W (the checkpoint's mapped pages among it: 509 MiB of file pages resident after the step at "
+    "W = 295 MiB). c_E = 1.25 and 480 MiB bound it: measured / estimated = 0.92–0.94")
 CUDA_RESERVED = 2**30
 """Bytes of each card a recorded plan leaves outside torch's allocator: the CUDA context (about 0.5 GiB for a torch
 process on recent CUDA) and the cuBLAS and NCCL workspaces. An allowance, not measured here; a live plan reads
@@ -127,6 +149,20 @@ class ModelShape:
     def compute_bytes(self) -> int:
         """b_c: bytes per element the forward computes in."""
         return self.compute_element_size or self.element_size
+
+    @classmethod
+    def of_checkpoint(cls, path: str, dtype: torch.dtype | str, compute_dtype: torch.dtype | None = None,
+                      trust_remote_code: bool = False) -> ModelShape:
+        """The shape of the causal LM at ``path`` (a directory or hub id) loaded in ``dtype`` (a name, or ``auto``:
+        its config's), read from its config alone: the model is built on PyTorch's meta device, so no weight is
+        read or allocated (a guard that runs before the load)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        dtype = config.dtype if dtype == "auto" else dtype
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, dtype=dtype)
+        return cls.of(model, compute_dtype)
 
     @classmethod
     def of(cls, model: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> ModelShape:
@@ -192,12 +228,27 @@ class Layout:
 
     route: str = "loop"        # a name of ROUTES
     shards: int = 1            # N_s: processes splitting weights, gradients and optimiser (ZeRO-3: all N; DDP: 1)
-    vllm_share: float = 0.0    # u: vLLM's gpu_memory_utilization on each card (0: α samples in torch)
+    vllm_share: float = 0.0    # u: vLLM's gpu_memory_utilization on each card (0: no engine on the GPU)
+    vllm_cpu_kv_cache: int = 0  # K: bytes of KV cache of α's vLLM engine on the CPU (0: no engine on the CPU)
+    vllm_server: bool = False  # α in a vLLM server on other GPUs (TRL's server mode): nothing of it here
 
     def __post_init__(self) -> None:
         require_choice("route", self.route, ROUTES)
         require_int_at_least("shards", self.shards, 1)
         require_number_in("vllm_share", self.vllm_share, 0.0, 1.0)
+        require_int_at_least("vllm_cpu_kv_cache", self.vllm_cpu_kv_cache, 0)
+        engines = {name: value for name, value in (("vllm_share", self.vllm_share),
+                                                   ("vllm_cpu_kv_cache", self.vllm_cpu_kv_cache),
+                                                   ("vllm_server", self.vllm_server)) if value}
+        if len(engines) > 1:
+            raise ValueError(f"{engines}: α's engine is on this GPU, on this CPU or on a server, one of them")
+        if self.vllm_server and self.route != "trl":
+            raise ValueError(f"vllm_server = True on route {self.route!r}: only the TRL route samples from a server")
+
+    @property
+    def alpha_in_vllm(self) -> bool:
+        """α samples in a vLLM engine (on this GPU or CPU, or on a server), not in torch."""
+        return bool(self.vllm_share or self.vllm_cpu_kv_cache or self.vllm_server)
 
 
 @dataclass(frozen=True)
@@ -239,23 +290,28 @@ def estimate_memory(shape: ModelShape, config: GRPOConfig, prompt_length: int, m
     if config.max_completion_length is None:
         raise ValueError("max_completion_length must be set to estimate an LLM run's memory, got None")
     kind, N = (device.kind, device.count) if device is not None else ("cpu", 1)
-    N_s, u = layout.shards, layout.vllm_share
+    N_s, u, K = layout.shards, layout.vllm_share, layout.vllm_cpu_kv_cache
     if layout.route == "loop" and N > 1:
         raise ValueError(f"the loop runs one process; {device.name} has {N} devices: plan route 'trl' on them")
     if N_s not in (1, N):
         raise ValueError(f"shards = {N_s}: each process holds whole weights (1) or a shard of all {N} (ZeRO-3)")
     if u > 0 and kind != "cuda":
         raise ValueError(f"vllm_share = {u}: vLLM's gpu_memory_utilization is a share of a GPU, and {kind} is none")
+    if K > 0 and kind != "cpu":
+        raise ValueError(f"vllm_cpu_kv_cache = {K}: an engine on {kind} takes vllm_share of the card instead")
     P, T, W, W_t = config.prompts_per_step, config.max_completion_length, shape.weights, shape.trainable
     b, b_c = shape.element_size, shape.compute_bytes
     R = math.ceil(P * config.G / N)
     m = min(micro_batch_size or config.micro_batch_size or R, R)
-    sampling = 0
-    if u == 0:
+    if K > 0:
+        sampling = W // b * b_c + K + math.ceil(VLLM_CPU_ENGINE_W * W) + VLLM_CPU_ENGINE_FIXED
+    elif not layout.alpha_in_vllm:
         sampling = sampler_tensor_bytes(shape, R, math.ceil(P / N), prompt_length, T)
         sampling += HEAP_RETENTION * R * T * shape.vocab if kind == "cpu" else 0
+    else:
+        sampling = 0
     return MemoryEstimate(
-        sampler=W if layout.route == "loop" or u == 0 else 0,
+        sampler=W if layout.route == "loop" or not layout.alpha_in_vllm else 0,
         reference=math.ceil(W / N_s) if config.beta > 0 else 0,
         gradients=math.ceil(W_t / N_s) * (2 if N > 1 and N_s == 1 else 1),
         optimizer=2 * math.ceil(W_t / N_s) if config.optimizer == "adamw" else 0,
@@ -325,10 +381,11 @@ class MemoryPlan:
 def plan_for(shape: ModelShape, config: TrainConfig, prompt_length: int, device: Device, layout: Layout = Layout(),
              available: int | None = None) -> MemoryPlan:
     """The micro-batch a run of ``config`` can use on ``device`` laid out as ``layout``: the config's (or all of a
-    process's rows) if it fits in the budget, else the largest that fits (printed), else ValueError naming the
-    figure that does not fit. ``available``: bytes each device has free with π_θ loaded (None: a recorded
-    device's, M − CUDA_RESERVED on a GPU − π_θ's weights W/N_s). ``config.memory_budget_gib`` replaces the budget
-    (with a warning). The config is not changed: the loop takes the plan's micro-batch."""
+    process's rows) if it fits in the budget, else the largest that fits (printed; on the TRL route a ValueError
+    naming it), else ValueError naming the figure that does not fit. ``available``: bytes each device has free
+    with π_θ loaded (None: a recorded device's, M − CUDA_RESERVED on a GPU − π_θ's weights W/N_s).
+    ``config.memory_budget_gib`` replaces the budget (with a warning). The config is not changed: the loop takes
+    the plan's micro-batch."""
     resident = math.ceil(shape.weights / layout.shards)
     if available is None:
         available = max(device.memory - (CUDA_RESERVED if device.kind == "cuda" else 0) - resident, 0)
@@ -346,7 +403,11 @@ def plan_for(shape: ModelShape, config: TrainConfig, prompt_length: int, device:
                       f"asks, instead of its own {gib(budget)} ({gib(available)} {where}); a run that does not fit "
                       "will stop with out-of-memory", stacklevel=2)
         budget = int(config.memory_budget_gib * 2**30)
-    R = math.ceil(config.prompts_per_step * config.G / device.count)
+    rows = config.prompts_per_step * config.G
+    if layout.route == "trl" and rows % device.count:
+        raise ValueError(f"prompts_per_step·G = {rows} must be a multiple of the {device.count} processes on the TRL "
+                         "route")
+    R = math.ceil(rows / device.count)
     m = min(config.micro_batch_size or R, R)
 
     def at(k: int) -> MemoryEstimate:
@@ -363,6 +424,13 @@ def plan_for(shape: ModelShape, config: TrainConfig, prompt_length: int, device:
             f"{BUDGET_FRACTION:.0%} of the rest: {gib(budget)}); lower prompts_per_step·G = "
             f"{config.prompts_per_step * config.G}, max_completion_length = {config.max_completion_length}, or use "
             "a smaller model or dtype")
+    if layout.route == "trl":  # k = 1 divides: P·G is a multiple of the processes on this route
+        whole = next(k for k in range(fits, 0, -1) if rows % (k * device.count) == 0)
+        raise ValueError(
+            f"memory guard: the run needs about {estimate.summary()} on {device.name} beyond the loaded weights with "
+            f"micro_batch_size = {m}, but {gib(budget)} is there to plan in ({gib(available)} {where}); the TRL "
+            f"route keeps the micro-batch it is given (P·G = {rows} is micro_batch_size × {device.count} processes "
+            f"× the accumulation steps): micro_batch_size = {whole} fits (--set micro_batch_size={whole})")
     print(f"memory guard: micro_batch_size {config.micro_batch_size} → {fits}: the run would need about "
           f"{gib(estimate.new)} on {device.name} beyond the loaded weights with {m} sequences per forward, "
           f"{gib(budget)} is there to plan in ({gib(available)} {where})")
@@ -370,14 +438,15 @@ def plan_for(shape: ModelShape, config: TrainConfig, prompt_length: int, device:
 
 
 def plan_memory(config: TrainConfig, model: torch.nn.Module, prompt_length: int, available: int | None = None,
-                compute_dtype: torch.dtype | None = None, vllm_share: float = 0.0) -> MemoryPlan:
+                compute_dtype: torch.dtype | None = None, layout: Layout = Layout()) -> MemoryPlan:
     """:func:`plan_for` the loop on the device ``model`` is on, in ``available`` bytes (default: what
     :func:`available_memory` reads there). ``compute_dtype``: the dtype π_θ's forward computes in (None: its
-    weights'); ``vllm_share``: the ``gpu_memory_utilization`` of the vLLM engine α will be (0: α in torch)."""
+    weights'); ``layout``: where α will sample (:func:`~grpo_lab.lm.build.sampler_layout`: in torch, or in a vLLM
+    engine on the GPU or the CPU)."""
     location = next(model.parameters()).device
     available = available_memory(location) if available is None else available
-    return plan_for(ModelShape.of(model, compute_dtype), config, prompt_length, Device.of(location),
-                    Layout(vllm_share=vllm_share), available)
+    return plan_for(ModelShape.of(model, compute_dtype), config, prompt_length, Device.of(location), layout,
+                    available)
 
 
 def longest_prompt(tokenizer: Any, prompts: Any) -> int:

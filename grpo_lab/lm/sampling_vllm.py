@@ -437,6 +437,17 @@ def vllm_cpu_kv_cache_bytes(shape: ModelShape, sequences: int, max_model_len: in
     return blocks * VLLM_CPU_BLOCK_TOKENS * token_bytes
 
 
+def vllm_cpu_engine_kv_bytes(requested: int) -> int:
+    """The KV cache vLLM's CPU engine allocates when asked for ``requested`` bytes (``kv_cache_memory_bytes``;
+    without it, its ``gpu_memory_utilization`` share of the host's memory less what the process holds then, which
+    a caller counts whole: an upper bound), or ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set: it
+    overrides the engine's arguments (``vllm/platforms/cpu.py``, ``vllm/v1/worker/cpu_worker.py``). What the
+    memory plan counts (:class:`~grpo_lab.lm.memory.Layout`'s ``vllm_cpu_kv_cache``)."""
+    require_int_at_least("requested", requested, 1)
+    space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    return int(space) * 2**30 if space else requested
+
+
 def drop_stored_import_tracebacks(prefix: str = "vllm") -> int:
     """Drop the traceback of every exception that a module named ``prefix`` or ``prefix.*`` keeps in its
     globals; return how many were dropped (the exceptions themselves, their type and message, stay).

@@ -18,7 +18,9 @@ start it first, then the trainer (docs/recipes.md, "Past one node").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import shlex
 import sys
 import time
@@ -30,6 +32,7 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ..checks import require_choice, require_int_at_least
+from ..lm.memory import Device, Layout, MemoryPlan, ModelShape, available_memory, longest_prompt, plan_for
 from ..lm.recipes import CONFIG_DIR, LaunchRecipe, load_launch_recipe, recipe_arg
 from ..lm.tasks import chat_messages, load_orz
 from ..lm.text_task import train_problems
@@ -315,6 +318,42 @@ def stop_token_ids(model: str, trust_remote_code: bool = False) -> list[int]:
     return ids if first is None or first in ids else [first, *ids]
 
 
+def trl_layout(args: OffPolicyGRPOConfig, device: Device) -> Layout:
+    """How a TRL-route run of ``args`` uses ``device`` (N alike, one process each), for the memory plan: DeepSpeed
+    ZeRO-3 (the plugin the trainer's accelerator takes from ``args``, set by ``accelerate launch``'s config) splits
+    weights, gradients and optimiser over all N; DDP or one process, none. α colocated in vLLM
+    (``use_vllm``, ``vllm_mode: colocate``) takes ``vllm_gpu_memory_utilization`` u of each card, or on a CPU a KV
+    cache of u of the host's memory (what TRL asks the engine for; ``VLLM_CPU_KVCACHE_SPACE`` overrides it). In
+    server mode α is on GPUs of its own; without vLLM it samples in torch."""
+    from ..lm.sampling_vllm import vllm_cpu_engine_kv_bytes
+
+    plugin = args.deepspeed_plugin
+    shards = device.count if plugin is not None and plugin.zero_stage == 3 else 1
+    u = args.vllm_gpu_memory_utilization
+    if not args.use_vllm:
+        return Layout("trl", shards)
+    if args.vllm_mode == "server":
+        return Layout("trl", shards, vllm_server=True)
+    if device.kind == "cuda":
+        return Layout("trl", shards, vllm_share=u)
+    return Layout("trl", shards, vllm_cpu_kv_cache=vllm_cpu_engine_kv_bytes(math.ceil(u * device.memory)))
+
+
+def plan_launch(config: TrainConfig, args: OffPolicyGRPOConfig, prompt_length: int, device: Device,
+                free: int | None = None) -> MemoryPlan:
+    """The memory guard of a TRL-route run, before π_θ is loaded: :func:`~grpo_lab.lm.memory.plan_for` π_θ's shape
+    read from its config (:meth:`~grpo_lab.lm.memory.ModelShape.of_checkpoint`: no weight loaded; in the dtype TRL
+    loads it in, float32 unless ``model_init_kwargs`` say otherwise, forwards in the recipe's) on ``device`` laid out
+    as :func:`trl_layout` says, with ``free`` bytes a process before the load (None: a recorded device's). A
+    ValueError names the figure that does not fit, or the micro-batch that would: the route does not change it
+    (P·G stays micro_batch_size × processes × accumulation steps)."""
+    layout = trl_layout(args, device)
+    dtype = (args.model_init_kwargs or {}).get("dtype", "float32")
+    shape = ModelShape.of_checkpoint(model_path(config), dtype, config.compute_dtype(), config.trust_remote_code)
+    available = None if free is None else max(free - math.ceil(shape.weights / layout.shards), 0)
+    return plan_for(shape, config, prompt_length, device, layout, available)
+
+
 def launch(launch_recipe: LaunchRecipe, save_final: bool = True) -> dict[str, Any]:
     """Train a recipe with the TRL adapter on this process group; the main process writes
     ``<output_dir>/throughput.json`` and returns it:
@@ -330,19 +369,29 @@ def launch(launch_recipe: LaunchRecipe, save_final: bool = True) -> dict[str, An
     the rest             :func:`~grpo_lab.provenance.provenance`: commit, CPU and GPU models, versions
     ==================== ================================================================================
 
+    Before π_θ is loaded the memory guard plans the run on this process's device (:func:`plan_launch`: a CUDA card,
+    else the host, shared by its processes) and stops it, naming the figure, if it does not fit.
+
     ``save_final``: also save the trained model to ``<output_dir>/final``."""
     from accelerate import PartialState
+    from transformers import AutoTokenizer
 
     from ..provenance import provenance
     from .trl import OffPolicyGRPOTrainer
 
-    config = launch_recipe.config
+    config, state = launch_recipe.config, PartialState()
     model = model_path(config)
+    args = trl_args(config, launch_recipe.trl, state.num_processes)
+    dataset = training_dataset(launch_recipe)
+    tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=config.trust_remote_code)
+    prompts = tokenizer.apply_chat_template(list(dataset["prompt"]), add_generation_prompt=True, tokenize=False)
+    device = dataclasses.replace(Device.of(state.device), count=state.num_processes)
+    free = available_memory(state.device) // (state.num_processes if device.kind == "cpu" else 1)
+    plan_launch(config, args, longest_prompt(tokenizer, prompts), device, free)
     reward = verifiable_reward(config.format_weight, config.scoring, stop_token_ids(model, config.trust_remote_code))
     clock = TrainingClock()
-    trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=reward,
-                                   args=trl_args(config, launch_recipe.trl, PartialState().num_processes),
-                                   train_dataset=training_dataset(launch_recipe), callbacks=[clock])
+    trainer = OffPolicyGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                                   callbacks=[clock])
     trainer.train()
     rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
     tail = rewards[-max(len(rewards) // 10, 1):]

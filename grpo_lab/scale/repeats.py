@@ -162,7 +162,8 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m grpo_lab.scale.repeats``."""
     parser = argparse.ArgumentParser(prog="python -m grpo_lab.scale.repeats",
                                      description="Time a launch recipe at several v, repeated, interleaved.")
     parser.add_argument("--config", required=True, help="launch recipe YAML (grpo_lab/configs/*.yaml)")
@@ -173,7 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "this bundled config (without: one process)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
     parser.add_argument("--trl", action="append", default=[], metavar="KEY=VALUE", help="set a TRL config field")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     summary = run_repeats(args.config, args.v, args.repeats, args.out, args.accelerate_config, args.set, args.trl)
     print("\n".join(summary_lines(summary["summary"])))
