@@ -1,29 +1,19 @@
 """scripts/check_gpu_env.py, the CI check that the GPU environment resolves: what it hands pip (environment.yml's
 lists) and how it judges pip's report (here, reports made up from the metadata lines of the real packages)."""
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from script_module import load_script
 
 from grpo_lab.lm.sampling_vllm import VLLM_RELEASES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_check_gpu_env():
-    """Import scripts/check_gpu_env.py (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("check_gpu_env", ROOT / "scripts" / "check_gpu_env.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-check = load_check_gpu_env()
+check = load_script("scripts/check_gpu_env.py")
 
 TORCH_CUDA = ['cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; '
               'platform_system == "Linux"', 'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"', "filelock"]

@@ -1,26 +1,16 @@
 """scripts/build_gallery.py: a notebook runs in smoke mode and exports to self-contained HTML with its figures."""
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_build_gallery():
-    """Import scripts/build_gallery.py (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("build_gallery", ROOT / "scripts" / "build_gallery.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build_gallery = load_build_gallery()
+build_gallery = load_script("scripts/build_gallery.py")
 
 
 def small_notebook(folder: Path) -> Path:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from reliability_runs import problems, tiny_model, tokenizer
+from script_module import load_script
 
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.stats import passage
@@ -35,12 +36,7 @@ StepPassage = passage.StepPassage
 
 
 def benchmark_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("step_seconds", ROOT / "benchmarks" / "step_seconds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/step_seconds.py")
 
 
 def made_up_design(runs: list[dict] = ()) -> dict:

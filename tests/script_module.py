@@ -1,0 +1,21 @@
+"""Import a script that lives outside a package (scripts/, benchmarks/, studies' commands) as a module."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative_path: str) -> ModuleType:
+    """The module of ``ROOT/relative_path``, registered in ``sys.modules`` under its file's stem (dataclasses and
+    pickling look a module up there)."""
+    path = ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
