@@ -90,6 +90,16 @@ def test_every_unit_descends_from_its_parts_design_commit(part):
         assert design_commit(part) is not None
 
 
+def test_units_paired_by_seed_ran_on_one_cpu_model():
+    """Parts 1 and 2 pair units by seed: every unit at a seed ran on the same CPU model and vector extensions (a
+    seed's trajectory is only comparable on the same kernels)."""
+    units = load(design.HERE / UNITS["confirmatory"]) | load(design.HERE / UNITS["drift"])
+    cpus: dict[int, set] = {}
+    for (_, seed), unit in units.items():
+        cpus.setdefault(seed, set()).add((unit["cpu_model"], tuple(unit["cpu_vector"])))
+    assert {seed: found for seed, found in cpus.items() if len(found) > 1} == {}
+
+
 def test_a_unit_from_before_the_design_is_caught():
     """A made-up unit that ran at the parent of part 1's design commit (or from a dirty tree, or at another lr)
     is flagged; one at the design commit itself is not."""
