@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,12 @@ def base_config(lr: float, steps: int) -> Any:
                   checkpoint_every=0)
 
 
-def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str, Any] | None:
-    """Train ``arm`` at ``seed`` and write ``out/<arm>_s<seed>.json``; None if it exists or is running elsewhere."""
+def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path,
+             fields: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Train ``arm`` at ``seed`` and write ``out/<arm>_s<seed>.json``; None if it exists or is running elsewhere.
+    ``fields`` are the config fields the arm sets (this study's :func:`design.arm_fields` unless given: another
+    study's arm, such as ``studies/lag_free``'s, runs through this same loop). The tree is called dirty for any
+    change outside the study's unit folders (``<study>/units*``)."""
 
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.tasks import all_questions
@@ -58,10 +62,11 @@ def run_unit(arm: str, seed: int, lr: float, steps: int, out: Path) -> dict[str,
     with UnitLock(path) as held:
         if not held or path.exists():
             return None
-        unit: dict[str, Any] = {"arm": arm, **design.arm_fields(arm), "seed": seed, "lr": lr, "steps": steps,
-                                **provenance(ROOT, ignore="studies/lag_decided/units")}
+        fields = design.arm_fields(arm) if fields is None else fields
+        unit: dict[str, Any] = {"arm": arm, **fields, "seed": seed, "lr": lr, "steps": steps,
+                                **provenance(ROOT, ignore=out.resolve().parent / "units")}
         wall, cpu = time.perf_counter(), time.process_time()
-        config = base_config(lr, steps).replace(seed=seed, **design.arm_fields(arm))
+        config = base_config(lr, steps).replace(seed=seed, **fields)
         questions = all_questions(config.task)
         index = {q.question: i for i, q in enumerate(questions)}
         held_out = {q.question for q, out_ in zip(questions, design.held_out(questions), strict=True) if out_}
@@ -126,14 +131,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         summary = rebuild_summary(args.out)
         print(json.dumps({"looks_reached": summary["looks_reached"], "seeds_in": summary["seeds_in"]}))
         return
+    run_units(((arm, seed, lr, steps, unit_dir(args.out, arm, lr), None) for arm, seed, lr, steps in queue(args)),
+              args.units, args.threads)
+
+
+def run_units(units: Iterable[tuple[str, int, float, int, Path, dict[str, Any] | None]], most: int,
+              threads: int) -> None:
+    """Run at most ``most`` of ``units`` ((arm, seed, lr, steps, folder, fields) for :func:`run_unit`, in order;
+    one that exists or runs elsewhere does not count) on ``threads`` torch threads. ``units`` may be lazy: a study
+    whose comparison has stopped yields no more."""
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     done = 0
-    for arm, seed, lr, steps in queue(args):
-        if done >= args.units:
+    for arm, seed, lr, steps, folder, fields in units:
+        if done >= most:
             break
-        unit = run_unit(arm, seed, lr, steps, unit_dir(args.out, arm, lr))
+        unit = run_unit(arm, seed, lr, steps, folder, fields)
         if unit is not None:   # no endpoint printed: nothing is read before its look is due
             done += 1
             print(f"{arm} seed {seed} (lr {lr:g}): done in {unit['wall_seconds']:.0f} s "

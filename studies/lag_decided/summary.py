@@ -82,10 +82,12 @@ def provenance_rows(units: Mapping[tuple[str, int], Mapping[str, Any]]) -> list[
     return [{k: unit.get(k) for k in keys} for unit in units.values()]
 
 
-def seed_prefix(units: Mapping[tuple[str, int], Any], arms: Sequence[str]) -> list[int]:
-    """The design's seeds, in order, up to the first that one of ``arms`` lacks."""
+def seed_prefix(units: Mapping[tuple[str, int], Any], arms: Sequence[str],
+                seeds: Sequence[int] = design.SEEDS) -> list[int]:
+    """The design's ``seeds`` (this study's confirmatory ones unless given), in order, up to the first that one of
+    ``arms`` lacks."""
     prefix = []
-    for seed in design.SEEDS:
+    for seed in seeds:
         if not all((arm, seed) in units for arm in arms):
             break
         prefix.append(seed)
