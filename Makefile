@@ -21,6 +21,8 @@ EXTRAS ?= llm,trl,dev
 DEMO_DIR ?= docs/figures
 PORT ?= 8888
 STAMP := $(VENV)/.grpo-lab-installed
+# Jupyter refuses to start as root (as on many containers and cloud machines) unless told it may.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
@@ -56,7 +58,7 @@ lab: setup
 ifeq ($(HEADLESS),1)
 	$(MAKE) demo
 else
-	$(PY) -m jupyter lab --notebook-dir=notebooks --port=$(PORT) notebooks/01_bandit.ipynb
+	$(PY) -m jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOT_FLAG) notebooks/01_bandit.ipynb
 endif
 
 demo: setup
