@@ -313,6 +313,16 @@ def test_no_table_cell_in_any_doc_is_a_paragraph():
     assert not long, "\n".join(long)
 
 
+CLAIMS_INDEX_WORDS = 4000
+"""docs/benchmarks.md is an index (claim, figure, machine, command), read in one sitting; how figures were taken
+and what else the data show go to benchmarks/README.md."""
+
+
+def test_the_claims_index_stays_short():
+    words = len(ROOT.joinpath("docs", "benchmarks.md").read_text().split())
+    assert words <= CLAIMS_INDEX_WORDS, f"docs/benchmarks.md has {words} words: move prose to benchmarks/README.md"
+
+
 def test_every_notebook_cell_has_its_own_id():
     """nbformat 4.5 cells carry an id (nbformat warns without one, and will refuse); two cells may not share one."""
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
