@@ -8,6 +8,10 @@ import ast
 import fnmatch
 import json
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -215,6 +219,34 @@ def test_the_recipes_ship_with_the_package():
     with pytest.raises(FileNotFoundError, match=r"'configs/cpu_arith_smollm2.yaml' does not exist, nor is it a "
                                                 r"bundled recipe \(one of \[.*'cpu_arith_smollm2'"):
         recipe_path("configs/cpu_arith_smollm2.yaml")
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_the_library_alone(tmp_path):
+    """``pip install grpo-lab`` installs ``grpo_lab`` and nothing beside it (no ``studies`` in site-packages), with
+    the recipes inside. Built from a copy of the package and of every other top-level package's modules, so a
+    pattern in pyproject that picked up ``studies`` would show here."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / PACKAGE, source / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    others = [init.parent for init in ROOT.glob("*/__init__.py") if init.parent.name != PACKAGE]
+    assert "studies" in {folder.name for folder in others}
+    for folder in others:
+        for module in folder.rglob("*.py"):
+            target = source / module.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(module, target)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source),
+                    "-w", str(tmp_path / "wheel")], check=True, cwd=tmp_path, capture_output=True)
+    (wheel,) = (tmp_path / "wheel").glob("grpo_lab-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
+    assert top == {PACKAGE, wheel.name.split("-py")[0] + ".dist-info"}, f"the wheel's top level: {sorted(top)}"
+    recipes = {str(p.relative_to(ROOT)) for p in CONFIG_DIR.rglob("*.yaml")}
+    assert len(recipes) >= 10 and recipes - set(names) == set(), f"recipes missing: {sorted(recipes - set(names))}"
+    modules = {str(p.relative_to(ROOT)) for p in ROOT.joinpath(PACKAGE).rglob("*.py")}
+    assert modules - set(names) == set(), f"modules missing from the wheel: {sorted(modules - set(names))}"
 
 
 def test_each_study_readme_shows_its_summary():
