@@ -1,6 +1,6 @@
-"""The package's layout: the README's map names every module and every module it names exists; the import
-graph has no circle and no back arrow; the recipes ship with the package and results/ is found, or named as
-missing, outside an editable checkout."""
+"""The package's layout: the README's map and grpo_lab/__init__.py's each name every module, and every module
+they name exists; the wheel holds grpo_lab alone; the import graph has no circle and no back arrow; the recipes
+ship with the package and results/ is found, or named as missing, outside an editable checkout."""
 
 from __future__ import annotations
 
@@ -31,6 +31,48 @@ def test_readme_map_names_every_module():
     assert named - modules == set(), f"the README's map names modules that do not exist: {sorted(named - modules)}"
 
 
+def package_map(docstring: str) -> dict[str, set[str]]:
+    """The modules the map in ``grpo_lab/__init__.py``'s docstring names: ``""`` → the top-level modules (each
+    row's ``name``), a subpackage → the ``module`` names of its row (``exact/`` and the lines below it). Only
+    names of word characters count (``make demo``, ``grpo-lab`` are not modules)."""
+    table = docstring.split("\n=")[1].split("\n=")[0]       # between the table's first two border lines
+    named: dict[str, set[str]] = {}
+    package = ""
+    for line in table.splitlines()[1:]:
+        names = re.findall(r"``([^`]+)``", line)
+        if not line.startswith(" "):                           # a row's first line: its key
+            key = names.pop(0)
+            package = key.rstrip("/") if key.endswith("/") else ""
+            named.setdefault(package, set())
+            if not package:
+                named[""].add(key)
+        named[package] |= {name for name in names if re.fullmatch(r"\w+", name)}
+    return named
+
+
+def test_the_package_map_names_every_module():
+    """``grpo_lab/__init__.py``'s map names every module, and every name in it is a module."""
+    import grpo_lab
+
+    found = {"": {p.stem for p in ROOT.joinpath(PACKAGE).glob("*.py") if p.name != "__init__.py"}}
+    for init in ROOT.joinpath(PACKAGE).glob("*/__init__.py"):
+        found[init.parent.name] = {p.stem for p in init.parent.rglob("*.py") if p.name != "__init__.py"}
+    named = package_map(grpo_lab.__doc__)
+    assert len(found) >= 6 and sum(map(len, found.values())) >= 50
+    for package in sorted(found.keys() | named.keys()):
+        where = f"grpo_lab/{package}/" if package else "grpo_lab/"
+        missing, stale = found.get(package, set()) - named.get(package, set()), named.get(package, set()) - found.get(
+            package, set())
+        assert not missing, f"modules of {where} missing from grpo_lab/__init__.py's map: {sorted(missing)}"
+        assert not stale, f"grpo_lab/__init__.py's map names {where} modules that do not exist: {sorted(stale)}"
+
+
+def test_the_map_reader_finds_rows_and_continuations():
+    doc = ("Intro ``not_a_row``.\n\n=== ===\n``loop``  the loop\n``lm/``  ``policy`` and\n"
+           "         ``sampling``, ``make demo``\n=== ===\n``after`` the table")
+    assert package_map(doc) == {"": {"loop"}, "lm": {"policy", "sampling"}}
+
+
 def test_every_subpackage_says_what_it_holds():
     for init in ROOT.joinpath("grpo_lab").rglob("__init__.py"):
         text = init.read_text().lstrip()
@@ -54,7 +96,7 @@ ALLOWED = {
 layer    modules                                             may import
 ======== =================================================== ==================================================
 core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpackage
-         objective, plan, schedules, rollout, sync_audit,
+         objective, plan, schedules, protocols, sync_audit,
          loop, config, checks, files)
 lm       ``grpo_lab/lm/``                                    core, lm
 scale    ``grpo_lab/scale/``                                 core, lm, stats (repeats' intervals), scale
@@ -157,7 +199,7 @@ def back_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_the_package_has_no_import_circle_and_no_back_arrow():
     graph = import_graph(ROOT)
     assert len(graph) >= 50 and sum(map(len, graph.values())) >= 150      # the whole package was read
-    assert {"grpo_lab.plan", "grpo_lab.rollout", "grpo_lab.sync_audit"} <= graph["grpo_lab.loop"]
+    assert {"grpo_lab.plan", "grpo_lab.protocols", "grpo_lab.sync_audit"} <= graph["grpo_lab.loop"]
     assert "grpo_lab.lm.policy" in graph["grpo_lab.exact.digits_lm"]       # a subpackage's relative import
     assert "grpo_lab.exact.bandit_lab" in graph["grpo_lab.viz.demo"]          # from ..exact import bandit_lab
     assert cycles(graph) == [], f"import circles: {cycles(graph)}"
