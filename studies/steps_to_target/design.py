@@ -104,8 +104,8 @@ from typing import Any
 
 import numpy as np
 
-from studies.stats import passage
 from grpo_lab.stats.intervals import welch_t
+from studies.stats import passage
 from studies.stats.comparisons import tost_p, welch_tost
 from studies.time_to_accuracy import design as tta
 
