@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from trl import GRPOConfig as TRLConfig
+from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 from trl_two_process import TRAIN_PROMPTS, build_tiny_model
 
@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trainer(model_dir, tmp_path_factory):
     """Stock GRPOTrainer, TRL's defaults except β > 0 (and the CPU/float32 plumbing)."""
-    config = TRLConfig(output_dir=str(tmp_path_factory.mktemp("out")), beta=BETA, per_device_train_batch_size=B,
+    config = TRLGRPOConfig(output_dir=str(tmp_path_factory.mktemp("out")), beta=BETA, per_device_train_batch_size=B,
                        num_generations=4, max_completion_length=T, report_to="none", save_strategy="no",
                        use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
     with warnings.catch_warnings():

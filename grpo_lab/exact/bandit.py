@@ -27,7 +27,7 @@ from ..checks import require_choice, require_int_at_least, require_number_in
 from ..config import GRPOConfig
 from ..loop import GRPOLoop
 from ..objective import KL_KINDS
-from ..rollout import Rollout
+from ..protocols import Rollout
 
 MAX_EPS_STD = 0.75  # keeps σ = sqrt(σ² + ε_std) <= 1, where Theorem 1's weight (1−σ)/σ is >= 0
 

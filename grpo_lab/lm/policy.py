@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..checks import require_number_in
-from ..rollout import Rollout
+from ..protocols import Rollout
 
 MASK_LOGITS_TO_KEEP = importlib.util.find_spec("transformers") is not None and hasattr(
     importlib.import_module("transformers.modeling_utils"), "slice_logits_to_keep")

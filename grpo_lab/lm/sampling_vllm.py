@@ -1,7 +1,7 @@
 """α on vLLM, colocated: a ``vllm.LLM`` in this process samples G completions per prompt (docs/theory.md §1, §5).
 
 :class:`VLLMSampler` is :class:`~grpo_lab.lm.sampling.HFSampler` with vLLM as the engine: same constructor
-checks, same :class:`~grpo_lab.rollout.Rollout` layout (table in :mod:`grpo_lab.lm.sampling`), same sync
+checks, same :class:`~grpo_lab.protocols.Rollout` layout (table in :mod:`grpo_lab.lm.sampling`), same sync
 semantics — α changes only at :meth:`VLLMSampler.sync`, which pushes every weight of π_θ into the engine and
 resets its prefix cache, the cost that the sync period v amortises (docs/theory.md §5).
 
@@ -47,7 +47,7 @@ import torch
 
 from ..checks import require_int_at_least, require_number_in
 from ..fingerprint import Served, column_block, crc, fingerprint, prove
-from ..rollout import Rollout
+from ..protocols import Rollout
 from .memory import ModelShape
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts
