@@ -37,7 +37,7 @@ from ..checks import require_choice, require_number_in
 from ..exact.bandit import BanditRun, improvement_lower_bound
 from ..exact.bandit_lab import TRY_IT, TryIt, final_j
 from ..lm.group_view import token_ratios
-from ..objective import clipped_surrogate, tv_terms
+from ..objective import clipped_surrogate, ratios_as_log_probs, tv_terms
 from ..schedules import make_sync_schedule
 
 
@@ -123,8 +123,8 @@ HINTS = {
 
 
 def library_f_eps(r: torch.Tensor, r_prime: torch.Tensor, A: torch.Tensor, eps: float) -> torch.Tensor:
-    """f_ε from the library: ratios against α ≡ 1, so log r and log r′ are the log-probs."""
-    return clipped_surrogate(r.log(), r_prime.log(), torch.zeros_like(r), A, eps)
+    """f_ε from the library, which takes the log-probabilities of the ratios (:func:`ratios_as_log_probs`)."""
+    return clipped_surrogate(*ratios_as_log_probs(r, r_prime), A, eps)
 
 
 def whiten_cases() -> list[tuple]:
