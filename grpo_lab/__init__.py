@@ -37,7 +37,6 @@ The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study
 
 from .advantages import whiten, zero_variance_mask
 from .config import GRPOConfig
-from .exact.bandit import BanditGroup, BanditProblem, sample_bandit_group
 from .loop import GRPOLoop, StepRecord
 from .objective import (
     aggregate_loss,
@@ -57,6 +56,6 @@ __all__ = [
     "whiten", "zero_variance_mask", "clipped_surrogate", "clip_bounds", "kl_estimate", "loss_weights",
     "aggregate_loss", "grpo_objective", "tv_terms", "SyncSchedule", "AdaptiveSyncSchedule", "RefResetSchedule",
     "GRPOConfig", "GRPOLoop", "StepPlan", "plan_step", "Policy", "Sampler", "ScoringSampler", "Task", "Rollout",
-    "StepRecord", "SyncError", "BanditProblem", "BanditGroup", "sample_bandit_group",
+    "StepRecord", "SyncError",
 ]
 __version__ = "0.1.0"

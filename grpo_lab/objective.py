@@ -69,16 +69,16 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
         r′  = exp(log π_k − log α)            (detached: π_k is fixed during the step)
         f_ε = min(r·A, clip(r, lo(r′), hi(r′))·A)      bounds from :func:`clip_bounds`
 
-    ========== ================ ====================================================
-    symbol     shape            meaning
-    ========== ================ ====================================================
-    log π_θ    ``[B, T]``       ``logp``: log-probs of the sampled tokens, current policy
-    log π_k    ``[B, T]``       ``logp_k``: same tokens, policy at the start of step k
-    log α      ``[B, T]``       ``logp_alpha``: same tokens, sampler's (lagged) policy
-    A          ``[B, 1]``/``[B, T]`` ``advantages``: whitened reward, broadcast over tokens
-    ε_low/high scalars          clip half-widths (``eps_high=None`` means = ``eps_low``)
-    f_ε        ``[B, T]``       returned, elementwise
-    ========== ================ ====================================================
+    ========== ====================== ====================================================
+    symbol     shape                  meaning
+    ========== ====================== ====================================================
+    log π_θ    ``[B, T]``             ``logp``: log-probs of the sampled tokens, current policy
+    log π_k    ``[B, T]``             ``logp_k``: same tokens, policy at the start of step k
+    log α      ``[B, T]``             ``logp_alpha``: same tokens, sampler's (lagged) policy
+    A          ``[B, 1]``, ``[B, T]`` ``advantages``: whitened reward, broadcast over tokens
+    ε_low/high scalars                clip half-widths (``eps_high=None`` means = ``eps_low``)
+    f_ε        ``[B, T]``             returned, elementwise
+    ========== ====================== ====================================================
 
     Exact reductions (tested): with α = π_k (r′ = 1) both bands give PPO's
     ``min(r A, clip(r, 1−ε, 1+ε) A)``; at logp = logp_k the gradient is r′·A·∇log π.
@@ -195,8 +195,8 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
     log α          ``[B, T]`` ``logp_alpha``
     C              scalar     ``is_cap`` > 1 (read by truncated, mask, icepop)
     a              scalar     ``is_floor`` in (0, 1) or None (read by icepop)
-    log ρ          ``[B, T]`` ``log_ratio``: None means log π_k − log α per
-                   /``[B, 1]``  token; at level sequence :func:`sequence_log_ratio`
+    log ρ          ``[B, T]`` ``log_ratio`` (``[B, 1]`` at level sequence, :func:`sequence_log_ratio`): None
+                              means log π_k − log α per token
     base           ``[B, T]`` returned: log of the ratios' denominator
     c              as log ρ   returned: the detached weight; None means c = 1
     ============== ========== ===============================================
@@ -335,13 +335,13 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     its gradient into the reverse KL's (:func:`kl_weight`, ``kl_weight_differentiable``). The table is the
     unweighted term's, which the kit uses by default.
 
-    ======== ========== ===============================================
-    symbol   shape      meaning
-    ======== ========== ===============================================
-    log π_θ  ``[B, T]`` ``logp``, sampled tokens under the current policy
+    ========= ========== ===============================================
+    symbol    shape      meaning
+    ========= ========== ===============================================
+    log π_θ   ``[B, T]`` ``logp``, sampled tokens under the current policy
     log π_ref ``[B, T]`` ``logp_ref``, same tokens under the reference
-    KL̂       ``[B, T]`` returned, elementwise
-    ======== ========== ===============================================
+    KL̂        ``[B, T]`` returned, elementwise
+    ========= ========== ===============================================
 
     The table is exact for one-token responses (the bandit). On sequences each term is the
     KL of the next-token distributions at the sampled prefix: on-policy the values sum to

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo_lab
+from grpo_lab.exact.bandit import BanditProblem, sample_bandit_group
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -42,9 +42,9 @@ def test_readme_primitives_snippet_samples_whitens_and_differentiates(capsys):
 
 
 def test_sample_bandit_group_is_the_loops_sampler_and_task():
-    problem = grpo_lab.BanditProblem(torch.tensor([[0.9, 0.5, 0.1], [0.0, 1.0, 0.0]], dtype=torch.float64))
+    problem = BanditProblem(torch.tensor([[0.9, 0.5, 0.1], [0.0, 1.0, 0.0]], dtype=torch.float64))
     logits = torch.tensor([[0.0, 0.0, 0.0], [2.0, -1.0, 0.5]], dtype=torch.float64)
-    group = grpo_lab.sample_bandit_group(problem, logits, 1, 4000, torch.Generator().manual_seed(3))
+    group = sample_bandit_group(problem, logits, 1, 4000, torch.Generator().manual_seed(3))
     # context 1 pays exactly on arm 1; arm frequencies follow α = softmax(logits[1])
     assert torch.equal(group.rewards, (group.arms == 1).to(group.rewards.dtype))
     alpha = torch.softmax(logits[1], 0)
@@ -52,8 +52,8 @@ def test_sample_bandit_group_is_the_loops_sampler_and_task():
     assert (freq - alpha).abs().max() < 4 * (0.25 / 4000) ** 0.5
     torch.testing.assert_close(group.logp_alpha, alpha.log()[group.arms])
     with pytest.raises(ValueError, match=r"logits must have the problem's shape \[C, K\] = \[2, 3\], got \[3\]"):
-        grpo_lab.sample_bandit_group(problem, logits[0], 0, 8, torch.Generator())
+        sample_bandit_group(problem, logits[0], 0, 8, torch.Generator())
     with pytest.raises(ValueError, match="context must be an integer in \\[0, 2\\), got 2"):
-        grpo_lab.sample_bandit_group(problem, logits, 2, 8, torch.Generator())
+        sample_bandit_group(problem, logits, 2, 8, torch.Generator())
     with pytest.raises(ValueError, match="G must be an integer >= 2, got 1"):
-        grpo_lab.sample_bandit_group(problem, logits, 0, 1, torch.Generator())
+        sample_bandit_group(problem, logits, 0, 1, torch.Generator())

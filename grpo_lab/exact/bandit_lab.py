@@ -304,10 +304,8 @@ class BoundConstantsStudy:
 
 
 def tight_lower_bound(L: Array, sigma: Array, tv_pi_alpha: Array, tv_pik_alpha: Array) -> Array:
-    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch)::
-
-        L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)
-    """
+    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch):
+    L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)."""
     return L - (1 - sigma) / sigma * tv_pi_alpha - tv_pik_alpha
 
 
