@@ -19,15 +19,15 @@ import torch
 class Rollout:
     """P prompts × G completions drawn from α, rows ordered prompt-major (row = p·G + g).
 
-    ============== ========== ================================================
-    field          shape      meaning
-    ============== ========== ================================================
-    ``prompts``    P items    whatever the task uses as a prompt
+    =============== ========== ================================================
+    field           shape      meaning
+    =============== ========== ================================================
+    ``prompts``     P items    whatever the task uses as a prompt
     ``completions`` ``[B, T]`` sampled tokens (or arm indices, T = 1)
-    ``logp_alpha`` ``[B, T]`` log α of each sampled token, from the sampler
-    ``mask``       ``[B, T]`` True on real completion tokens (padding False)
-    ``extra``      dict       sampler-specific data (e.g. prompt token ids)
-    ============== ========== ================================================
+    ``logp_alpha``  ``[B, T]`` log α of each sampled token, from the sampler
+    ``mask``        ``[B, T]`` True on real completion tokens (padding False)
+    ``extra``       dict       sampler-specific data (e.g. prompt token ids)
+    =============== ========== ================================================
     """
 
     prompts: Sequence[Any]

@@ -82,9 +82,9 @@ def trl_and_kit_gradients(trainer, off_policy: bool, **kit_options) -> tuple[tor
     with torch.no_grad():
         current = logps(trainer, batch)
     inputs = {k: v for k, v in batch.items() if not k.startswith("_")}
-    inputs["ref_per_token_logps"] = current + batch["_ref_shift"]
+    inputs["ref_per_token_logps"] = (current + batch["_ref_shift"]).clamp(max=0.0)   # log-probs: ≤ 0
     if off_policy:
-        inputs["old_per_token_logps"] = current + batch["_old_shift"]
+        inputs["old_per_token_logps"] = (current + batch["_old_shift"]).clamp(max=0.0)
     trl_grad = gradient(trainer, trainer._compute_loss(trainer.model, inputs))
 
     logp = logps(trainer, batch)

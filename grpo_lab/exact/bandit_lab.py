@@ -18,7 +18,7 @@ import torch
 from ..advantages import whiten, zero_variance_mask
 from ..checks import require_int_at_least, require_number_in
 from ..config import GRPOConfig, smoke_mode
-from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
+from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate, ratios_as_log_probs
 from ..scale.costmodel import StepCostModel, paper_cost_model
 from .bandit import (
     BanditProblem,
@@ -112,9 +112,8 @@ def example_batch(problem: BanditProblem, config: GRPOConfig, seed: int = 0, max
 def surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: float, eps: float,
                      band: str) -> torch.Tensor:
     """f_ε(r, r′, A) for each r′ in ``ratio_ks`` over the grid ``ratio`` (α ≡ 1), ``[len(ratio_ks), N]``."""
-    logp = ratio.log()
-    rows = [clipped_surrogate(logp, torch.full_like(logp, float(np.log(rk))), torch.zeros_like(logp),
-                              torch.full_like(logp, advantage), eps, band=band) for rk in ratio_ks]
+    rows = [clipped_surrogate(*ratios_as_log_probs(ratio, torch.full_like(ratio, rk)),
+                              torch.full_like(ratio, advantage), eps, band=band) for rk in ratio_ks]
     return torch.stack(rows)
 
 
@@ -305,10 +304,8 @@ class BoundConstants:
 
 
 def tight_lower_bound(L: Array, sigma: Array, tv_pi_alpha: Array, tv_pik_alpha: Array) -> Array:
-    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch)::
-
-        L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)
-    """
+    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch):
+    L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)."""
     return L - (1 - sigma) / sigma * tv_pi_alpha - tv_pik_alpha
 
 

@@ -1,4 +1,4 @@
-"""Launch a recipe at scale: ``accelerate launch ... -m grpo_lab.scale.launch --config R``.
+"""Launch a recipe at scale: ``accelerate launch … -m grpo_lab.scale.launch --config R``.
 
 A recipe (``grpo_lab/configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
 :class:`~grpo_lab.lm.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
