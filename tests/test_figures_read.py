@@ -1,5 +1,7 @@
 """Every figure the notebooks draw reads: its labels have text, its shapes are there, every panel's y axis says
-what it holds, its titles fit the figure, its legend fits without scrolling, and distinct series look distinct.
+what it holds, its titles fit the figure, its legend fits without scrolling, and distinct series look distinct
+(in their lines and in their markers). What needs the drawing itself (labels on labels, titles inside another
+subplot, text cut by the edge) is checked on these same figures in Chromium: ``tests/browser/test_figures.py``.
 
 Each figure function of notebooks 01, 01b, 02 and 03 is built here from the committed results (the studies'
 summaries and units, results/offpolicy_split) or from small synthetic inputs, then checked by :func:`problems`,
@@ -182,6 +184,17 @@ def problems(fig: go.Figure, shapes: int = 0) -> list[str]:
         other = seen.setdefault(key, series)
         if other[0] != series[0] and other[1] != series[1]:
             out.append(f"series {series[1]!r} and {other[1]!r} share one style {key[:5]} in one panel")
+    # nor do their markers: a marker's colour and symbol tell its series apart wherever the lines do not show
+    marked: dict[tuple, tuple[str, str]] = {}
+    for index, t in enumerate(fig.data):
+        if t.type != "scatter" or t.visible is False or "markers" not in (t.mode or ""):
+            continue
+        series = (t.legendgroup or t.name or f"#{index}", t.name or "")
+        color = t.marker.color if isinstance(t.marker.color, str) else style_of(t, index, colorway)[1]
+        key = (color, str(t.marker.symbol or "circle"), t.xaxis or "x", t.yaxis or "y")
+        other = marked.setdefault(key, series)
+        if other[0] != series[0] and other[1] != series[1]:
+            out.append(f"series {series[1]!r} and {other[1]!r} share colour and marker {key[:2]} in one panel")
     # a series drawn exactly on another must differ from it in colour and in dash, width or markers, or the one
     # drawn later hides the other
     lines = [(index, t) for index, t in enumerate(fig.data) if t.type == "scatter" and t.visible is not False
@@ -480,6 +493,11 @@ def test_each_rule_fails_on_a_figure_that_breaks_it() -> None:
     alike.add_scatter(x=[0, 1], y=[0, 1], name="v4_ratio", line=dict(color="red"))
     alike.add_scatter(x=[0, 1], y=[0, 2], name="v16_ratio", line=dict(color="red"), opacity=0.5)
     assert any("share one style" in p for p in problems(alike))
+    marked = go.Figure(layout=dict(yaxis_title="J"))
+    marked.add_scatter(x=[0, 1], y=[0, 1], name="ratio", mode="lines+markers", line=dict(color="red"))
+    marked.add_scatter(x=[0, 1], y=[0, 2], name="ratio · seq", mode="lines+markers",
+                       line=dict(color="red", dash="dash"))
+    assert any("share colour and marker" in p for p in problems(marked))
     hidden = go.Figure(layout=dict(yaxis_title="ΔJ"))
     hidden.add_scatter(x=[0, 1, 2], y=[0, 0, 0], name="mask, unmasked", line=dict(color="red"))
     hidden.add_scatter(x=[0, 1, 2], y=[0, 1e-6, 0], name="no mask", line=dict(color="green"))
