@@ -111,27 +111,22 @@ def test_named_figures_have_titled_axes_full_legends_and_no_cut_labels(tmp_path,
     assert not chromium_page.errors, chromium_page.errors
 
 
-KNOWN: dict[str, str] = {}
-"""Figures that do not read yet, each with why (strict: a figure fixed fails here until it is taken off)."""
-
-
 def test_every_figure_reads_as_drawn(tmp_path, chromium_page, screenshot_dir, deadline):
-    """Each figure of the figure test, drawn once: the rules of :func:`drawn_figure.problems` on what Chromium laid
-    out. A figure on :data:`KNOWN` must still break a rule; every other must break none."""
+    """Each figure of the figure test and each of the figures above, drawn once: the rules of
+    :func:`drawn_figure.problems` on what Chromium laid out: none may break one."""
     page = chromium_page.page
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                else route.abort())
     html = tmp_path / "figure.html"
     html.write_text(drawn_figure.page_html())
     page.goto(html.as_uri(), timeout=deadline.ms(30))
+    every = {name: built(notebook)[name]()[0] for notebook, name in CASES} | figures()
     found: dict[str, list[str]] = {}
-    for notebook, name in CASES:
-        fig, _ = built(notebook)[name]()
+    for name, fig in every.items():
         found[name] = drawn_figure.problems(drawn_figure.draw(page, fig))
         page.screenshot(path=screenshot_dir / f"reads_{name.replace(' ', '_').replace('/', '_')}.png",
                         full_page=True, timeout=deadline.ms(30))
-    assert {name: lines for name, lines in found.items() if lines and name not in KNOWN} == {}
-    assert [name for name in KNOWN if not found[name]] == [], "fixed: take these off KNOWN"
+    assert {name: lines for name, lines in found.items() if lines} == {}
     assert not chromium_page.errors, chromium_page.errors
 
 
