@@ -1,5 +1,7 @@
 """Every figure the notebooks draw reads: its labels have text, its shapes are there, every panel's y axis says
-what it holds, its titles fit the figure, its legend fits without scrolling, and distinct series look distinct.
+what it holds, its titles fit the figure, its legend fits without scrolling, and distinct series look distinct
+(in their lines and in their markers). What needs the drawing itself (labels on labels, titles inside another
+subplot, text cut by the edge) is checked on these same figures in Chromium: ``tests/browser/test_figures.py``.
 
 Each figure function of notebooks 01, 01b, 02 and 03 is built here from the committed results (the studies'
 summaries and units, results/offpolicy_split) or from small synthetic inputs, then checked by :func:`problems`,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +184,17 @@ def problems(fig: go.Figure, shapes: int = 0) -> list[str]:
         other = seen.setdefault(key, series)
         if other[0] != series[0] and other[1] != series[1]:
             out.append(f"series {series[1]!r} and {other[1]!r} share one style {key[:5]} in one panel")
+    # nor do their markers: a marker's colour and symbol tell its series apart wherever the lines do not show
+    marked: dict[tuple, tuple[str, str]] = {}
+    for index, t in enumerate(fig.data):
+        if t.type != "scatter" or t.visible is False or "markers" not in (t.mode or ""):
+            continue
+        series = (t.legendgroup or t.name or f"#{index}", t.name or "")
+        color = t.marker.color if isinstance(t.marker.color, str) else style_of(t, index, colorway)[1]
+        key = (color, str(t.marker.symbol or "circle"), t.xaxis or "x", t.yaxis or "y")
+        other = marked.setdefault(key, series)
+        if other[0] != series[0] and other[1] != series[1]:
+            out.append(f"series {series[1]!r} and {other[1]!r} share colour and marker {key[:2]} in one panel")
     # a series drawn exactly on another must differ from it in colour and in dash, width or markers, or the one
     # drawn later hides the other
     lines = [(index, t) for index, t in enumerate(fig.data) if t.type == "scatter" and t.visible is not False
@@ -276,7 +290,34 @@ def _panel_figure(problem, config) -> go.Figure:
     return BanditPanel(problem, config, runs=2, mode="none").figure
 
 
+def digit_tokenizer():
+    """What :func:`digits_lm.answer_space` reads of a tokenizer: one id per digit (its value) and EOS after them."""
+    from types import SimpleNamespace
+
+    from grpo_lab.exact.digits_lm import DIGITS
+
+    return SimpleNamespace(convert_tokens_to_ids=DIGITS.index, unk_token_id=-1, eos_token_id=len(DIGITS),
+                           batch_decode=lambda rows, **_: ["".join(DIGITS[i] for i in r if i < len(DIGITS))
+                                                           for r in rows])
+
+
+def bias_sweep_made_up(lags: int = 6) -> dict:
+    """§4's sweep on two-digit answers: α a random policy, π_ℓ moved from it by ℓ equal random steps."""
+    from grpo_lab.config import GRPOConfig
+    from grpo_lab.exact.correction_bias import bias_sweep
+    from grpo_lab.exact.digits_lm import answer_space
+
+    space = answer_space(digit_tokenizer(), max_tokens=2)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, int(space.prefix.max()) + 1, len(space.vocab_ids), generator=g, dtype=torch.float64)
+    step = torch.randn(logits.shape, generator=g, dtype=torch.float64)
+    tables = [(logits + 0.1 * lag * step).log_softmax(-1) for lag in range(lags + 1)]
+    rewards = (torch.rand(1, len(space.texts), generator=g) < 0.3).double()
+    return bias_sweep(tables, tables[0], rewards, space, GRPOConfig())
+
+
 def notebook01b() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
+    from grpo_lab.exact.correction_bias import bias_figure
     from grpo_lab.exact.digits_lm import ExactStep, bound_figure
 
     rng = np.random.default_rng(0)
@@ -284,7 +325,8 @@ def notebook01b() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
                                                                        "tv_next", "tv_k", "bound")})
              for k in range(4)]
     return {"01b Theorem 1": lambda: (bound_figure({"v = 1": steps, "v = 3": steps}, ["What is 4 + 0?",
-                                                                                       "What is 0 + 4?"]), 0)}
+                                                                                       "What is 0 + 4?"]), 0),
+            "01b bias": lambda: (bias_figure(bias_sweep_made_up(), lag=6), 0)}
 
 
 def fake_records(v: int, steps: int = 9) -> list[StepRecord]:
@@ -333,15 +375,19 @@ def notebook02() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
 
 
 def _side_by_side() -> go.Figure:
-    """§2's live figure on synthetic arms of the three kinds it draws (v = 1, a lag with and without r′)."""
+    """§2's live figure on synthetic arms of the three kinds it draws (v = 1, a lag with and without r′), each
+    with its own J and drift."""
     from grpo_lab.lm.recipes import recipe
     from studies.lag_frontier.side_by_side import Arm, side_by_side_figure
 
     base = recipe("cpu_arith_smollm2")
-    arms = {name: Arm(name, base.replace(**fields), history=fake_records(fields["v"], steps=16),
-                      j={0: (0.07, 0.0), 8: (0.05 + 0.01 * fields["v"], 0.0), 16: (0.03 + 0.01 * fields["v"], 0.0)})
-            for name, fields in (("v1", {"v": 1}), ("v16_ratio", {"v": 16, "is_correction": "ratio"}),
-                                 ("v16_none", {"v": 16, "is_correction": "none"}))}
+    arms = {name: Arm(name, base.replace(**fields),
+                      history=[replace(r, log_ratio_k_abs=r.log_ratio_k_abs * (1 + 0.5 * n))
+                               for r in fake_records(fields["v"], steps=16)],
+                      j={0: (0.07, 0.0), 8: (0.05 + 0.01 * fields["v"] - 0.02 * n, 0.0),
+                         16: (0.03 + 0.01 * fields["v"] - 0.04 * n, 0.0)})
+            for n, (name, fields) in enumerate((("v1", {"v": 1}), ("v16_ratio", {"v": 16, "is_correction": "ratio"}),
+                                                ("v16_none", {"v": 16, "is_correction": "none"})))}
     return side_by_side_figure(arms, "27 of 363 questions")
 
 
@@ -382,7 +428,7 @@ BUILDERS = {"01": notebook01, "01b": notebook01b, "02": notebook02, "03": notebo
 CASES = [("01", name) for name in ("01 whitening", "01 surrogate", "01 timeline", "01 KL gradient", "01 KL values",
                                    "01 Theorem 1", "01 constants", "01 TV", "01 lag", "01 weight", "01 findings",
                                    "01 (a′) optimisers", "01 wall clock", "01 live panel")]
-CASES += [("01b", "01b Theorem 1")]
+CASES += [("01b", "01b Theorem 1"), ("01b", "01b bias")]
 CASES += [("02", name) for name in ("02 decided", "02 drift cost", "02 frontier", "02 drift", "02 questions",
                                     "02 mask", "02 group's r′", "02 dashboard", "02 side by side")]
 CASES += [("03", name) for name in ("03 fit", "03 step time", "03 speed-up v", "03 speed-up size", "03 split",
@@ -447,6 +493,11 @@ def test_each_rule_fails_on_a_figure_that_breaks_it() -> None:
     alike.add_scatter(x=[0, 1], y=[0, 1], name="v4_ratio", line=dict(color="red"))
     alike.add_scatter(x=[0, 1], y=[0, 2], name="v16_ratio", line=dict(color="red"), opacity=0.5)
     assert any("share one style" in p for p in problems(alike))
+    marked = go.Figure(layout=dict(yaxis_title="J"))
+    marked.add_scatter(x=[0, 1], y=[0, 1], name="ratio", mode="lines+markers", line=dict(color="red"))
+    marked.add_scatter(x=[0, 1], y=[0, 2], name="ratio · seq", mode="lines+markers",
+                       line=dict(color="red", dash="dash"))
+    assert any("share colour and marker" in p for p in problems(marked))
     hidden = go.Figure(layout=dict(yaxis_title="ΔJ"))
     hidden.add_scatter(x=[0, 1, 2], y=[0, 0, 0], name="mask, unmasked", line=dict(color="red"))
     hidden.add_scatter(x=[0, 1, 2], y=[0, 1e-6, 0], name="no mask", line=dict(color="green"))

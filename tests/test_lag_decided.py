@@ -55,8 +55,9 @@ def test_error_rates_at_the_null(d, word):
 
 def _unit(arm: str, seed: int, j_auc: float) -> dict:
     per_question = {str(k): [j_auc] * 363 for k in (0, 32, 64, 96, 128)}
-    return {"arm": arm, "seed": seed, "j_auc": j_auc, "j_final": j_auc, "j_curve": {k: j_auc for k in per_question},
-            "j_per_question": per_question,
+    v = {**design.ARMS, **design.CORRECTION_ARMS}[arm]["v"]
+    return {"arm": arm, "v": v, "seed": seed, "j_auc": j_auc, "j_final": j_auc,
+            "j_curve": {k: j_auc for k in per_question}, "j_per_question": per_question,
             "records": [{"skipped": False, "lag": 1, "log_ratio_k_abs": 0.1, "drop_frac": 0.0}]}
 
 
@@ -114,7 +115,7 @@ def test_the_drift_picture_pairs_each_lagged_unit_with_v1_at_its_seed():
     from studies.lag_decided.plots import drift_cost_figure, drift_points
 
     def unit(arm, seed, j_auc, drift, correction="ratio", beta=0.0):
-        return {"arm": arm, "seed": seed, "j_auc": j_auc, "is_correction": correction, "beta": beta,
+        return {"arm": arm, "v": 4, "seed": seed, "j_auc": j_auc, "is_correction": correction, "beta": beta,
                 "records": [{"skipped": False, "lag": 1, "log_ratio_k_abs": drift},
                             {"skipped": True, "lag": 2, "log_ratio_k_abs": 99.0}]}
 

@@ -243,28 +243,36 @@ def bias_sweep(tables: list[torch.Tensor], cond_alpha: torch.Tensor, rewards: to
 
 STYLES = {"ratio": ("#1f77b4", "circle"), "truncated": ("#ff7f0e", "square"), "mask": ("#2ca02c", "diamond"),
           "icepop": ("#9467bd", "triangle-up"), "none": ("#7f7f7f", "x"), TRL_DEFAULT_NAME: ("#d62728", "star")}
-"""Colour and marker per correction (a labelled row by its name); the level is the line's dash (token solid,
-sequence dashed)."""
+"""Colour and marker per correction (a labelled row by its name); the level is the line's dash and the marker's
+fill (token: solid line, filled marker; sequence: dashed line, open marker)."""
+MARKER_PX = {"mask": 15}
+"""Marker size where not 9 px: ``mask`` at C is the band [1/C, C], which is ``icepop``'s wherever the floor a is
+1/C, so its points lie under icepop's (drawn later) and its larger marker shows around them."""
 
 
 def bias_figure(sweep: dict[int, list[CorrectionBias]], lag: int | None = None) -> Any:
     """Bias against per-sample variance, one curve over the lag per correction: relative error (left, every lag)
-    and 1 − cosine (right, log scale, lags ≥ 1: at lag 0 it is 0); x = var/‖target‖². ``lag`` rings that lag."""
+    and 1 − cosine (right, log scale, lags ≥ 1: at lag 0 it is 0); x = var/‖target‖². ``lag`` rings that lag.
+    A point's lag shows on hover (its ``text``): printed beside every point, the labels of ten curves run into
+    each other."""
     from plotly.subplots import make_subplots
 
     lags = sorted(sweep)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.2, subplot_titles=(
         "relative error ‖m − κ∇J‖/‖κ∇J‖", "1 − cosine(m, ∇J), lags ≥ 1"))
     for j, first in enumerate(sweep[lags[0]]):
         color, symbol = STYLES.get(first.name, STYLES[first.is_correction])
+        symbol += "" if first.level == "token" else "-open"
         points = [sweep[k][j] for k in lags]
         for col, ys, ks in ((1, [p.rel_error for p in points], lags),
                             (2, [1 - p.cosine for p in points[1:]], lags[1:])):
             xs = [p.var / p.target_norm**2 for p in (points if col == 1 else points[1:])]
             fig.add_scatter(x=xs, y=[max(y, 1e-16) for y in ys] if col == 2 else ys, row=1, col=col,
-                            mode="lines+markers+text", text=[str(k) for k in ks], textposition="top center",
+                            mode="lines+markers", text=[str(k) for k in ks],
                             line=dict(color=color, dash="solid" if first.level == "token" else "dash"),
-                            marker=dict(symbol=symbol, size=9), name=first.name, legendgroup=first.name,
+                            marker=dict(symbol=symbol, size=MARKER_PX.get(first.is_correction, 9),
+                                        line=dict(color=color, width=1.5)),
+                            name=first.name, legendgroup=first.name,
                             showlegend=col == 1, hovertemplate="lag %{text}<br>var %{x:.3g}<br>%{y:.3g}")
     for col in (1, 2):
         chosen = [] if lag is None or (col == 2 and lag == lags[0]) else sweep[lag]
@@ -275,5 +283,6 @@ def bias_figure(sweep: dict[int, list[CorrectionBias]], lag: int | None = None) 
     fig.update_xaxes(type="log", title_text="per-sample variance tr Cov(u) / ‖κ∇J‖²")
     fig.update_yaxes(title_text="relative error", row=1, col=1)
     fig.update_yaxes(title_text="1 − cosine", type="log", row=1, col=2)
-    fig.update_layout(height=520, title="Each correction's bias and variance under lag, exact (labels: the lag)")
+    fig.update_layout(height=520, title="Each correction's bias and variance under lag, exact<br><sup>each curve "
+                                        "runs over the lags 0, 1, 2, …; hover a point for its lag</sup>")
     return fig

@@ -64,11 +64,12 @@ def dashboard(runs: Mapping[str, Sequence[Any]], title: str = "", mode: str | No
     fig.update_layout(**title_below_toolbar(title, HEIGHT, headroom=SUBPLOT_TITLE_PX))
     fig.update_layout(margin=dict(b=30))
     fig.update_annotations(font_size=12)
-    for colour, (name, records) in zip(COLOURS * 4, runs.items()):
+    for order, (colour, (name, records)) in enumerate(zip(COLOURS * 4, runs.items())):
         steps = _values(records, "step")
+        later = len(runs) - 1 - order   # runs drawn over this one: its markers show around theirs where they meet
         for index, (key, _) in enumerate(PANELS):
             fig.add_trace(go.Scatter(x=steps, y=_values(records, key), name=name, legendgroup=name,
-                                     showlegend=index == 0, mode="lines+markers", marker_size=4,
+                                     showlegend=index == 0, mode="lines+markers", marker_size=4 + 2 * later,
                                      line=dict(color=colour)), row=index // COLUMNS + 1, col=index % COLUMNS + 1)
     for index, (key, _) in enumerate(PANELS):
         fig.update_xaxes(title_text="step", title_standoff=2, row=index // COLUMNS + 1, col=index % COLUMNS + 1)

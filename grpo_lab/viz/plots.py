@@ -268,9 +268,9 @@ def bound_weight_figure(eps_stds: Sequence[float], points: int = 401) -> go.Figu
     for n, eps in enumerate(eps_stds):
         w = bound_weight(torch.ones_like(p), p, eps)                    # [N]
         fig.add_trace(go.Scatter(x=p[:, 0].numpy(), y=w.numpy(), name=f"ε_std = {eps:g}", line=dict(color=COLORS[n])))
-    fig.add_hline(y=1, line=dict(color="grey", dash="dash"), annotation_position="top left",
-                  annotation_text="weight ≥ 1 (σ ≤ ½): with the factor 2 the bound is ≤ 0")
-    fig.update_layout(title="Theorem 1's weight (1 − σ)/σ on TV(π, α)", xaxis_title="success probability p = μ_α(x)",
+    fig.add_hline(y=1, line=dict(color="grey", dash="dash"))
+    fig.update_layout(title="Theorem 1's weight (1 − σ)/σ on TV(π, α)<br><sup>dashed: weight 1; above it (σ ≤ ½), "
+                            "with the factor 2 the bound is ≤ 0</sup>", xaxis_title="success probability p = μ_α(x)",
                       yaxis=dict(title="(1 − σ)/σ", type="log"), height=HEIGHT)
     return fig
 

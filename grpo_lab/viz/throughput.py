@@ -68,25 +68,27 @@ def speedup_size_figure(v: int, fixed_shares: Sequence[float]) -> go.Figure:
                      title=f"{PAPER}-anchored prediction against model size (sync at "
                            f"{paper_effective_bandwidth_gb_s():.2f} GB/s, bf16)")
     for share, speedups in size_speedups(v, fixed_shares).items():
-        fig.add_scatter(x=list(MODEL_SIZES.values()), y=speedups, text=list(MODEL_SIZES), mode="lines+markers+text",
-                        textposition="top center", name=f"gen+train: {share:.0%} fixed per step, rest ∝ N")
+        fig.add_scatter(x=list(MODEL_SIZES.values()), y=speedups, text=list(MODEL_SIZES), mode="lines+markers",
+                        hovertemplate="%{text}: %{y:.3f}", name=f"gen+train: {share:.0%} fixed per step, rest ∝ N")
+    # the sizes named once, on the axis: over each line's points their names run into each other
+    fig.update_xaxes(tickvals=list(MODEL_SIZES.values()), ticktext=list(MODEL_SIZES))
     return fig
 
 
 def split_figure(data: Mapping[str, Any]) -> go.Figure:
     """Per step of each run (:func:`~grpo_lab.scale.throughput.load_split`'s data), the two parts of log r′:
-    staleness |log π_k − log π_sync| (solid) and mismatch |log π_sync − log α| (dotted), one colour per run, log
-    scale (a part equal to 0 is not drawn)."""
+    staleness |log π_k − log π_sync| (solid, filled markers) and mismatch |log π_sync − log α| (dotted, open
+    markers), one colour per run, log scale (a part equal to 0 is not drawn)."""
     fig = new_figure(height=420, xaxis_title="step k (lag in the hover)", yaxis_title="mean |·| per token",
                      yaxis_type="log", title="MEASURED by experiments/offpolicy_split.py: log r′ in two parts")
     for run, color in zip(data["runs"], itertools.cycle(qualitative.Plotly)):
         steps = [r["step"] for r in run["records"]]
         lags = [f"lag {r['lag']}" for r in run["records"]]
-        for key, dash in (("staleness_abs", "solid"), ("mismatch_abs", "dot")):
+        for key, dash, symbol in (("staleness_abs", "solid", "circle"), ("mismatch_abs", "dot", "circle-open")):
             values = [r[key] if r[key] > 0 else None for r in run["records"]]
             if any(value is not None for value in values):  # v = 1: staleness is 0 at every step
                 fig.add_scatter(x=steps, y=values, text=lags, mode="lines+markers", line=dict(dash=dash, color=color),
-                                name=f"{run['name']}: {key.removesuffix('_abs')}")
+                                marker_symbol=symbol, name=f"{run['name']}: {key.removesuffix('_abs')}")
     return fig
 
 

@@ -5,7 +5,9 @@ the drift picture (what a lag costs in J_auc against how far the policy moved wh
 The drift picture has one point per arm (mean over its seeds, 95 % t intervals both ways) and a faint point per
 seed: x is the unit's mean |log r′| per token over its trained steps (the drift across the lag window), y its J_auc
 minus ``v1``'s at the same seed and lr. Colour is the correction, the marker the study (the 5-seed frontier at lr
-1e-5, this study's confirmatory arms at 1e-5, its second regime at 3e-6). What it lets a learner see: the cost of a
+1e-5, this study's confirmatory arms at 1e-5, its second regime at 3e-6), the marker's fill the frontier's v; the
+legend names each arm under its study (names printed beside the points run into each other). What it lets a
+learner see: the cost of a
 lag is consistent with the drift; the drift is an outcome that moves with the lr and with v, so the figure does not
 separate it from them.
 """
@@ -29,6 +31,8 @@ from studies.readme import signed_interval
 CORRECTION_COLORS = {"ratio": "#1f77b4", "truncated": "#2ca02c", "none": "#d62728", "mask": "#9467bd",
                      "icepop": "#8c564b", "icepop (sequence)": "#e377c2"}
 STUDY_MARKERS = {"frontier (lr 1e-5)": "circle", "decided (lr 1e-5)": "diamond", "decided (lr 3e-6)": "square"}
+V_FILLS = {4: "-open", 16: "-open-dot"}
+"""The marker's fill per v where not filled: the frontier's arms of one correction differ only in v."""
 
 
 def drift_points(units: Iterable[Mapping[str, Any]], study: str) -> list[dict[str, Any]]:
@@ -36,7 +40,7 @@ def drift_points(units: Iterable[Mapping[str, Any]], study: str) -> list[dict[st
     (units without a ``v1`` partner, and the β > 0 mask arms, are left out)."""
     units = [u for u in units if u.get("beta", 0.0) == 0.0]
     v1 = {u["seed"]: u["j_auc"] for u in units if u["arm"] == "v1"}
-    return [{"study": study, "arm": u["arm"], "seed": u["seed"],
+    return [{"study": study, "arm": u["arm"], "v": u["v"], "seed": u["seed"],
              "correction": u["is_correction"] + (" (sequence)" if u.get("level") == "sequence" else ""),
              "drift": drift(u), "cost": u["j_auc"] - v1[u["seed"]]}
             for u in units if u["arm"] != "v1" and u["seed"] in v1]
@@ -67,32 +71,35 @@ def study_points(frontier_units: Path, decided: Path) -> list[dict[str, Any]]:
 
 
 def drift_cost_figure(points: list[dict[str, Any]]) -> go.Figure:
-    """J_auc − v1 against the window drift: per arm a mean with 95 % t intervals, per seed a faint point."""
+    """J_auc − v1 against the window drift: per arm a mean with 95 % t intervals, per seed a faint point; the
+    legend lists the arms by study."""
     fig = go.Figure()
-    arms = sorted({(p["study"], p["arm"], p["correction"]) for p in points})
-    shown: set[str] = set()
-    for study, arm, correction in arms:
+    arms = sorted({(p["study"], p["v"], p["arm"], p["correction"]) for p in points},
+                  key=lambda a: (list(STUDY_MARKERS).index(a[0]) if a[0] in STUDY_MARKERS else len(STUDY_MARKERS),)
+                  + a)
+    for study, v, arm, correction in arms:
         rows = [p for p in points if (p["study"], p["arm"]) == (study, arm)]
         x, y = np.array([p["drift"] for p in rows]), np.array([p["cost"] for p in rows])
-        color, symbol = CORRECTION_COLORS.get(correction, "black"), STUDY_MARKERS.get(study, "x")
+        color = CORRECTION_COLORS.get(correction, "black")
+        symbol = STUDY_MARKERS.get(study, "x") + V_FILLS.get(v, "")
         fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(color=color, symbol=symbol, size=6),
-                                 opacity=0.25, showlegend=False, legendgroup=correction, hoverinfo="text",
+                                 opacity=0.25, name=arm, showlegend=False, legendgroup=study, hoverinfo="text",
                                  text=[f"{arm} seed {p['seed']} ({study})" for p in rows]))
         (mx, hx), (my, hy) = mean_ci(x), mean_ci(y)
         fig.add_trace(go.Scatter(
-            x=[float(mx)], y=[float(my)], mode="markers+text", text=[arm], textposition="top center",
-            name=correction, legendgroup=correction, showlegend=correction not in shown,
-            marker=dict(color=color, symbol=symbol, size=12, line=dict(color="black", width=1)),
+            x=[float(mx)], y=[float(my)], mode="markers", name=arm, legendgroup=study,
+            legendgrouptitle_text=study, marker=dict(color=color, symbol=symbol, size=12,
+                                                      line=dict(color="black", width=1)),
             error_x=dict(type="data", array=[0.0 if np.isnan(hx) else float(hx)]),
-            error_y=dict(type="data", array=[0.0 if np.isnan(hy) else float(hy)]),
+            error_y=dict(type="data", array=[0.0 if np.isnan(hy) else float(hy)]), hoverinfo="text",
             hovertext=f"{arm} ({study}): drift {float(mx):.2f}, J_auc − v1 {float(my):+.3f}, {len(rows)} seeds"))
-        shown.add(correction)
     fig.add_hline(y=0.0, line=dict(color="grey", dash="dot", width=1))
     fig.update_xaxes(title_text="drift over the lag window: mean |log r′| per token", type="log")
     fig.update_yaxes(title_text="J_auc − v1's (same seed, same lr)")
-    markers = ", ".join(f"{m}: {s}" for s, m in STUDY_MARKERS.items())
-    fig.update_layout(title=f"What a lag costs, against the drift over its window<br><sup>markers: {markers}</sup>",
-                      height=HEIGHT, legend_title="correction")
+    fills = ", ".join(f"{name.strip('-').replace('-', ' ')} v = {v}" for v, name in V_FILLS.items())
+    fig.update_layout(title=f"What a lag costs, against the drift over its window<br><sup>colour: the correction; "
+                            f"marker: the study; frontier: {fills}, filled v = 32</sup>",
+                      height=HEIGHT + 180, legend=dict(groupclick="toggleitem"))
     return fig
 
 

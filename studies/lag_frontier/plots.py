@@ -69,8 +69,9 @@ def frontier_figure(summary: Mapping[str, Any]) -> go.Figure:
             fig.add_hrect(y0=v1["mean"] - margin, y1=v1["mean"] + margin, fillcolor="grey", opacity=0.15,
                           line_width=0, row=1, col=col)
         lines = ((summary["untrained_j"], "untrained", "dot", "bottom right"),
-                 (summary["constant_answer_j"], "best constant answer", "dash", "top left"))
-        for y, label, dash, position in lines:   # the two lie close: labels on opposite sides, left panel only
+                 (summary["constant_answer_j"], "best constant answer", "dash", "top right"))
+        # the two lie close: labels above and below, left panel only, at the right (the y tick labels are left)
+        for y, label, dash, position in lines:
             labelled = dict(annotation_text=label, annotation_position=position) if col == 1 else {}
             fig.add_hline(y=y, line=dict(color="black", dash=dash, width=1), row=1, col=col, **labelled)
         fig.update_xaxes(type="log", tickvals=list(V_GRID), ticktext=[str(v) for v in V_GRID], title_text="v",
@@ -99,7 +100,8 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.12, subplot_titles=[
         "(a) drift by lag", "(b) r′: p50, p99 (dot)", "(c) ESS / N, ◆ applied"])
     names, ess, applied, colors, capped_text = [], [], [], [], []
-    for arm, runs in _by_arm(trained).items():
+    # v1 last: every arm starts at lag 0 where v1 has its only point, which the others would cover
+    for arm, runs in sorted(_by_arm(trained).items(), key=lambda item: item[1][0]["v"] == 1):
         v, correction = runs[0]["v"], runs[0]["is_correction"]
         color, dash = CORRECTION_STYLE[correction] if v > 1 else ("black", "solid")
         records = [r for u in runs for r in u["records"] if not r["skipped"]]
@@ -110,12 +112,13 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
         fig.add_trace(go.Scatter(x=lags, y=[np.mean([r["log_ratio_k_abs"] for r in at[g]]) for g in lags],
                                  name=label, legendgroup=arm, mode="lines+markers",
                                  line=dict(color=color, dash=dash, width=1 + v / 8),
-                                 marker=dict(symbol=symbol, size=6)), row=1, col=1)
+                                 marker=dict(symbol=f"{symbol}-open", size=6)), row=1, col=1)   # open: arms
+        # of one v whose drifts coincide (ratio and truncated, before any cap binds) show through one another
         for key, line in (("log_ratio_k_p50", dash), ("log_ratio_k_p99", "dot")):
             fig.add_trace(go.Scatter(x=lags, y=[float(np.exp(np.median([r[key] for r in at[g]]))) for g in lags],
                                      name=f"{label}, {key[-3:]}", legendgroup=arm, showlegend=False,
-                                     mode="lines+markers", marker=dict(symbol=symbol, size=5),
-                                     line=dict(color=color, dash=line, width=1 + v / 8)), row=1, col=2)
+                                     mode="lines", line=dict(color=color, dash=line, width=1 + v / 8)),
+                          row=1, col=2)   # no markers: the arms' medians lie on one another at r′ = 1
         capped = np.mean([r["cap_frac"] for r in records])
         names.append(arm)
         ess.append(np.mean([r["ess_token"] for r in records]))
@@ -123,18 +126,20 @@ def drift_figure(units: Sequence[Mapping[str, Any]]) -> go.Figure:
         colors.append(color)
         capped_text.append(f"{capped:.1%} capped" if correction == "truncated" and v > 1 else "")
     fig.add_trace(go.Bar(x=names, y=ess, marker_color=colors, text=capped_text, name="ESS / N, raw",
-                         showlegend=False), row=1, col=3)
+                         textposition="inside", insidetextanchor="start", textangle=-90, constraintext="none",
+                         textfont_size=10, showlegend=False), row=1, col=3)
     fig.add_trace(go.Scatter(x=names, y=applied, mode="markers", marker=dict(color="black", symbol="diamond"),
                              name="ESS / N, applied", showlegend=False), row=1, col=3)
     for col in (1, 2):
         fig.update_xaxes(title_text="lag k − k₀ (steps)", tickformat="d", row=1, col=col)
-    fig.update_xaxes(title_text="arm", row=1, col=3)
+    fig.update_xaxes(title_text="arm", tickmode="array", tickvals=names, tickangle=-90, row=1, col=3)
     fig.update_yaxes(title_text="mean |log r′| per token", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="r′", type="log", row=1, col=2)
     fig.update_yaxes(title_text="ESS / N", range=[0, 1.05], row=1, col=3)
-    fig.update_layout(title=f"Drift and importance weights by lag ({len(trained)} units)", height=HEIGHT + 90,
-                      barmode="overlay", margin=dict(b=150),
-                      legend=dict(orientation="h", x=0, xanchor="left", y=-0.3, yanchor="top"))  # every arm shows
+    # every arm shows: the legend in rows at the figure's foot, under the arms' names and the axis titles
+    fig.update_layout(title=f"Drift and importance weights by lag ({len(trained)} units)", height=HEIGHT + 190,
+                      barmode="overlay", margin=dict(b=250),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=0, yref="container", yanchor="bottom"))
     return fig
 
 

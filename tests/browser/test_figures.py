@@ -1,14 +1,22 @@
-"""The figures issue 37 named, drawn by Chromium from standalone pages (offline, plotly inlined): notebook
-01b's Theorem 1 figure, notebook 01's findings and wall-clock figures, notebook 02's group view and run
-dashboard, and its drift figure (on made-up records of two runs). For each, a screenshot in
-``outputs/browser/`` and what a test can check of the drawing: every axis has its title, the legend lists
-every named series, and no label is cut short with "…". Run with ``make test-browser``."""
+"""The notebooks' figures, drawn by Chromium from standalone pages (offline, plotly inlined).
+
+The figures issue 37 named (notebook 01b's Theorem 1 figure, notebook 01's findings and wall-clock figures,
+notebook 02's group view and run dashboard, and its drift figure on made-up records of two runs): a screenshot of
+each in ``outputs/browser/`` and what a test can check of the drawing: every axis has its title, the legend lists
+every named series, and no label is cut short with "…".
+
+Every figure ``tests/test_figures_read.py`` builds, drawn at a notebook's width and held to the rules of
+:mod:`drawn_figure`, which read the browser's own boxes: no label on another label or a tick label, no axis title
+inside another subplot or on the legend, no text cut by the figure's edge or too small to read, every category
+labelled, and no two series that look alike or hide one another. Run with ``make test-browser``."""
 
 from __future__ import annotations
 
+import drawn_figure
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from test_figures_read import CASES, built
 
 from grpo_lab.exact import bandit_lab
 from grpo_lab.exact.digits_lm import ExactStep, bound_figure
@@ -101,3 +109,70 @@ def test_named_figures_have_titled_axes_full_legends_and_no_cut_labels(tmp_path,
         assert not drawn["cut"], f"{name}: labels cut short: {drawn['cut']}"
         page.screenshot(path=screenshot_dir / f"figure_{name}.png", full_page=True)
     assert not chromium_page.errors, chromium_page.errors
+
+
+def test_every_figure_reads_as_drawn(tmp_path, chromium_page, screenshot_dir, deadline):
+    """Each figure of the figure test and each of the figures above, drawn once: the rules of
+    :func:`drawn_figure.problems` on what Chromium laid out: none may break one."""
+    page = chromium_page.page
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+               else route.abort())
+    html = tmp_path / "figure.html"
+    html.write_text(drawn_figure.page_html())
+    page.goto(html.as_uri(), timeout=deadline.ms(30))
+    every = {name: built(notebook)[name]()[0] for notebook, name in CASES} | figures()
+    found: dict[str, list[str]] = {}
+    for name, fig in every.items():
+        found[name] = drawn_figure.problems(drawn_figure.draw(page, fig))
+        page.screenshot(path=screenshot_dir / f"reads_{name.replace(' ', '_').replace('/', '_')}.png",
+                        full_page=True, timeout=deadline.ms(30))
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert not chromium_page.errors, chromium_page.errors
+
+
+def made_to_break() -> dict[str, tuple[go.Figure, str]]:
+    """One small figure per rule, each breaking it, with a phrase of the problem it must raise."""
+    from plotly.subplots import make_subplots
+
+    labels = go.Figure(go.Scatter(x=[0, 1, 1.01], y=[0, 1, 1], mode="markers+text",
+                                  text=["", "v10_ratio", "v10_none"]),
+                       layout=dict(yaxis_title="J"))
+    near_tick = go.Figure(go.Scatter(x=[0, 1], y=[0, 10], name="a"), layout=dict(yaxis_title="J"))
+    near_tick.add_annotation(x=0, xref="x domain", xanchor="left", y=4, text="a note", showarrow=False)
+    squeezed = make_subplots(rows=1, cols=2, horizontal_spacing=0.02)
+    squeezed.add_scatter(x=[0, 1], y=[0, 1], row=1, col=1, name="a")
+    squeezed.add_scatter(x=[0, 1], y=[0, 1e-9], row=1, col=2, name="b")
+    squeezed.update_yaxes(title_text="1 − cosine of the two", row=1, col=2)
+    cut = go.Figure(go.Scatter(x=[0, 1], y=[0, 1], mode="markers+text", text=["", "a label past the right edge"],
+                               textposition="middle right", cliponaxis=False), layout=dict(yaxis_title="J"))
+    alike = go.Figure(layout=dict(yaxis_title="J"))
+    alike.add_scatter(x=[0, 1], y=[0, 1], mode="lines+markers", name="ratio", line=dict(color="red"))
+    alike.add_scatter(x=[0, 1], y=[1, 0], mode="lines+markers", name="ratio · seq", line=dict(color="red", dash="dash"))
+    hidden = go.Figure(layout=dict(yaxis_title="J"))
+    hidden.add_scatter(x=[0, 1], y=[0, 1], mode="markers", name="mask", marker=dict(color="green"))
+    hidden.add_scatter(x=[0, 1], y=[0, 1], mode="markers", name="icepop", marker=dict(color="purple"))
+    tiny = go.Figure(go.Bar(x=list("abcdefghijklmnopqrstuvwxyz"), y=[1] * 26, text=["12.5% capped"] * 26),
+                     layout=dict(yaxis_title="J", width=400))
+    skipped = go.Figure(go.Bar(x=[f"v{v}_truncated" for v in range(60)], y=[1] * 60),
+                        layout=dict(yaxis_title="J", width=400))
+    legend = go.Figure(layout=dict(xaxis_title="arm", yaxis_title="J", margin=dict(b=60),
+                                   legend=dict(orientation="h", y=-0.05, yanchor="top")))
+    for n in range(12):
+        legend.add_scatter(x=[0, 1], y=[n, n + 1], name=f"v{n}_truncated (5 seeds)")
+    return {"labels": (labels, "overlap"), "near tick": (near_tick, "next to the tick label"),
+            "squeezed": (squeezed, "lies inside the subplot"), "cut": (cut, "cut by the figure's edge"),
+            "alike": (alike, "share colour"), "hidden": (hidden, "lies whole under"),
+            "tiny": (tiny, "is drawn at"), "skipped": (skipped, "categories"), "legend": (legend, "on the legend")}
+
+
+def test_each_drawn_rule_fails_on_a_figure_that_breaks_it(tmp_path, chromium_page, deadline):
+    page = chromium_page.page
+    html = tmp_path / "figure.html"
+    html.write_text(drawn_figure.page_html())
+    page.goto(html.as_uri(), timeout=deadline.ms(30))
+    missed = {}
+    for name, (fig, phrase) in made_to_break().items():
+        lines = drawn_figure.problems(drawn_figure.draw(page, fig))
+        if not any(phrase in line for line in lines):
+            missed[name] = lines
+    assert missed == {}
