@@ -15,6 +15,7 @@ from script_module import load_script
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.stats import passage
 from grpo_lab.stats.paired import welch_tost
+from studies.clock import StepClock
 from studies.locks import UnitLock
 from studies.steps_to_target import design as std
 from studies.steps_to_target.summary import (
@@ -28,7 +29,7 @@ from studies.steps_to_target.summary import (
     summary_lines,
     unit_passages,
 )
-from studies.steps_to_target.units import StepClock, run_units
+from studies.steps_to_target.units import run_units
 from studies.time_to_accuracy.design import design_sha
 
 ROOT = Path(__file__).resolve().parents[1]
