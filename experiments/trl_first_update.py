@@ -1,4 +1,4 @@
-"""TRL's first update against grpo_lab's on the same batch (issue 25 §5: why stock TRL collapsed).
+"""TRL's first update against grpo_lab's on the same batch: why stock TRL collapsed.
 
 Runs one step of the time-to-accuracy TRL arm (``trl.GRPOTrainer``, the CPU study's recipe), keeps the batch
 it trained on (prompt and completion tokens, masks, TRL's advantages) and its rewards, then takes the loop's

@@ -299,6 +299,30 @@ def test_no_module_docstring_carries_an_issue_a_date_or_a_version():
         f"  {module}: {', '.join(found)}" for module, found in offenders.items())
 
 
+STUDY_HISTORY = {**{kind: DOCSTRING_HISTORY[kind] for kind in ("an issue number", "a date")},
+                 "an amendment number": re.compile(r"\bamendments?\s+\d+", re.IGNORECASE)}
+"""What no docstring outside the library may carry: a study's amendments are named for what they change, and its
+history lives in its README's provenance, its result files and git."""
+
+
+def test_no_docstring_around_the_library_carries_an_issue_a_date_or_an_amendment_number():
+    """Every docstring (module, class, function, constant) in studies/, benchmarks/, experiments/ and scripts/.
+    Lists every offender."""
+    offenders = []
+    for folder in ("studies", "benchmarks", "experiments", "scripts"):
+        for path in sorted(ROOT.joinpath(folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            strings = [node.body[0].value.value for node in ast.walk(tree)
+                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                       and node.body and isinstance(node.body[0], ast.Expr)
+                       and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)]
+            strings += [node.value.value for node in tree.body[1:] if isinstance(node, ast.Expr)
+                        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+            offenders += [f"{path.relative_to(ROOT)}: {kind}: {match.group(0)!r}" for text in strings
+                          for kind, pattern in STUDY_HISTORY.items() for match in pattern.finditer(text)]
+    assert offenders == [], "docstrings with history:\n" + "\n".join(offenders)
+
+
 TABLE_CELL_CHARS = 160
 """The longest table cell README and docs/benchmarks.md may hold, in visible characters (a link counts its text):
 a longer one is a paragraph, which belongs in a docs page."""

@@ -23,11 +23,11 @@ from studies.steps_to_target.summary import (
     check_micro_batch,
     decomposition,
     halves,
-    issue38_check,
     per_update_plan,
     summarize,
     summary_lines,
     unit_passages,
+    wall_clock_check,
 )
 from studies.steps_to_target.units import run_units
 from studies.time_to_accuracy.design import design_sha
@@ -320,21 +320,21 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
         return seconds[name][0] + std.EMPTY_SHARE * seconds[name][1]
 
     alone = summarize(design, [], [amended(1, first)])
-    ratios = alone["amendments"]["1"]["at_share"][e0]
+    ratios = alone["amendments"]["trl_scoring"]["at_share"][e0]
     assert ratios.keys() == {"every_position"} and ratios["every_position"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions"))
     assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
     assert alone["amendments_joined"] is None
     assert alone["missing_amendments"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5", "addsubmul1_8_a6"]
     two_machines = summarize(design, [], [amended(1, first), bench_of(recipe, cpu="B")])
-    assert "rest" not in two_machines["amendments"]["1"]["at_share"][e0]
+    assert "rest" not in two_machines["amendments"]["trl_scoring"]["at_share"][e0]
     one_machine = summarize(design, [], [amended(1, first), bench_of(recipe)])
-    rest = one_machine["amendments"]["1"]["at_share"][e0]["rest"]
+    rest = one_machine["amendments"]["trl_scoring"]["at_share"][e0]["rest"]
     assert rest["ratio"] == pytest.approx(per_step(first, "trl_completions") / per_step(first, "trl")
                                           * per_step(recipe, "trl") / per_step(recipe, "trl_like"))
     assert rest["ci_low"] == pytest.approx(rest["ci_high"])
     both = summarize(design, [], [amended(1, first), amended(2, second)])
-    assert both["amendments"]["2"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
+    assert both["amendments"]["trl_scoring_rest"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
         per_step(second, "trl_completions") / per_step(second, "trl_like"))
     assert both["amendments_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions")
@@ -364,7 +364,7 @@ def test_agreement_with_an_earlier_ratio_respects_its_bound():
     assert not agrees(earlier("neither"), product(1.0, 0.9, 1.1))
 
 
-def test_the_issue38_check_pairs_each_arm_with_its_product():
+def test_the_wall_clock_check_pairs_each_arm_with_its_product():
     """The loop's mean seconds by the product are N̄ × its seconds a step; TRL's pair is the time ratio against the
     earlier loop ÷ TRL, each side's its per-step ratio at e₀ against the earlier side ÷ loop, matched by name."""
     def entry(ratio, low, high, bound="exact"):
@@ -378,11 +378,11 @@ def test_the_issue38_check_pairs_each_arm_with_its_product():
     seconds = {"at_share": {e0: {"to_v1": {"empty_backward": entry(1.08, 1.07, 1.09),
                                            "no_share_prompt": entry(2.96, 2.90, 3.05), "trl": entry(5.6, 5.3, 5.8)}}}}
     time_ratios = {"50%": {"ratio": 0.15, "ci_low": 0.12, "ci_high": 0.19, "steps": 30.0, "seconds_per_step": 4.5}}
-    check = issue38_check(earlier, seconds, time_ratios)["50%"]
-    assert check["loop_seconds"] == {"product": 135.0, "issue38": 140.0}
+    check = wall_clock_check(earlier, seconds, time_ratios)["50%"]
+    assert check["loop_seconds"] == {"product": 135.0, "wall_clock": 140.0}
     assert check["ratios"].keys() == {"trl", "empty_backward", "no_share_prompt"}
     assert check["ratios"]["trl"]["product"] == {"ratio": 0.15, "ci_low": 0.12, "ci_high": 0.19}
-    assert check["ratios"]["trl"]["issue38"]["bound"] == "upper" and check["ratios"]["trl"]["agrees"]
+    assert check["ratios"]["trl"]["wall_clock"]["bound"] == "upper" and check["ratios"]["trl"]["agrees"]
     assert check["ratios"]["empty_backward"]["agrees"]
     assert not check["ratios"]["no_share_prompt"]["agrees"]       # 3.05 falls short of a lower bound's 3.2
 
@@ -465,7 +465,7 @@ def test_trl_units_train_scoring_completions_only_and_record_amendment_3(tmp_pat
         trl_utils._ChunkedLogProbFunction.apply = apply
     assert switched and all(switched) and not trl_utils._use_triton(torch.device("cpu"))
     assert unit["amendment"] == 3 and unit["scoring"] == "completion positions"
-    assert unit["amendment_sha"] == std.amendment_sha(std.AMENDMENT_3)
+    assert unit["amendment_sha"] == std.amendment_sha(std.TRL_UNIT_SCORING)
     with pytest.raises(ValueError, match="another version of it"):
         summarize_units(design, [{k: v for k, v in unit.items() if k != "amendment_sha"}], [])
 
@@ -501,7 +501,7 @@ def test_the_step_clock_evaluates_every_k_optimiser_steps_and_stops_by_its_rules
 def test_the_committed_design_is_design_py_and_its_numbers_follow_from_the_data():
     committed = json.loads((std.HERE / "design.json").read_text())
     assert committed == json.loads(json.dumps(std.design_record()))
-    passages = std.issue38_passages()
+    passages = std.time_to_accuracy_passages()
     slowest = max(p.steps for seeds in passages.values() for p in seeds)
     assert slowest == 71 and std.CAP == std.cap_from(passages) >= 2 * slowest and std.CAP % std.EVERY == 0
     assert std.EMPTY_SHARE == pytest.approx(std.empty_share(passages["80%"]))
@@ -689,7 +689,7 @@ def test_amendment_6_reads_the_8_token_group_at_amendment_5s_micro_batch_beside_
 
     design = made_up_design()
     summary = summarize(design, [], [file_of()])
-    at = summary["amendments"]["6"]["at_share"][f"{std.EMPTY_SHARE:g}"]
+    at = summary["amendments"]["short_completions"]["at_share"][f"{std.EMPTY_SHARE:g}"]
     step = {name: c + std.EMPTY_SHARE * e for name, (c, e) in seconds.items()}
     for name, (a, b) in {"trl": ("trl", "grpo_lab_v1"), "trl_like": ("trl_like", "grpo_lab_v1"),
                          "generate_sampler": ("generate_sampler", "grpo_lab_v1"),

@@ -12,10 +12,11 @@ c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios
 ``time_ratios_reached`` (the same over the seeds that reached the target only, each arm's censored seeds left out:
 beside a bound that one stalled seed dominates, the ratio among those that got there); ``missing``, the design's
 units without a file, and ``missing_seconds``, its benchmark groups without one; and
-``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; an amendment's run that
-``replaces`` one of the design's (amendment 5) is read in its place, in ``seconds``; an amendment's sides'
-micro-batches are checked where it fixes one (:func:`check_amended`); and ``issue38_check``
-(:func:`issue38_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
+``amendments`` (:func:`amendment_entry`, per amendment run, by :func:`~.design.amendment_name`) with
+``missing_amendments``; an amendment's run that ``replaces`` one of the design's (:data:`~.design.LONG_COMPLETIONS`)
+is read in its place, in ``seconds``; an amendment's sides' micro-batches are checked where it fixes one
+(:func:`check_amended`); and ``wall_clock_check``
+(:func:`wall_clock_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
 under another design, or an amendment's file under another amendment, is refused.
 """
 
@@ -38,8 +39,9 @@ V1 = "grpo_lab_v1"
 
 def unit_passages(unit: Mapping[str, Any], levels: Mapping[str, float], cap: int) -> dict[str, passage.StepPassage]:
     """Per target, the unit's :func:`~.design.step_passage`, or, if it never reached it, censored: at the cap, its
-    optimiser steps there and the empty batches by then; at the batch cap (amendment 4), its optimiser steps and
-    empty batches at its last batch. A unit that missed a target and stopped otherwise: ValueError."""
+    optimiser steps there and the empty batches by then; at the batch cap (:data:`~.design.BATCH_CAP_RULE`), its
+    optimiser steps and empty batches at its last batch. A unit that missed a target and stopped otherwise:
+    ValueError."""
     out = {}
     for name, level in levels.items():
         hit = std.step_passage(unit["points"], level)
@@ -218,7 +220,7 @@ def check_micro_batch(bench: Mapping[str, Any], size: int) -> None:
 
 def check_amended(bench: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
     """ValueError unless benchmark file ``bench`` was run under this version of ``amendment`` and, where the
-    amendment fixes a micro-batch (amendments 5 and 6), every side ran it."""
+    amendment fixes a micro-batch, every side ran it."""
     check_amendment(bench, amendment)
     micro_batch = amendment["runs"][0].get("micro_batch_size")
     if micro_batch is not None:
@@ -235,16 +237,18 @@ def check_amendment(record: Mapping[str, Any], amendment: Mapping[str, Any]) -> 
 def joined_amendments(first: Mapping[str, Any], second: Mapping[str, Any], amendments: Mapping[int, Any],
                       resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
                       level: float = std.LEVEL) -> dict[str, Any] | None:
-    """Amendment 2's join: ``trl`` / ``trl_like`` = ``every_position`` (amendment 1's file ``first``) × ``rest``
-    (amendment 2's ``second``), at a step that trains and at e₀, the two runs' rounds drawn independently; None
-    where they ran on different CPU models."""
+    """The join :data:`~.design.TRL_SCORING_REST` fixed: ``trl`` / ``trl_like`` = ``every_position``
+    (:data:`~.design.TRL_SCORING`'s file ``first``) × ``rest`` (:data:`~.design.TRL_SCORING_REST`'s ``second``),
+    at a step that trains and at e₀, the two runs' rounds drawn independently; None where they ran on different CPU
+    models."""
     if first.get("cpu_model") != second.get("cpu_model"):
         return None
     out = {}
-    for share in (0.0, amendments[2]["empty_share"]):
+    scoring, scoring_rest = amendments[std.TRL_SCORING["number"]], amendments[std.TRL_SCORING_REST["number"]]
+    for share in (0.0, scoring_rest["empty_share"]):
         rng = np.random.default_rng(seed)
-        every, every_draws = amendment_ratios(first, amendments[1], share, resamples, rng)["every_position"]
-        rest, rest_draws = amendment_ratios(second, amendments[2], share, resamples, rng)["rest"]
+        every, every_draws = amendment_ratios(first, scoring, share, resamples, rng)["every_position"]
+        rest, rest_draws = amendment_ratios(second, scoring_rest, share, resamples, rng)["rest"]
         out[f"{share:g}"] = {"trl_over_trl_like": ratio_entry(every * rest, every_draws * rest_draws, level)}
     return {"cpu_model": first.get("cpu_model"), "at_share": out}
 
@@ -261,12 +265,12 @@ def agrees(earlier: Mapping[str, Any], product: Mapping[str, Any]) -> bool:
         earlier["bound"], False)
 
 
-def issue38_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_ratios: Mapping[str, Any]
+def wall_clock_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_ratios: Mapping[str, Any]
                   ) -> dict[str, Any]:
     """The product against the time-to-accuracy study's wall-clock first passages (``earlier``, its summary: 600 s
     budget, 2 threads), for the arms it resolves. Per target: the loop's mean seconds to the target by the product
     (N̄·c + Ē·c∅) and there (its restricted mean, every seed reached); loop ÷ TRL (the product's time ratio, there a
-    bound of the budget); and for each of :data:`~.design.ISSUE38_SIDES`, side ÷ loop: the product's per-step ratio at
+    bound of the budget); and for each of :data:`~.design.WALL_CLOCK_ARMS`, side ÷ loop: the product's per-step ratio at
     e₀ (the side's optimiser steps are the loop's: ``empty_backward`` takes the loop's trajectory exactly,
     ``no_share_prompt`` the same in distribution) against the ratio there. Each with :func:`agrees`."""
     e0 = seconds["at_share"][f"{std.EMPTY_SHARE:g}"]["to_v1"]
@@ -274,12 +278,12 @@ def issue38_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_r
     out: dict[str, Any] = {}
     for name, ratio in time_ratios.items():
         pairs = {"trl": (earlier["time_ratios"][V1][name], ratio)} | {
-            side: (earlier["time_ratios_to_v1"][arm][name], e0[side]) for side, arm in std.ISSUE38_SIDES.items()
+            side: (earlier["time_ratios_to_v1"][arm][name], e0[side]) for side, arm in std.WALL_CLOCK_ARMS.items()
             if side in e0}
         out[name] = {
             "loop_seconds": {"product": ratio["steps"] * ratio["seconds_per_step"],
-                             "issue38": earlier["arms"][V1][name]["restricted_mean"]},
-            "ratios": {side: {"issue38": {k: there[k] for k in (*keys, "bound")},
+                             "wall_clock": earlier["arms"][V1][name]["restricted_mean"]},
+            "ratios": {side: {"wall_clock": {k: there[k] for k in (*keys, "bound")},
                               "product": {k: here[k] for k in keys}, "agrees": agrees(there, here)}
                        for side, (there, here) in pairs.items()}}
     return out
@@ -337,7 +341,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
               amendments: Sequence[Mapping[str, Any]] = std.AMENDMENTS,
               earlier: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The summary (module docstring) of ``units`` and benchmark files ``benches`` run under ``design`` and its
-    ``amendments``; given ``earlier`` (the time-to-accuracy study's summary), :func:`issue38_check`."""
+    ``amendments``; given ``earlier`` (the time-to-accuracy study's summary), :func:`wall_clock_check`."""
     sha = design_sha(design)
     foreign = [f"{u['arm']}_s{u['seed']}" for u in units if u.get("design_sha") != sha]
     unit_amendment = {a["number"]: a for a in amendments}.get(std.UNIT_AMENDMENT["number"])
@@ -402,16 +406,17 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
             reached[loop][name], reached[trl][name], recipe[V1], recipe["trl"], *boot)
             for name in levels if reached[loop][name] and reached[trl][name]}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
-    summary["issue38_check"] = (
-        issue38_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
+    summary["wall_clock_check"] = (
+        wall_clock_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
         if earlier is not None and summary["time_ratios"] else None)
     by_number = {b["amendment"]: b for b in amended}
     recipe_file = next((b for b in benches if b["task"] == design["task"] and {"trl", "trl_like"} <= set(b["sides"])),
                        None)
-    summary["amendments"] = {str(n): amendment_entry(b, amendments[n], recipe_file if n == 1 else None)
-                             for n, b in sorted(by_number.items())}
-    summary["amendments_joined"] = (joined_amendments(by_number[1], by_number[2], amendments)
-                                    if {1, 2} <= set(by_number) else None)
+    scoring, scoring_rest = std.TRL_SCORING["number"], std.TRL_SCORING_REST["number"]
+    summary["amendments"] = {std.amendment_name(amendments[n]): amendment_entry(
+        b, amendments[n], recipe_file if n == scoring else None) for n, b in sorted(by_number.items())}
+    summary["amendments_joined"] = (joined_amendments(by_number[scoring], by_number[scoring_rest], amendments)
+                                    if {scoring, scoring_rest} <= set(by_number) else None)
     filed = set(by_number) | {b["amendment"] for b in replacing}
     summary["missing_amendments"] = [f"{run_key(r)}_a{n}" for n, a in amendments.items()
                                      for r in a.get("runs", []) if n not in filed]
@@ -427,7 +432,7 @@ def rebuild_summary(out: Path = std.HERE, write: bool = True) -> dict[str, Any]:
     design = std.load_design(out)
     units = [json.loads(p.read_text()) for p in sorted((out / "units").glob("*_s*.json"))]
     benches = [json.loads(p.read_text()) for p in sorted((out / "seconds").glob("*.json"))]
-    summary = summarize(design, units, benches, earlier=json.loads(std.ISSUE38_SUMMARY.read_text()))
+    summary = summarize(design, units, benches, earlier=json.loads(std.TIME_TO_ACCURACY_SUMMARY.read_text()))
     if write:
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1) + "\n")
@@ -475,21 +480,22 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
             lines.append(f"{run}: {side} / {V1 if side != 'unexplained' else 'trl / trl_like'} a step: "
                          f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] within one run; its halves "
                          f"{first:.2f}, {second:.2f}")
-    for number, entry in summary.get("amendments", {}).items():
+    for amendment, entry in summary.get("amendments", {}).items():
         split = entry["halves"][f"{std.EMPTY_SHARE:g}"]
         for name, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].items():
-            lines.append(f"amendment {number}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
+            lines.append(f"{amendment}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
                          f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
                          + (f"; its halves {split[name][0]:.2f}, {split[name][1]:.2f}" if name in split else ""))
-    for name, check in (summary.get("issue38_check") or {}).items():
-        lines.append(f"issue 38's wall clock, {name}: the loop's mean {check['loop_seconds']['issue38']:.0f} s there, "
-                     f"{check['loop_seconds']['product']:.0f} s by the product")
+    for name, check in (summary.get("wall_clock_check") or {}).items():
+        seconds = check["loop_seconds"]
+        lines.append(f"the time-to-accuracy wall clock, {name}: the loop's mean {seconds['wall_clock']:.0f} s there, "
+                     f"{seconds['product']:.0f} s by the product")
         for side, r in check["ratios"].items():
-            there, here = r["issue38"], r["product"]
+            there, here = r["wall_clock"], r["product"]
             lines.append(f"  {side}: {BOUND_MARK[there['bound']]}{there['ratio']:.2f} [{there['ci_low']:.2f}, "
                          f"{there['ci_high']:.2f}] there, {here['ratio']:.2f} here: "
                          f"{'agrees' if r['agrees'] else 'DISAGREES'}")
     if summary.get("batch_capped"):
-        lines.append(f"stopped by the batch cap, censored at their stop (amendment 4): {summary['batch_capped']}")
+        lines.append(f"stopped by the batch cap, censored at their stop: {summary['batch_capped']}")
     lines.append(f"missing units: {len(summary['missing'])}")
     return lines

@@ -11,7 +11,7 @@ file ``units/<arm>_s<seed>.json`` holds ``points`` (per evaluation: ``optimizer_
 model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU,
 evaluation and checkpoint seconds and ``design_sha``. Its training seconds are a record only: units share the
 machine, so they measure nothing. TRL's units train with its fused LM head scoring the completion positions only
-and record amendment 3 (:data:`~.design.AMENDMENT_3`: a censored unit at stock scoring outlasts a sitting).
+and record that amendment (:data:`~.design.TRL_UNIT_SCORING`: a censored unit at stock scoring outlasts a sitting).
 
 Units resume from their last checkpoint: the first evaluation point 10 minutes after the last save saves the
 trainer's and the clock's state (:mod:`.resume`), and a process that finds a killed unit's checkpoint continues it

@@ -1,4 +1,4 @@
-"""Time to accuracy's figures (issue 38, notebook 03 §3c) from ``studies/time_to_accuracy/results/summary.json``
+"""Time to accuracy's figures (notebook 03 §3c) from ``studies/time_to_accuracy/results/summary.json``
 (:mod:`studies.time_to_accuracy.summary`): every seed's exact-J curve against training seconds or optimiser steps with
 the targets, and the time ratios to TRL (or to grpo_lab v1: the decomposition) with their intervals. They only
 draw what the summary holds.

@@ -1,4 +1,4 @@
-"""``summary.json`` of the time-to-accuracy study (issue 38 §4), rebuilt from its unit files, a table of it, and
+"""``summary.json`` of the time-to-accuracy study, rebuilt from its unit files, a table of it, and
 the targets derived from the frontier study's ``v1`` arm.
 
 The summary holds ``evaluation: "exact"``; ``targets`` (the levels, the date they were fixed, the untrained J and
@@ -136,7 +136,7 @@ def ratio_table(summary: Mapping[str, Any], to_v1: bool = False) -> list[dict[st
 
 def targets_from_frontier(frontier_dir: str | Path, fixed_on: str, every: int = 1,
                           shares: Mapping[str, float] | None = None, arm: str = "v1") -> dict[str, Any]:
-    """``targets.json`` from the frontier study's units (issue 38 §1): on the question set of every ``every``-th
+    """``targets.json`` from the frontier study's units: on the question set of every ``every``-th
     question (1: all), the untrained J plus each share of ``arm``'s mean gain at the frontier's budget (its last
     evaluation step), from the per-question J the units hold, so a subset's targets follow the same rule as the
     whole set's. ``fixed_on``: the date, recorded."""

@@ -1,4 +1,4 @@
-"""Running one time-to-accuracy unit (issue 38 §1–§2): an arm at a seed, trained for a budget of training
+"""Running one time-to-accuracy unit: an arm at a seed, trained for a budget of training
 seconds, with exact J evaluated off the clock at every mark; and the untrained unit.
 
 The design (arms, seeds, order, budget, marks, targets, threads) is :mod:`studies.time_to_accuracy.design`'s;
