@@ -564,6 +564,22 @@ def test_the_benchmark_refuses_a_group_the_task_does_not_have(capsys):
     assert "--group [3]: addsubmul1 has groups 1 to 2" in capsys.readouterr().err
 
 
+def test_the_benchmark_names_an_amendment_by_what_it_changes(monkeypatch, tmp_path, capsys):
+    """``--amendment`` takes an amendment's name; its file keeps the number its records carry (``_a<n>``); a run an
+    amendment replaces points to that amendment by name."""
+    bench = benchmark_module()
+    runs = []
+    monkeypatch.setattr(bench, "run_group", lambda *args: runs.append(args))
+    bench.main(["--amendment", "short_completions", "--threads", str(torch.get_num_threads()), "--out", str(tmp_path)])
+    (args,) = runs
+    assert args[5] == tmp_path / "addsubmul1_8_a6.json" and args[6] is std.SHORT_COMPLETIONS
+    with pytest.raises(SystemExit):
+        bench.main(["--task", "gsm_symbolic"])
+    assert "--amendment long_completions" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--amendment", "batch_cap_rule"])       # no benchmark run of its own
+
+
 def test_the_benchmark_runs_each_group_in_a_process_of_its_own(monkeypatch, tmp_path):
     bench = benchmark_module()
     calls = []
