@@ -320,27 +320,27 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
         return seconds[name][0] + std.EMPTY_SHARE * seconds[name][1]
 
     alone = summarize(design, [], [amended(1, first)])
-    ratios = alone["amendments"]["trl_scoring"]["at_share"][e0]
+    ratios = alone["added_runs"]["trl_scoring"]["at_share"][e0]
     assert ratios.keys() == {"every_position"} and ratios["every_position"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions"))
     assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
-    assert alone["amendments_joined"] is None
-    assert alone["missing_amendments"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5", "addsubmul1_8_a6"]
+    assert alone["added_runs_joined"] is None
+    assert alone["missing_added_runs"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5", "addsubmul1_8_a6"]
     two_machines = summarize(design, [], [amended(1, first), bench_of(recipe, cpu="B")])
-    assert "rest" not in two_machines["amendments"]["trl_scoring"]["at_share"][e0]
+    assert "rest" not in two_machines["added_runs"]["trl_scoring"]["at_share"][e0]
     one_machine = summarize(design, [], [amended(1, first), bench_of(recipe)])
-    rest = one_machine["amendments"]["trl_scoring"]["at_share"][e0]["rest"]
+    rest = one_machine["added_runs"]["trl_scoring"]["at_share"][e0]["rest"]
     assert rest["ratio"] == pytest.approx(per_step(first, "trl_completions") / per_step(first, "trl")
                                           * per_step(recipe, "trl") / per_step(recipe, "trl_like"))
     assert rest["ci_low"] == pytest.approx(rest["ci_high"])
     both = summarize(design, [], [amended(1, first), amended(2, second)])
-    assert both["amendments"]["trl_scoring_rest"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
+    assert both["added_runs"]["trl_scoring_rest"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
         per_step(second, "trl_completions") / per_step(second, "trl_like"))
-    assert both["amendments_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
+    assert both["added_runs_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions")
         * per_step(second, "trl_completions") / per_step(second, "trl_like"))
-    assert both["missing_amendments"] == ["gsm_symbolic_128_a5", "addsubmul1_8_a6"]
-    assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["amendments_joined"] is None
+    assert both["missing_added_runs"] == ["gsm_symbolic_128_a5", "addsubmul1_8_a6"]
+    assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["added_runs_joined"] is None
     with pytest.raises(ValueError, match="another version"):
         summarize(design, [], [{**amended(1, first), "amendment_sha": "other"}])
     with pytest.raises(ValueError, match=r"amendments \[3\]"):          # amendment 3 has units, no benchmark
@@ -679,7 +679,7 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
     at = summary["seconds"]["gsm_symbolic_128"]["at_share"]["0"]
     assert at["to_v1"]["trl"]["ratio"] == pytest.approx(4.0) and at["unexplained"]["ratio"] == pytest.approx(1.6)
     assert summary["missing_seconds"] == []
-    assert summary["missing_amendments"] == ["addsubmul1_8_a1", "addsubmul1_8_a2", "addsubmul1_8_a6"]
+    assert summary["missing_added_runs"] == ["addsubmul1_8_a1", "addsubmul1_8_a2", "addsubmul1_8_a6"]
     with pytest.raises(ValueError, match=f"did not run micro-batches of {run['micro_batch_size']}"):
         summarize(design, [], [file_of(micro=16)])
     with pytest.raises(ValueError, match="another version"):
@@ -705,13 +705,13 @@ def test_amendment_6_reads_the_8_token_group_at_amendment_5s_micro_batch_beside_
 
     design = made_up_design()
     summary = summarize(design, [], [file_of()])
-    at = summary["amendments"]["short_completions"]["at_share"][f"{std.EMPTY_SHARE:g}"]
+    at = summary["added_runs"]["short_completions"]["at_share"][f"{std.EMPTY_SHARE:g}"]
     step = {name: c + std.EMPTY_SHARE * e for name, (c, e) in seconds.items()}
     for name, (a, b) in {"trl": ("trl", "grpo_lab_v1"), "trl_like": ("trl_like", "grpo_lab_v1"),
                          "generate_sampler": ("generate_sampler", "grpo_lab_v1"),
                          "unexplained": ("trl", "trl_like")}.items():
         assert at[name]["ratio"] == pytest.approx(step[a] / step[b]), name
-    assert summary["seconds"] == {} and "addsubmul1_8_a6" not in summary["missing_amendments"]
+    assert summary["seconds"] == {} and "addsubmul1_8_a6" not in summary["missing_added_runs"]
     with pytest.raises(ValueError, match="did not run micro-batches of 4"):
         summarize(design, [], [file_of(micro=32)])
 

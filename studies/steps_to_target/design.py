@@ -275,7 +275,7 @@ SHORT_COMPLETIONS = {
     "empty_share": EMPTY_SHARE,
 }
 """Fixed before its run: :data:`LONG_COMPLETIONS`' group at 8 tokens of the recipe, on that run's CPU model, so
-8 and 128 tokens sit side by side with nothing else changed (its ratios in the summary's ``amendments``)."""
+8 and 128 tokens sit side by side with nothing else changed (its ratios in the summary's ``added_runs``)."""
 AMENDMENTS = (TRL_SCORING, TRL_SCORING_REST, TRL_UNIT_SCORING, BATCH_CAP_RULE, LONG_COMPLETIONS, SHORT_COMPLETIONS)
 """The changes to the design after its first unit, in the order they were fixed: each dict is hashed as it stands
 (:func:`amendment_sha`) and its files carry that hash and its ``number`` (its place here, counted from 1)."""

@@ -12,12 +12,12 @@ c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios
 ``time_ratios_reached`` (the same over the seeds that reached the target only, each arm's censored seeds left out:
 beside a bound that one stalled seed dominates, the ratio among those that got there); ``missing``, the design's
 units without a file, and ``missing_seconds``, its benchmark groups without one; and
-``amendments`` (:func:`amendment_entry`, per amendment run, by :func:`~.design.amendment_name`) with
-``missing_amendments``; an amendment's run that ``replaces`` one of the design's (:data:`~.design.LONG_COMPLETIONS`)
-is read in its place, in ``seconds``; an amendment's sides' micro-batches are checked where it fixes one
-(:func:`check_amended`); and ``wall_clock_check``
-(:func:`wall_clock_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
-under another design, or an amendment's file under another amendment, is refused.
+``added_runs`` (:func:`amendment_entry`: the benchmark runs amendments added, by
+:func:`~.design.amendment_name`), ``added_runs_joined`` (:func:`joined_amendments`) and ``missing_added_runs``; an
+amendment's run that ``replaces`` one of the design's (:data:`~.design.LONG_COMPLETIONS`) is read in its place, in
+``seconds``; an amendment's sides' micro-batches are checked where it fixes one (:func:`check_amended`); and
+``wall_clock_check`` (:func:`wall_clock_check`: the product against the time-to-accuracy study's wall clock). A
+unit or a benchmark run under another design, or an amendment's file under another amendment, is refused.
 """
 
 from __future__ import annotations
@@ -413,12 +413,12 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     recipe_file = next((b for b in benches if b["task"] == design["task"] and {"trl", "trl_like"} <= set(b["sides"])),
                        None)
     scoring, scoring_rest = std.TRL_SCORING["number"], std.TRL_SCORING_REST["number"]
-    summary["amendments"] = {std.amendment_name(amendments[n]): amendment_entry(
+    summary["added_runs"] = {std.amendment_name(amendments[n]): amendment_entry(
         b, amendments[n], recipe_file if n == scoring else None) for n, b in sorted(by_number.items())}
-    summary["amendments_joined"] = (joined_amendments(by_number[scoring], by_number[scoring_rest], amendments)
+    summary["added_runs_joined"] = (joined_amendments(by_number[scoring], by_number[scoring_rest], amendments)
                                     if {scoring, scoring_rest} <= set(by_number) else None)
     filed = set(by_number) | {b["amendment"] for b in replacing}
-    summary["missing_amendments"] = [f"{run_key(r)}_a{n}" for n, a in amendments.items()
+    summary["missing_added_runs"] = [f"{run_key(r)}_a{n}" for n, a in amendments.items()
                                      for r in a.get("runs", []) if n not in filed]
     summary["missing_seconds"] = [
         f"{run_key(r)}_g{g}" for r in design.get("benchmark", {}).get("runs", []) if run_key(r) not in replaced
@@ -480,7 +480,7 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
             lines.append(f"{run}: {side} / {V1 if side != 'unexplained' else 'trl / trl_like'} a step: "
                          f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] within one run; its halves "
                          f"{first:.2f}, {second:.2f}")
-    for amendment, entry in summary.get("amendments", {}).items():
+    for amendment, entry in summary.get("added_runs", {}).items():
         split = entry["halves"][f"{std.EMPTY_SHARE:g}"]
         for name, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].items():
             lines.append(f"{amendment}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
