@@ -20,8 +20,8 @@ completion tokens. Run it alone on the machine::
 
     .venv/bin/python benchmarks/step_seconds.py                                   # addsubmul1, 8 tokens, 20 rounds
     .venv/bin/python benchmarks/step_seconds.py --group 2                         # one group of its sides only
-    .venv/bin/python benchmarks/step_seconds.py --amendment 1                     # TRL scoring completions only
-    .venv/bin/python benchmarks/step_seconds.py --amendment 5                     # 128-token chains, 10 rounds
+    .venv/bin/python benchmarks/step_seconds.py --amendment trl_scoring           # TRL scoring completions only
+    .venv/bin/python benchmarks/step_seconds.py --amendment long_completions      # 128-token chains, 10 rounds
     .venv/bin/python studies/steps_to_target/run.py --summary                     # the ratios, with intervals
 """
 
@@ -312,26 +312,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=None, help="rounds kept (default: the design's, at least 10)")
     parser.add_argument("--group", type=int, nargs="+", default=None,
                         help="which of the task's groups of sides to run, from 1 (default: each in turn)")
-    parser.add_argument("--amendment", type=int, default=None, choices=[a["number"] for a in design.AMENDMENTS],
+    parser.add_argument("--amendment", default=None,
+                        choices=[design.amendment_name(a) for a in design.AMENDMENTS if a.get("runs")],
                         help="run this amendment's benchmark instead (its task, tokens, rounds and one group)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", type=Path, default=design.HERE / "seconds",
                         help="folder of the files <task>_<tokens>_g<group>.json")
     args = parser.parse_args(argv)
     if args.amendment is not None:
-        amendment = next(a for a in design.AMENDMENTS if a["number"] == args.amendment)
+        amendment = next(a for a in design.AMENDMENTS if design.amendment_name(a) == args.amendment)
         (run,) = amendment["runs"]
         (names,) = run["groups"]
         torch.set_num_threads(args.threads)
         run_group(run["task"], run["tokens"], run["pairs"], 1, names,
-                  args.out / f"{run['task']}_{run['tokens']}_a{args.amendment}.json", amendment,
+                  args.out / f"{run['task']}_{run['tokens']}_a{amendment['number']}.json", amendment,
                   run.get("micro_batch_size"))
         return
     tokens, pairs, groups = settings[args.task]
     tokens, pairs = args.tokens or tokens, args.pairs or pairs
     replacing = design.replaced_runs().get(f"{args.task}_{tokens}")
     if replacing is not None:
-        parser.error(f"{args.task} at {tokens} tokens is amendment {replacing}'s run now: --amendment {replacing}")
+        name = design.AMENDMENT_NAMES[replacing - 1]
+        parser.error(f"{args.task} at {tokens} tokens is amendment {name}'s run now: --amendment {name}")
     chosen = args.group or list(range(1, len(groups) + 1))
     bad = [g for g in chosen if not 1 <= g <= len(groups)]
     if bad:

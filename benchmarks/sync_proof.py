@@ -1,4 +1,4 @@
-"""The weights' proof's cost against the sync it checks (issue 36 §1; target ≤ 10 %).
+"""The weights' proof's cost against the sync it checks (target: ≤ 10 % of the sync).
 
 Times, interleaved over the repeats so both see the same machine load, a sampler's ``sync(policy)`` and its
 ``prove_sync(policy, k)`` (:mod:`grpo_lab.fingerprint`: both sides' fingerprints and their comparison) on the

@@ -25,8 +25,8 @@ With vLLM's CPU engine as the loop's α (``--sampler vllm``; TRL's side is uncha
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/trl_step_ratio.py \
         --sampler vllm --tokens 128 --task gsm_symbolic --micro-batch 4 --trl-checkpointing off
 
-Several ``--tokens`` budgets are measured one after another in one run, each side by side. Issue 38 §3
-(where the lead holds as completions lengthen) runs ``--tokens 32 128 --task gsm_symbolic``: word problems whose
+Several ``--tokens`` budgets are measured one after another in one run, each side by side. Whether the lead
+holds as completions lengthen is measured with ``--tokens 32 128 --task gsm_symbolic``: word problems whose
 chain of thought uses the budget (add1's answers take ~5 tokens whatever the budget; add1 stays the default, the
 P1 row's task). α decodes as the loop does (:class:`grpo_lab.lm.decoding.ModelDecoder`, the model's forward over
 a KV cache preallocated for the rollout; the header line names it); ``benchmarks/decoding.py`` compares decoders.

@@ -1,4 +1,4 @@
-"""The bfloat16 engine's mismatch at lag 0 (issue 36 §2): a step behind, or rounding?
+"""The bfloat16 engine's mismatch at lag 0: a step behind, or rounding?
 
 ``results/offpolicy_split/split.json`` (vLLM bfloat16, v = 1, lr 1e-5) has ``mismatch_abs`` 0.038, 0.298 and
 0.725 nats a token at steps 0–2, all at lag 0. This reruns that run (the CPU default, trainer in float32, α on

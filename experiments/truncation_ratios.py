@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 BAND = 0.1
-"""Tokens with |r′ − 1| > BAND are counted (the band of TRL issue #6789's report)."""
+"""Tokens with |r′ − 1| > BAND are counted (the band of the report at github.com/huggingface/trl/issues/6789)."""
 
 
 def setting(text: str) -> tuple[float, int]:

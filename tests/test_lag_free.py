@@ -228,3 +228,17 @@ def test_part_3_waits_for_its_budget(tmp_path):
     else:
         assert [u[:2] for u in queue("adaptive", tmp_path)] == [(design.ADAPTIVE_ARM, s)
                                                                 for s in design.ADAPTIVE_SEEDS]
+
+
+def test_both_runners_take_the_units_options_from_one_place(tmp_path):
+    """``--units``, ``--threads``, ``--out`` and ``--summary`` mean the same in this study's command and the decided
+    study's, whose runner both use."""
+    from studies.lag_decided.run import arguments as decided_arguments
+    from studies.lag_free.run import arguments
+
+    argv = ["--units", "3", "--threads", "2", "--out", str(tmp_path), "--summary"]
+    for parser in (arguments(), decided_arguments()):
+        args = parser.parse_args(argv)
+        assert (args.units, args.threads, args.out, args.summary) == (3, 2, tmp_path, True)
+    assert arguments().parse_args([]).out == ROOT / "studies" / "lag_free"
+    assert arguments().parse_args(["--part", "drift"]).part == "drift"

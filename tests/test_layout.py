@@ -119,22 +119,42 @@ def layer(module: str) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else "core"
 
 
-def module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
-    """Module name → file, for every ``.py`` under ``root/package`` (a package is its ``__init__``)."""
+TREE = (PACKAGE, "studies", "benchmarks", "experiments", "scripts", "tests")
+"""Every folder of Python in the repository: the library, the studies, and the commands and helpers around them."""
+LOOSE = ("benchmarks", "experiments", "scripts", "tests")
+"""Folders of scripts, not packages: their files import one another by bare name (the script's folder on the path)."""
+
+
+def module_files(root: Path, packages: tuple[str, ...] = (PACKAGE,)) -> dict[str, Path]:
+    """Module name → file, for every ``.py`` under ``root/<package>`` for each of ``packages`` (a package is its
+    ``__init__``)."""
     out = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
-def import_graph(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
-    """Module → the package's modules it imports, read from the source with ``ast``: every ``import`` and
+def import_graph(root: Path, packages: tuple[str, ...] = (PACKAGE,)) -> dict[str, set[str]]:
+    """Module → the modules of ``packages`` it imports, read from the source with ``ast``: every ``import`` and
     ``from … import`` anywhere in the file (module level, in functions, under ``TYPE_CHECKING``), relative ones
-    resolved; ``from p import name`` counts as importing ``p.name`` where that is a module, else ``p``."""
-    files = module_files(root, package)
+    resolved; ``from p import name`` counts as importing ``p.name`` where that is a module, else ``p``. A bare name
+    that is a script directly in one of :data:`LOOSE` (``import tiny_lm`` from a test) is that script."""
+    files = module_files(root, packages)
+    loose = {}
+    for module in files:
+        folder, _, stem = module.partition(".")
+        if folder in LOOSE and stem and "." not in stem:
+            loose.setdefault(stem, []).append(module)
+    aliases = {stem: found[0] for stem, found in loose.items() if len(found) == 1 and stem not in files}
+
+    def resolve(name: str) -> str:
+        head, _, rest = name.partition(".")
+        return f"{aliases[head]}.{rest}".rstrip(".") if head in aliases else name
+
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         is_package = path.name == "__init__.py"
@@ -142,10 +162,11 @@ def import_graph(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
         edges: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                targets = [resolve(alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = ".".join(here[:len(here) - node.level + 1] if node.level else [])
                 target = ".".join(part for part in (base, node.module or "") if part)
+                target = resolve(target) if not node.level else target
                 targets = [f"{target}.{alias.name}" if f"{target}.{alias.name}" in files else target
                            for alias in node.names]
             else:
@@ -206,6 +227,15 @@ def test_the_package_has_no_import_circle_and_no_back_arrow():
     assert back_arrows(graph) == [], f"back arrows (see ALLOWED): {back_arrows(graph)}"
 
 
+def test_the_whole_tree_has_no_import_circle():
+    """The library, the studies, the benchmarks, experiments and scripts, and the tests' helpers: no module reaches
+    itself through its imports, wherever they sit in the file."""
+    graph = import_graph(ROOT, TREE)
+    assert {"studies.steps_to_target.summary", "benchmarks.step_seconds", "tests.tiny_lm"} <= set(graph)
+    assert "studies.time_to_accuracy.design" in graph["studies.steps_to_target.design"]
+    assert cycles(graph) == [], f"import circles: {cycles(graph)}"
+
+
 def test_the_library_imports_no_study():
     for module, path in module_files(ROOT).items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -228,6 +258,10 @@ def test_the_checker_finds_a_circle_and_a_back_arrow(tmp_path):
     (package / "exact" / "demo.py").write_text("from ..viz import plots\nfrom . import bandit\n")
     (package / "exact" / "bandit.py").write_text("def g():\n    from grpo_lab.exact.demo import main\n")
     (package / "viz" / "plots.py").write_text("from . import colours\n")   # no such module: the package
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "bench.py").write_text("import helper\n")
+    (tmp_path / "benchmarks" / "helper.py").write_text("from bench import run\n")
+    assert cycles(import_graph(tmp_path, (PACKAGE, "benchmarks")))[0] == ["benchmarks.bench", "benchmarks.helper"]
     graph = import_graph(tmp_path)
     assert graph["grpo_lab.viz.plots"] == {"grpo_lab.viz"}
     assert sorted(cycles(graph)) == [["grpo_lab.exact.bandit", "grpo_lab.exact.demo"],
@@ -337,6 +371,30 @@ def test_no_module_docstring_carries_an_issue_a_date_or_a_version():
             offenders[str(path.relative_to(ROOT))] = found
     assert offenders == {}, "module docstrings with history or versions:\n" + "\n".join(
         f"  {module}: {', '.join(found)}" for module, found in offenders.items())
+
+
+STUDY_HISTORY = {**{kind: DOCSTRING_HISTORY[kind] for kind in ("an issue number", "a date")},
+                 "an amendment number": re.compile(r"\bamendments?\s+\d+", re.IGNORECASE)}
+"""What no docstring outside the library may carry: a study's amendments are named for what they change, and its
+history lives in its README's provenance, its result files and git."""
+
+
+def test_no_docstring_around_the_library_carries_an_issue_a_date_or_an_amendment_number():
+    """Every docstring (module, class, function, constant) in studies/, benchmarks/, experiments/ and scripts/.
+    Lists every offender."""
+    offenders = []
+    for folder in ("studies", "benchmarks", "experiments", "scripts"):
+        for path in sorted(ROOT.joinpath(folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            strings = [node.body[0].value.value for node in ast.walk(tree)
+                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                       and node.body and isinstance(node.body[0], ast.Expr)
+                       and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)]
+            strings += [node.value.value for node in tree.body[1:] if isinstance(node, ast.Expr)
+                        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+            offenders += [f"{path.relative_to(ROOT)}: {kind}: {match.group(0)!r}" for text in strings
+                          for kind, pattern in STUDY_HISTORY.items() for match in pattern.finditer(text)]
+    assert offenders == [], "docstrings with history:\n" + "\n".join(offenders)
 
 
 TABLE_CELL_CHARS = 400

@@ -11,6 +11,7 @@ from reliability_runs import TIMING, problems, tiny_model, tokenizer
 
 import grpo_lab.lm.rewards
 from grpo_lab.lm.train_config import TrainConfig
+from studies.clock import StepClock
 from studies.steps_to_target import resume
 from studies.steps_to_target import units as stu
 from studies.steps_to_target.resume import UnitCheckpoint
@@ -119,7 +120,7 @@ def test_a_unit_killed_twice_resumes_to_the_uninterrupted_unit(sitting, tmp_path
 def test_a_checkpoint_of_another_config_is_refused_and_a_killed_save_is_dropped(tmp_path):
     """A unit resumes only its own checkpoint (same arm, seed, design and config); a save killed before its rename
     (left in staging) is dropped, and an older point left beside a newer one is removed."""
-    clock = stu.StepClock(every=2, cap=8, min_steps=2, stop_at=1.0, batch_cap=8)
+    clock = StepClock(every=2, cap=8, min_steps=2, stop_at=1.0, batch_cap=8)
     clock.start()
     for _ in range(4):
         clock.after_step(True, lambda: (0.25, {}))
@@ -135,11 +136,11 @@ def test_a_checkpoint_of_another_config_is_refused_and_a_killed_save_is_dropped(
     assert not saver.due() and [p.name for p in saver.points()] == ["point-4"]
     (saver.folder / "point-2").mkdir()
     (saver.staging / "half").mkdir(parents=True)
-    again = stu.StepClock(every=2, cap=8, min_steps=2, stop_at=1.0, batch_cap=8)
+    again = StepClock(every=2, cap=8, min_steps=2, stop_at=1.0, batch_cap=8)
     resumed = UnitCheckpoint(path, again, spacing=0.0)
     record = resumed.open(unit | {"load_start": [1.0]})
     assert [p.name for p in saver.points()] == ["point-4"] and not saver.staging.exists()
     assert again.points == clock.points and again.optimizer_steps == 4 and resumed.trainer_state == {"skipped": 3}
     assert record["resumes"][0]["load_start"] == [1.0] and record["load_start"] == [0.0]
     with pytest.raises(ValueError, match="another config"):
-        UnitCheckpoint(path, stu.StepClock(2, 8, 2, 1.0, 8)).open(unit | {"config": {"lr": 2.0}})
+        UnitCheckpoint(path, StepClock(2, 8, 2, 1.0, 8)).open(unit | {"config": {"lr": 2.0}})

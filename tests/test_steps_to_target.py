@@ -13,22 +13,23 @@ from reliability_runs import problems, tiny_model, tokenizer
 from script_module import load_script
 
 from grpo_lab.lm.train_config import TrainConfig
+from studies.clock import StepClock
 from studies.locks import UnitLock
 from studies.stats import passage
 from studies.stats.comparisons import welch_tost
-from studies.steps_to_target import design as std
+from studies.steps_to_target import design as study
 from studies.steps_to_target.summary import (
     agrees,
     check_micro_batch,
     decomposition,
     halves,
-    issue38_check,
     per_update_plan,
     summarize,
     summary_lines,
     unit_passages,
+    wall_clock_check,
 )
-from studies.steps_to_target.units import StepClock, run_units
+from studies.steps_to_target.units import run_units
 from studies.time_to_accuracy.design import design_sha
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,12 +62,12 @@ def made_up_file(seconds: dict, design: dict, task: str = "addsubmul1", tokens: 
 def micro_batch_file(number: int, seconds: dict, design: dict, micro: int, **fields) -> dict:
     """A made-up file of amendment ``number``'s run (amendments 5 and 6) whose sides ran ``micro`` sequences a
     forward: the loop's micro-batch, TRL's per-device batch."""
-    amendment = std.AMENDMENTS[number - 1]
+    amendment = study.AMENDMENTS[number - 1]
     (run,) = amendment["runs"]
     sides = {name: ({"trl_config": {"per_device_train_batch_size": micro}} if name == "trl"
                     else {"micro_batch_size": micro}) for name in seconds}
     return made_up_file(seconds, design, run["task"], run["tokens"], sides,
-                        **{"amendment": number, "amendment_sha": std.amendment_sha(amendment), **fields})
+                        **{"amendment": number, "amendment_sha": study.amendment_sha(amendment), **fields})
 
 
 # ----------------------------------------------------------------------------- the statistics, by hand
@@ -155,8 +156,8 @@ def test_a_stalled_trl_seed_makes_the_time_ratio_an_upper_bound_and_leaves_the_t
     units = [unit("grpo_lab_v1", s, [(2, 0, 0.2), (10, 2, 0.5 + 0.01 * s)], "targets", 10, 12) for s in range(3)]
     units += [unit("trl", s, reached, "targets", 10, 12) for s in range(2)]
     units.append(unit("trl", 2, [(2, 0, 0.2), (4, 6, 0.1)], "batch_cap", 4, 40))
-    amendment_3 = std.AMENDMENTS[2]
-    units = [{**u, "amendment_sha": std.amendment_sha(amendment_3)} if u["arm"] == "trl" else u for u in units]
+    amendment_3 = study.AMENDMENTS[2]
+    units = [{**u, "amendment_sha": study.amendment_sha(amendment_3)} if u["arm"] == "trl" else u for u in units]
     summary = summarize(design, units, [bench()])
     assert summary["batch_capped"] == ["trl_s2"]
     assert summary["passages"]["trl"]["50%"][2] == [4, 36, False]
@@ -201,9 +202,9 @@ def test_welch_tost_by_hand():
 
 
 def test_the_fixed_sequence_stops_testing_at_the_first_count_not_resolved():
-    assert std.per_update_verdicts([0.01, 0.2, 0.001]) == ["equivalent", "not resolved", "not tested"]
-    assert std.per_update_verdicts([0.04, 0.049, 0.01]) == ["equivalent"] * 3      # each at the full α
-    assert std.per_update_verdicts([0.5, 0.0, 0.0]) == ["not resolved", "not tested", "not tested"]
+    assert study.per_update_verdicts([0.01, 0.2, 0.001]) == ["equivalent", "not resolved", "not tested"]
+    assert study.per_update_verdicts([0.04, 0.049, 0.01]) == ["equivalent"] * 3      # each at the full α
+    assert study.per_update_verdicts([0.5, 0.0, 0.0]) == ["not resolved", "not tested", "not tested"]
 
 
 def test_the_fixed_sequence_keeps_its_error_at_alpha_on_the_margin():
@@ -211,9 +212,9 @@ def test_the_fixed_sequence_keeps_its_error_at_alpha_on_the_margin():
     that call any count equivalent stays at α = 0.05 (within Monte Carlo error), though each test runs at the full
     α; half a margin off, the first count is called equivalent more often than not."""
     spreads = [0.014, 0.030, 0.048]
-    edge = std.power(std.MARGIN, spreads, reps=6000, seed=3)
-    assert edge["equivalent"][0] <= std.ALPHA + 0.01 and edge["equivalent"][-1] <= edge["equivalent"][0]
-    assert std.power(std.MARGIN / 2, spreads, reps=2000, seed=3)["equivalent"][0] > 0.5
+    edge = study.power(study.MARGIN, spreads, reps=6000, seed=3)
+    assert edge["equivalent"][0] <= study.ALPHA + 0.01 and edge["equivalent"][-1] <= edge["equivalent"][0]
+    assert study.power(study.MARGIN / 2, spreads, reps=2000, seed=3)["equivalent"][0] > 0.5
 
 
 def test_the_per_update_decision_on_made_up_curves():
@@ -224,10 +225,10 @@ def test_the_per_update_decision_on_made_up_curves():
             20: 0.3 + 0.05 * rng.standard_normal(10)}
     trl = {60: 0.6 + 0.01 * rng.standard_normal(5), 40: 0.4 + 0.01 * rng.standard_normal(5),
            20: 0.3 + 0.05 * rng.standard_normal(5)}
-    decided = std.decide_per_update(loop, trl)
+    decided = study.decide_per_update(loop, trl)
     assert [decided[n]["verdict"] for n in (60, 40, 20)] == ["equivalent", "not resolved", "not tested"]
-    assert decided[40]["ci95"][1] < -std.MARGIN and decided[40]["p_difference"] < 0.001
-    assert decided[60]["ci"][0] > -std.MARGIN and decided[60]["ci"][1] < std.MARGIN
+    assert decided[40]["ci95"][1] < -study.MARGIN and decided[40]["p_difference"] < 0.001
+    assert decided[60]["ci"][0] > -study.MARGIN and decided[60]["ci"][1] < study.MARGIN
     lines = summary_lines({"time_ratios": {}, "per_update": {str(n): e for n, e in decided.items()}, "seconds": {},
                            "missing": []})
     assert lines[0].startswith("per update at 60 steps: TRL − loop") and "equivalent (TOST p" in lines[0]
@@ -285,15 +286,15 @@ def test_the_groups_resample_independently_and_must_be_joinable():
     assert out["to_v1"]["generate_sampler"]["ci_low"] == pytest.approx(np.quantile(ratio_a, 0.05))
     assert "factors_product" not in out                      # empty_backward was not run
     with pytest.raises(ValueError, match="lack grpo_lab_v1"):
-        std.check_groups([["grpo_lab_v1", "trl"], ["no_share_prompt"]])
+        study.check_groups([["grpo_lab_v1", "trl"], ["no_share_prompt"]])
     with pytest.raises(ValueError, match=r"\['trl'\] are in more than one group"):
-        std.check_groups([["grpo_lab_v1", "trl"], ["grpo_lab_v1", "trl"]])
+        study.check_groups([["grpo_lab_v1", "trl"], ["grpo_lab_v1", "trl"]])
     with pytest.raises(ValueError, match="different groups"):
-        std.check_groups([["grpo_lab_v1", "trl"], ["grpo_lab_v1", "trl_like"]])
+        study.check_groups([["grpo_lab_v1", "trl"], ["grpo_lab_v1", "trl_like"]])
     with pytest.raises(ValueError, match="unknown sides"):
-        std.check_groups([["grpo_lab_v1", "vllm"]])
-    for _, _, _, groups in std.SECONDS_TASKS:
-        std.check_groups(groups)
+        study.check_groups([["grpo_lab_v1", "vllm"]])
+    for _, _, _, groups in study.SECONDS_TASKS:
+        study.check_groups(groups)
 
 
 def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_another_version():
@@ -306,40 +307,40 @@ def test_the_amendments_read_their_own_ratios_join_one_machine_only_and_refuse_a
         return made_up_file(c, design, cpu_model=cpu, **extra)
 
     def amended(number, c, cpu="A"):
-        amendment = std.AMENDMENTS[number - 1]
-        return bench_of(c, cpu, amendment=number, amendment_sha=std.amendment_sha(amendment))
+        amendment = study.AMENDMENTS[number - 1]
+        return bench_of(c, cpu, amendment=number, amendment_sha=study.amendment_sha(amendment))
 
     design = made_up_design()
     first = {"trl": (16.0, 15.0), "trl_completions": (11.0, 11.5)}
     second = {"trl_like": (10.0, 10.0), "trl_completions": (12.0, 11.0)}
     recipe = {"grpo_lab_v1": (2.0, 1.0), "trl": (18.0, 16.0), "trl_like": (10.0, 10.0)}
-    e0 = f"{std.EMPTY_SHARE:g}"
+    e0 = f"{study.EMPTY_SHARE:g}"
 
     def per_step(seconds, name):
-        return seconds[name][0] + std.EMPTY_SHARE * seconds[name][1]
+        return seconds[name][0] + study.EMPTY_SHARE * seconds[name][1]
 
     alone = summarize(design, [], [amended(1, first)])
-    ratios = alone["amendments"]["1"]["at_share"][e0]
+    ratios = alone["added_runs"]["trl_scoring"]["at_share"][e0]
     assert ratios.keys() == {"every_position"} and ratios["every_position"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions"))
     assert alone["seconds"] == {} and alone["time_ratios"] == {}          # not read as the recipe's run
-    assert alone["amendments_joined"] is None
-    assert alone["missing_amendments"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5", "addsubmul1_8_a6"]
+    assert alone["added_runs_joined"] is None
+    assert alone["missing_added_runs"] == ["addsubmul1_8_a2", "gsm_symbolic_128_a5", "addsubmul1_8_a6"]
     two_machines = summarize(design, [], [amended(1, first), bench_of(recipe, cpu="B")])
-    assert "rest" not in two_machines["amendments"]["1"]["at_share"][e0]
+    assert "rest" not in two_machines["added_runs"]["trl_scoring"]["at_share"][e0]
     one_machine = summarize(design, [], [amended(1, first), bench_of(recipe)])
-    rest = one_machine["amendments"]["1"]["at_share"][e0]["rest"]
+    rest = one_machine["added_runs"]["trl_scoring"]["at_share"][e0]["rest"]
     assert rest["ratio"] == pytest.approx(per_step(first, "trl_completions") / per_step(first, "trl")
                                           * per_step(recipe, "trl") / per_step(recipe, "trl_like"))
     assert rest["ci_low"] == pytest.approx(rest["ci_high"])
     both = summarize(design, [], [amended(1, first), amended(2, second)])
-    assert both["amendments"]["2"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
+    assert both["added_runs"]["trl_scoring_rest"]["at_share"][e0]["rest"]["ratio"] == pytest.approx(
         per_step(second, "trl_completions") / per_step(second, "trl_like"))
-    assert both["amendments_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
+    assert both["added_runs_joined"]["at_share"][e0]["trl_over_trl_like"]["ratio"] == pytest.approx(
         per_step(first, "trl") / per_step(first, "trl_completions")
         * per_step(second, "trl_completions") / per_step(second, "trl_like"))
-    assert both["missing_amendments"] == ["gsm_symbolic_128_a5", "addsubmul1_8_a6"]
-    assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["amendments_joined"] is None
+    assert both["missing_added_runs"] == ["gsm_symbolic_128_a5", "addsubmul1_8_a6"]
+    assert summarize(design, [], [amended(1, first), amended(2, second, cpu="B")])["added_runs_joined"] is None
     with pytest.raises(ValueError, match="another version"):
         summarize(design, [], [{**amended(1, first), "amendment_sha": "other"}])
     with pytest.raises(ValueError, match=r"amendments \[3\]"):          # amendment 3 has units, no benchmark
@@ -363,7 +364,7 @@ def test_agreement_with_an_earlier_ratio_respects_its_bound():
     assert not agrees(earlier("neither"), product(1.0, 0.9, 1.1))
 
 
-def test_the_issue38_check_pairs_each_arm_with_its_product():
+def test_the_wall_clock_check_pairs_each_arm_with_its_product():
     """The loop's mean seconds by the product are N̄ × its seconds a step; TRL's pair is the time ratio against the
     earlier loop ÷ TRL, each side's its per-step ratio at e₀ against the earlier side ÷ loop, matched by name."""
     def entry(ratio, low, high, bound="exact"):
@@ -373,15 +374,15 @@ def test_the_issue38_check_pairs_each_arm_with_its_product():
                "time_ratios": {"grpo_lab_v1": {"50%": entry(0.23, 0.16, 0.30, "upper")}},
                "time_ratios_to_v1": {"grpo_lab_v1_empty_backward": {"50%": entry(0.96, 0.64, 1.44)},
                                      "grpo_lab_v1_no_share_prompt": {"50%": entry(3.4, 3.2, 5.0, "lower")}}}
-    e0 = f"{std.EMPTY_SHARE:g}"
+    e0 = f"{study.EMPTY_SHARE:g}"
     seconds = {"at_share": {e0: {"to_v1": {"empty_backward": entry(1.08, 1.07, 1.09),
                                            "no_share_prompt": entry(2.96, 2.90, 3.05), "trl": entry(5.6, 5.3, 5.8)}}}}
     time_ratios = {"50%": {"ratio": 0.15, "ci_low": 0.12, "ci_high": 0.19, "steps": 30.0, "seconds_per_step": 4.5}}
-    check = issue38_check(earlier, seconds, time_ratios)["50%"]
-    assert check["loop_seconds"] == {"product": 135.0, "issue38": 140.0}
+    check = wall_clock_check(earlier, seconds, time_ratios)["50%"]
+    assert check["loop_seconds"] == {"product": 135.0, "wall_clock": 140.0}
     assert check["ratios"].keys() == {"trl", "empty_backward", "no_share_prompt"}
     assert check["ratios"]["trl"]["product"] == {"ratio": 0.15, "ci_low": 0.12, "ci_high": 0.19}
-    assert check["ratios"]["trl"]["issue38"]["bound"] == "upper" and check["ratios"]["trl"]["agrees"]
+    assert check["ratios"]["trl"]["wall_clock"]["bound"] == "upper" and check["ratios"]["trl"]["agrees"]
     assert check["ratios"]["empty_backward"]["agrees"]
     assert not check["ratios"]["no_share_prompt"]["agrees"]       # 3.05 falls short of a lower bound's 3.2
 
@@ -464,7 +465,7 @@ def test_trl_units_train_scoring_completions_only_and_record_amendment_3(tmp_pat
         trl_utils._ChunkedLogProbFunction.apply = apply
     assert switched and all(switched) and not trl_utils._use_triton(torch.device("cpu"))
     assert unit["amendment"] == 3 and unit["scoring"] == "completion positions"
-    assert unit["amendment_sha"] == std.amendment_sha(std.AMENDMENT_3)
+    assert unit["amendment_sha"] == study.amendment_sha(study.TRL_UNIT_SCORING)
     with pytest.raises(ValueError, match="another version of it"):
         summarize_units(design, [{k: v for k, v in unit.items() if k != "amendment_sha"}], [])
 
@@ -498,21 +499,21 @@ def test_the_step_clock_evaluates_every_k_optimiser_steps_and_stops_by_its_rules
 
 
 def test_the_committed_design_is_design_py_and_its_numbers_follow_from_the_data():
-    committed = json.loads((std.HERE / "design.json").read_text())
-    assert committed == json.loads(json.dumps(std.design_record()))
-    passages = std.issue38_passages()
+    committed = json.loads((study.HERE / "design.json").read_text())
+    assert committed == json.loads(json.dumps(study.design_record()))
+    passages = study.time_to_accuracy_passages()
     slowest = max(p.steps for seeds in passages.values() for p in seeds)
-    assert slowest == 71 and std.CAP == std.cap_from(passages) >= 2 * slowest and std.CAP % std.EVERY == 0
-    assert std.EMPTY_SHARE == pytest.approx(std.empty_share(passages["80%"]))
+    assert slowest == 71 and study.CAP == study.cap_from(passages) >= 2 * slowest and study.CAP % study.EVERY == 0
+    assert study.EMPTY_SHARE == pytest.approx(study.empty_share(passages["80%"]))
     assert [p.steps for p in passages["50%"]] == [29, 39, 38, 24, 34]
-    assert std.EVERY <= 5 and all(n % std.EVERY == 0 for n in std.TOST_STEPS) and std.MIN_STEPS <= std.CAP
-    assert min(len(std.LOOP_SEEDS), len(std.TRL_SEEDS)) >= 5 and std.PAIRS >= 10
-    assert all(pairs >= 10 for _, _, pairs, _ in std.SECONDS_TASKS)
-    assert {name for group in std.RECIPE_GROUPS for name in group} == set(std.SIDES)         # every side, in groups
-    assert all(len(group) <= 4 for _, _, _, groups in std.SECONDS_TASKS for group in groups)  # 4 sides fit in 23 GiB
-    assert sorted(committed["order"]) == sorted([[std.LOOP, s] for s in std.LOOP_SEEDS]
-                                                + [[std.REFERENCE, s] for s in std.TRL_SEEDS])
-    assert committed["targets"]["targets"] == json.loads((std.TARGETS).read_text())["targets"]
+    assert study.EVERY <= 5 and all(n % study.EVERY == 0 for n in study.TOST_STEPS) and study.MIN_STEPS <= study.CAP
+    assert min(len(study.LOOP_SEEDS), len(study.TRL_SEEDS)) >= 5 and study.PAIRS >= 10
+    assert all(pairs >= 10 for _, _, pairs, _ in study.SECONDS_TASKS)
+    assert {name for group in study.RECIPE_GROUPS for name in group} == set(study.SIDES)         # every side, in groups
+    assert all(len(group) <= 4 for _, _, _, groups in study.SECONDS_TASKS for group in groups)  # 4 sides fit in 23 GiB
+    assert sorted(committed["order"]) == sorted([[study.LOOP, s] for s in study.LOOP_SEEDS]
+                                                + [[study.REFERENCE, s] for s in study.TRL_SEEDS])
+    assert committed["targets"]["targets"] == json.loads((study.TARGETS).read_text())["targets"]
 
 
 # ----------------------------------------------------------------------------- the benchmark's pieces
@@ -561,6 +562,22 @@ def test_the_benchmark_refuses_a_group_the_task_does_not_have(capsys):
     with pytest.raises(SystemExit):
         benchmark_module().main(["--group", "3"])
     assert "--group [3]: addsubmul1 has groups 1 to 2" in capsys.readouterr().err
+
+
+def test_the_benchmark_names_an_amendment_by_what_it_changes(monkeypatch, tmp_path, capsys):
+    """``--amendment`` takes an amendment's name; its file keeps the number its records carry (``_a<n>``); a run an
+    amendment replaces points to that amendment by name."""
+    bench = benchmark_module()
+    runs = []
+    monkeypatch.setattr(bench, "run_group", lambda *args: runs.append(args))
+    bench.main(["--amendment", "short_completions", "--threads", str(torch.get_num_threads()), "--out", str(tmp_path)])
+    (args,) = runs
+    assert args[5] == tmp_path / "addsubmul1_8_a6.json" and args[6] is study.SHORT_COMPLETIONS
+    with pytest.raises(SystemExit):
+        bench.main(["--task", "gsm_symbolic"])
+    assert "--amendment long_completions" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--amendment", "batch_cap_rule"])       # no benchmark run of its own
 
 
 def test_the_benchmark_runs_each_group_in_a_process_of_its_own(monkeypatch, tmp_path):
@@ -614,7 +631,7 @@ def test_each_side_takes_the_forced_step_on_a_tiny_model(one_thread):
     assert sides["trl"].described()["trl_config"]["num_generations"] == 2
     assert [sides[name].described()["scoring"] for name in ("trl", "trl_completions")] == [
         "every position", "completion positions"]
-    assert {name for a in std.AMENDMENTS for name in a.get("sides", {})} <= set(bench.TRL_VARIANTS)  # a builder each
+    assert {name for a in study.AMENDMENTS for name in a.get("sides", {})} <= set(bench.TRL_VARIANTS)  # a builder each
     for side in sides.values():      # AdamW stepped, then π_θ went back to its starting weights
         trained = side.untrained.model.state_dict()
         assert all(torch.equal(trained[name], value) for name, value in model.state_dict().items())
@@ -650,7 +667,7 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
     128-token run's place: its decomposition in ``seconds``, neither it nor that run missing. A side at another
     micro-batch, a file of another version of the amendment, or a design file of the replaced run is refused; the
     benchmark refuses to run the replaced run."""
-    amendment = std.AMENDMENTS[4]
+    amendment = study.AMENDMENTS[4]
     (run,) = amendment["runs"]
     seconds = {"grpo_lab_v1": (2.0, 1.0), "generate_sampler": (3.0, 1.5), "trl_like": (5.0, 2.0), "trl": (8.0, 6.0)}
 
@@ -662,7 +679,7 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
     at = summary["seconds"]["gsm_symbolic_128"]["at_share"]["0"]
     assert at["to_v1"]["trl"]["ratio"] == pytest.approx(4.0) and at["unexplained"]["ratio"] == pytest.approx(1.6)
     assert summary["missing_seconds"] == []
-    assert summary["missing_amendments"] == ["addsubmul1_8_a1", "addsubmul1_8_a2", "addsubmul1_8_a6"]
+    assert summary["missing_added_runs"] == ["addsubmul1_8_a1", "addsubmul1_8_a2", "addsubmul1_8_a6"]
     with pytest.raises(ValueError, match=f"did not run micro-batches of {run['micro_batch_size']}"):
         summarize(design, [], [file_of(micro=16)])
     with pytest.raises(ValueError, match="another version"):
@@ -677,10 +694,10 @@ def test_amendment_5_is_read_as_the_128_token_run_it_replaces():
 def test_amendment_6_reads_the_8_token_group_at_amendment_5s_micro_batch_beside_the_recipe():
     """A made-up file of amendment 6 (constant seconds): its four ratios, known by hand at e₀, sit in ``amendments``
     and not in the recipe's decomposition; a side at another micro-batch is refused."""
-    amendment = std.AMENDMENTS[5]
+    amendment = study.AMENDMENTS[5]
     (run,) = amendment["runs"]
     assert (run["task"], run["tokens"], run["micro_batch_size"]) == ("addsubmul1", 8, 4)
-    assert run["groups"] == std.AMENDMENTS[4]["runs"][0]["groups"]            # amendment 5's four sides
+    assert run["groups"] == study.AMENDMENTS[4]["runs"][0]["groups"]            # amendment 5's four sides
     seconds = {"grpo_lab_v1": (2.0, 1.0), "generate_sampler": (3.0, 1.5), "trl_like": (5.0, 2.0), "trl": (8.0, 6.0)}
 
     def file_of(micro=4):
@@ -688,13 +705,13 @@ def test_amendment_6_reads_the_8_token_group_at_amendment_5s_micro_batch_beside_
 
     design = made_up_design()
     summary = summarize(design, [], [file_of()])
-    at = summary["amendments"]["6"]["at_share"][f"{std.EMPTY_SHARE:g}"]
-    step = {name: c + std.EMPTY_SHARE * e for name, (c, e) in seconds.items()}
+    at = summary["added_runs"]["short_completions"]["at_share"][f"{study.EMPTY_SHARE:g}"]
+    step = {name: c + study.EMPTY_SHARE * e for name, (c, e) in seconds.items()}
     for name, (a, b) in {"trl": ("trl", "grpo_lab_v1"), "trl_like": ("trl_like", "grpo_lab_v1"),
                          "generate_sampler": ("generate_sampler", "grpo_lab_v1"),
                          "unexplained": ("trl", "trl_like")}.items():
         assert at[name]["ratio"] == pytest.approx(step[a] / step[b]), name
-    assert summary["seconds"] == {} and "addsubmul1_8_a6" not in summary["missing_amendments"]
+    assert summary["seconds"] == {} and "addsubmul1_8_a6" not in summary["missing_added_runs"]
     with pytest.raises(ValueError, match="did not run micro-batches of 4"):
         summarize(design, [], [file_of(micro=32)])
 

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,9 @@ import torch
 from reliability_runs import problems, tiny_model, tokenizer
 
 from grpo_lab.lm.train_config import TrainConfig
+from studies.clock import MarkClock
 from studies.stats import passage
 from studies.time_to_accuracy import design as tta
-from studies.time_to_accuracy import units as tta_units
 from studies.time_to_accuracy.plots import tta_curves_figure, tta_ratio_figure
 from studies.time_to_accuracy.summary import ratio_table, rebuild_summary, summarize, targets_from_frontier
 from studies.time_to_accuracy.trl_side import skip_empty_batch, trl_config
@@ -218,14 +219,14 @@ def test_targets_from_the_frontiers_per_question_j(tmp_path):
 
 def test_the_clock_takes_evaluation_off_evaluates_each_mark_once_and_stops(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(tta_units.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     js = iter([0.2, 0.5, 0.7])
 
     def evaluate():
         now[0] += 50.0                                 # an evaluation: 50 s that the clock must not count
         return next(js), {"pruned_max": 0.0}
 
-    clock = tta_units.MarkClock(30.0, 10.0)
+    clock = MarkClock(30.0, 10.0)
     assert clock.marks == [10.0, 20.0, 30.0]
     clock.start()
     now[0] += 4.0
@@ -241,7 +242,7 @@ def test_the_clock_takes_evaluation_off_evaluates_each_mark_once_and_stops(monke
     assert clock.after_step(True, evaluate) and [p["marks"] for p in clock.points] == [[10.0], [20.0], [30.0]]
     assert [s["optimizer_step"] for s in clock.step_log] == [True, False, True, True]
 
-    early = tta_units.MarkClock(30.0, 10.0, stop_at=0.5)
+    early = MarkClock(30.0, 10.0, stop_at=0.5)
     js = iter([0.2, 0.55])
     early.start()
     now[0] += 25.0                                     # one step past two marks: evaluated once, for both
@@ -251,9 +252,9 @@ def test_the_clock_takes_evaluation_off_evaluates_each_mark_once_and_stops(monke
     now[0] += 4.0
     assert early.after_step(True, evaluate) and early.points[-1]["j"] == 0.55   # J ≥ the top target: stop
     with pytest.raises(ValueError, match="whole number of marks"):
-        tta_units.MarkClock(25.0, 10.0)
+        MarkClock(25.0, 10.0)
     with pytest.raises(RuntimeError, match="not started"):
-        _ = tta_units.MarkClock(30.0, 10.0).seconds
+        _ = MarkClock(30.0, 10.0).seconds
 
 
 # ----------------------------------------------------------------------------- the summary from made-up units

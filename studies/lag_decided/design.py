@@ -76,7 +76,7 @@ is 128 steps if ``v1`` at that lr gained ≥ 0.25 of exact J by then in the earl
 +0.61 in its seeds 0 and 1, reused and said so), else 256. Arms ``v1``, ``v10_ratio``, ``v10_none`` at seeds
 200–205, each estimate with its t interval, no test.
 
-**The field's corrections (exploratory; issue 52 §3).** Fixed before any of their units, run after the
+**The field's corrections (exploratory).** Fixed before any of their units, run after the
 confirmatory units of the first look. At lr 1e-5 and v = 10, three more corrections of π_k/α:
 
 ================ =========================================================================================
@@ -92,9 +92,9 @@ Seeds 100–107: fresh for these arms, and the same as the first look's, so each
 drift with t intervals, and its paired differences from ``v10_ratio`` and ``v10_none`` with unadjusted 95 % t
 intervals, labelled exploratory (no test, not in the confirmatory family).
 
-*Amendment (2026-12-05, after 18 of the 24 units).* ``v10_icepop`` was first fixed at [0.5, 2]: that band is
+*Amendment (after 18 of the 24 units).* ``v10_icepop`` was first fixed at [0.5, 2]: that band is
 [1/C, C] at C = 2, ``v10_mask``'s rule exactly, and its six units (seeds 100–105) were ``v10_mask``'s bit for bit
-(J_auc equal in every digit; they are in git history at commit 4f2f863, not read). So the arm was re-fixed to
+(J_auc equal in every digit; they are in git history, not read). So the arm was re-fixed to
 IcePop's own band [0.5, 5] (verl's ``"0.5_5.0"``) before any unit at it ran, all eight seeds run anew, and
 ``tests/test_lag_decided.py::test_no_two_correction_arms_share_a_rule`` now guards the design. Nothing else
 changed.
@@ -136,7 +136,7 @@ CORRECTION_ARMS = {"v10_mask": {"v": 10, "is_correction": "mask", "is_cap": 2.0}
                    "v10_seqmask": {"v": 10, "is_correction": "icepop", "level": "sequence", "is_cap": 3.0,
                                    "is_floor": None},
                    "v10_icepop": {"v": 10, "is_correction": "icepop", "is_cap": 5.0, "is_floor": 0.5}}
-"""The exploratory corrections (issue 52 §3): arm name → the config fields it sets on the recipe."""
+"""The exploratory corrections: arm name → the config fields it sets on the recipe."""
 CORRECTION_SEEDS = tuple(range(100, 108))
 CORRECTION_BASELINES = ("v10_ratio", "v10_none")
 """The confirmatory arms each correction arm is paired with, by seed."""

@@ -109,19 +109,25 @@ def unit_dir(out: Path, arm: str, lr: float) -> Path:
     return out / ("units_corrections" if arm in design.CORRECTION_ARMS else "units")
 
 
-def arguments() -> argparse.ArgumentParser:
-    """The command line of this script."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def unit_arguments(parser: argparse.ArgumentParser, out: Path) -> argparse.ArgumentParser:
+    """The options every study run through :func:`run_units` takes: how many units, on how many threads, in which
+    folder (``out`` by default), or only the summary rebuilt."""
     parser.add_argument("--units", type=int, default=1, help="how many units to run at most (0: none)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--summary", action="store_true", help="rebuild summary.json and run nothing")
+    return parser
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The command line of this script."""
+    parser = unit_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]), HERE)
     parser.add_argument("--regime2-pilot", type=float, default=None, metavar="LR")
     parser.add_argument("--regime2", type=float, default=None, metavar="LR")
     parser.add_argument("--regime2-steps", type=int, default=design.STEPS)
     parser.add_argument("--corrections", action="store_true", help="the field's corrections (exploratory)")
     parser.add_argument("--arms", nargs="+", choices=[*design.ARMS, *design.CORRECTION_ARMS], default=None,
                         help="only these arms (an open comparison's, or one correction's)")
-    parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--summary", action="store_true")
     return parser
 
 

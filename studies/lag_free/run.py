@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:   # run as a script from any folder
     sys.path.insert(0, str(ROOT))
 
 from studies.lag_decided.design import unit_order  # noqa: E402
-from studies.lag_decided.run import run_units  # noqa: E402
+from studies.lag_decided.run import run_units, unit_arguments  # noqa: E402
 from studies.lag_free import design  # noqa: E402
 from studies.lag_free.summary import UNITS, is_open, rebuild_summary  # noqa: E402
 
@@ -49,12 +49,8 @@ def queue(part: str, out: Path) -> Iterator[tuple[str, int, float, int, Path, di
 
 def arguments() -> argparse.ArgumentParser:
     """The command line of this script."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = unit_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]), HERE)
     parser.add_argument("--part", choices=list(PARTS), default="confirmatory")
-    parser.add_argument("--units", type=int, default=1, help="how many units to run at most (0: none)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--summary", action="store_true")
     return parser
 
 

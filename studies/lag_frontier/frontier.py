@@ -1,4 +1,4 @@
-"""The lag frontier (issue 34): how far may α lag π_θ, with each correction, and still train as well as v = 1?
+"""The lag frontier: how far may α lag π_θ, with each correction, and still train as well as v = 1?
 
 The design and its analysis are fixed here before any unit runs; the units only fill them in.
 

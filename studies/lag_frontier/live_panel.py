@@ -1,5 +1,5 @@
 """Notebook 02's live ablation: knobs (v, i, the correction, ε, β, mask) train a run of the lag frontier's recipe
-(issue 34: SmolLM2-135M on ``addsubmul1``, lr 1e-5, strict scoring) and draw, as it trains, its **exact J** on a
+(SmolLM2-135M on ``addsubmul1``, lr 1e-5, strict scoring) and draw, as it trains, its **exact J** on a
 fixed subset of the task's questions and its training reward, over the frontier pilot's v = 1 runs at lr 1e-5.
 
 **The backdrop** is the pilot's two finished v = 1 units at lr 1e-5 (:data:`PILOT_UNITS`, seeds 0 and 1): their

@@ -1,4 +1,4 @@
-"""The lag frontier's pilot (issue 34 §2): which task and learning rate the frontier study runs at.
+"""The lag frontier's pilot: which task and learning rate the frontier study runs at.
 
 Each unit trains on-policy (v = 1) on a task at one lr and seed, for the frontier's step budget, and saves
 π_θ's weights at the evaluation steps (0, ¼, ½, ¾ and the end of the budget) into ``--runs-dir``; a second
@@ -16,7 +16,7 @@ rules the pilot applies (fixed before any unit ran):
   rank lags); its drift per step at lag 1 (mean |log π_{k+1}/π_k| over step k's sampled tokens) is reported.
 
 Tasks tried, in order: ``addmul1`` (its lr 1e-5 unit saturated: J 0.948 at the budget, 0.836 at half of it),
-then ``addsubmul1`` (negative differences added; the selection rule among lrs above fixed on 2026-12-02,
+then ``addsubmul1`` (negative differences added; the selection rule among lrs above fixed
 before its units ran).
 
 Units are files ``<out>/units/<task>_lr<lr>_s<seed>.json`` with their provenance (git commit, torch threads,

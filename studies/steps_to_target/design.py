@@ -1,97 +1,20 @@
-"""Steps to target against TRL: time to an exact-J target as (optimiser steps to reach it) × (seconds per optimiser
-step), each half measured where it is clean. Everything here is fixed before the first unit runs; the units and
-the benchmark only fill it in.
+"""The steps-to-target study's design: time to an exact-J target against TRL as (optimiser steps to reach it) ×
+(seconds per optimiser step), each half measured where it is clean. Everything here was fixed before the first unit
+ran (``design.json``, :func:`design_record`, whose SHA-256 every unit and benchmark file records); the units and the
+benchmark only fill it in. The README beside this file gives the design in words, with its numbers.
 
-**Why.** The time-to-accuracy study timed wall clock within 600 s; TRL (29–46 s a step) reached no target in any
-seed, so every ratio to TRL was a bound set by the budget. A step count does not depend on the machine's load, so
-the steps half runs as long as TRL needs, at one thread, two units side by side; the seconds half is a short
-interleaved benchmark run alone.
+Why two halves: a step count does not depend on the machine's load, so the steps half runs as long as TRL needs, at
+one thread, two units side by side; the seconds half is a short interleaved benchmark run alone
+(``benchmarks/step_seconds.py``).
 
-**Recipe.** The time-to-accuracy study's (:func:`studies.time_to_accuracy.design.shared_recipe`): ``cpu_arith_smollm2``
-on ``addsubmul1`` at lr 1e-5, strict scoring, v = 1, one micro-batch of P·G = 32 rows, empty steps skipped, one
-thread. Targets: read from ``studies/time_to_accuracy/results/targets.json`` (50 % and 80 % of the frontier's
-``v1`` gain over the untrained J: J 0.420 and 0.630) and nowhere else, on that file's question set (every 3rd of
-the 363, 121); the untrained unit must match the file's untrained J.
-
-**Steps half: arms and units.** ``grpo_lab_v1`` (the loop's defaults) and ``trl`` (TRL's ``GRPOTrainer``, a batch
-with no signal takes no AdamW step: the loop's rule), seeds :data:`LOOP_SEEDS` and :data:`TRL_SEEDS` (fresh: no
-earlier unit used them). Exact J every :data:`EVERY` = 2 optimiser steps, off the clock. A unit trains until it
-has passed both targets and at least :data:`MIN_STEPS` = 60 optimiser steps (the largest TOST step count), or until
-the cap :data:`CAP` = 142 optimiser steps: twice the loop's slowest seed in the time-to-accuracy units (71 optimiser
-steps to the 80 % target, :func:`issue38_passages`), rounded up to a multiple of k; a seed that has not reached a
-target by then is censored at the cap, and said so. A unit that takes :data:`BATCH_CAP` batches without reaching
-the cap (empty batches take no optimiser step) stops too; its restricted steps are not observed, and amendment 4
-(:data:`AMENDMENT_4`) reads it censored at its stop. Order: seed by seed, TRL before the loop
-(:func:`unit_order`); processes share it by advisory locks.
-
-**First passage** N: the optimiser steps at the first evaluation with J ≥ the target (no interpolation: N is
-overstated by at most k − 1 = 1 step), with E, the empty batches by then (:class:`grpo_lab.stats.passage.StepPassage`).
-
-**Seconds half.** ``benchmarks/step_seconds.py``, alone on the machine: the sides of :data:`SIDES` take their steps
-in turn, round by round, :data:`PAIRS` = 20 rounds after :data:`WARMUP_ROUNDS` = 1; in a round each side takes one
-step whose rewards are replaced by a fixed pattern with signal in every group (it trains) and one whose rewards are
-all zero (it is empty), the order of the sides drawn per round from :data:`ORDER_SEED`. The reward function still
-runs; only its output is replaced, so a step's seconds hold everything but the draw of which batches are empty,
-which the units count. After every step π_θ goes back to its starting weights, off the clock: trained by the
-forced pattern, the sides' policies drifted apart in a first run (the loop's and TRL's completions to the 8-token
-cap, the ``model.generate`` sides' to 2 tokens), so they timed different work; that run is discarded. Per round:
-c (seconds of a step that trains) and c∅ (of one that does not) for every side.
-
-**Time ratio** (:func:`grpo_lab.stats.passage.product_time_ratio`): mean N·c̄ + E·c̄∅ over the loop's seeds / the
-same over TRL's = steps ratio × seconds-per-step ratio, each arm's seconds per optimiser step at its own empty
-share; 95 % percentile bootstrap, :data:`RESAMPLES` resamples seeded :data:`BOOTSTRAP_SEED`, seeds of each arm and
-the benchmark's rounds resampled together. A censored seed makes the ratio a bound (``≤`` when only TRL's are).
-
-**Per update** (:func:`decide_per_update`): is TRL's exact J the loop's within ±:data:`MARGIN` (0.051 of J, the lag
-frontier's margin) after the same number of optimiser steps? Welch TOST (:func:`grpo_lab.stats.paired.welch_tost`),
-unpaired (the trainers share no randomness seed by seed), at 60, 40 and 20 optimiser steps in that fixed sequence
-(:data:`TOST_SEQUENCE`, :func:`per_update_verdicts`): each at α = 0.05 until the first that does not reject, the
-counts after it not tested; "the same per update" at every count only if all three reject. Late counts come first
-because the seeds agree most there. The difference and its 95 % interval are reported beside, as estimates.
-
-**Decomposition** (the benchmark's sides; per-step ratios to ``grpo_lab_v1`` at the loop's empty share
-e₀ = :data:`EMPTY_SHARE` = 0.31 empty batches per optimiser step, pooled from the time-to-accuracy ``v1`` units to
-the 80 % target, and at a step that trains): ``no_share_prompt`` (every row runs its own prompt),
-``empty_backward`` (an empty batch runs forward and backward, then drops them, as TRL does), ``generate_sampler``
-(α decodes through ``model.generate``, one row per completion, as TRL: :class:`grpo_lab.lm.sampling.GenerateSampler`),
-``trl_like`` (all three at once) and ``trl``. Each factor with its interval; the product of the three against
-``trl_like`` (``interaction``: 1 where they multiply), and ``trl`` / ``trl_like`` (``unexplained``: what the three
-leave, TRL's trainer around them). Six sides do not fit in this machine's memory at once: they run in two groups
-(:data:`RECIPE_GROUPS`), each with ``grpo_lab_v1``, so each ratio is paired within its group's run, and the groups'
-rounds are resampled independently. The same benchmark at 128-token completions on ``gsm_symbolic``, 10 rounds,
-sides ``grpo_lab_v1``, ``generate_sampler``, ``trl_like``, ``trl`` in one group (:data:`SECONDS_TASKS`), answers
-whether the per-step ratio holds as completions lengthen (no steps half there).
-
-**Precision and power** (:func:`precision`, :func:`power_table`; both in ``design.json``), from the time-to-accuracy
-units (2 threads, alone; J interpolated between their 30-second evaluations, so the spreads are approximate, and
-only 3 seeds ran to 60 optimiser steps):
-
-- N to the 50 % / 80 % target, ``grpo_lab_v1``: 24–39 / 43–71 optimiser steps, coefficient of variation 0.19 / 0.19.
-- a batch's seconds: the loop's trained batches vary by 0.40 (CV), TRL's batches by 0.19.
-- with 10 loop seeds, 5 TRL seeds and 20 rounds, if TRL's N spreads as the loop's, the time ratio's relative
-  standard error is about 0.14: a 95 % interval of about ×/÷ 1.33 around the estimate.
-- the loop's J across seeds at 60, 40, 20 optimiser steps: SD 0.014, 0.030, 0.048 (TRL's, unknown, taken equal).
-  Power of the fixed sequence, 20,000 simulated studies a row:
-
-====== ============= ============= ============= ============
-true d at 60 steps   at 40 steps   at 20 steps   all three
-====== ============= ============= ============= ============
-0      1.00          0.75          0.14          0.14
-0.02   0.98          0.51          0.08          0.08
-0.04   0.37          0.06          0.00          0.00
-====== ============= ============= ============= ============
-
-What the design can decide: equivalence per update late in training (60 steps, where seeds agree) if TRL's J
-spreads as the loop's, and at 40 steps three times in four if the arms agree; at 20 steps it cannot (a spread of
-0.048 at 10 and 5 seeds is as wide as the margin), so an early gap shows as "not resolved", not as a difference.
-The time ratio's interval, about ×/÷ 1.33, resolves any ratio further than that from 1.
-
-**Budget at one thread** (from the lag-decided units, the same recipe at one thread with two units side by side: a
-batch 5.4 s, exact J on the 121 questions ≈ 23 s): a loop unit ≈ 85 batches + 33 evaluations ≈ 20 min; a TRL unit,
-if its batch takes ~60 s at one thread (36 s at two, alone), ≈ 1.7 h when it passes 80 % near the loop's 65 steps,
-≈ 3.5 h censored at 142. All 15 units on two processes: ≈ 6–11 h. The benchmark alone at two threads: ≈ 35 min at 8
-tokens (its first group; the second, without TRL, a few minutes), ≈ 1.5–2 h at 128 (from the P1 rows at 128
-tokens, doubled for P = 4). TRL's one-thread batch is a guess: no unit has timed it.
+Fixed here: the recipe and the targets (the time-to-accuracy study's, :data:`TARGETS`); the arms, seeds and their
+order (:data:`ARMS`, :data:`LOOP_SEEDS`, :data:`TRL_SEEDS`, :func:`unit_order`); when a unit evaluates and stops
+(:data:`EVERY`, :data:`MIN_STEPS`, :data:`CAP`, :data:`BATCH_CAP`) and its first passage (:func:`step_passage`);
+the benchmark's sides and groups (:data:`SIDES`, :data:`RECIPE_GROUPS`, :data:`SECONDS_TASKS`); the time ratio's
+bootstrap (:data:`RESAMPLES`, :data:`BOOTSTRAP_SEED`); the per-update decision (:func:`decide_per_update`, a fixed
+sequence of Welch TOSTs); the precision and power the time-to-accuracy units promised (:func:`precision`,
+:func:`power_table`); and the changes fixed after the first unit (:data:`AMENDMENTS`), kept out of ``design.json``
+so every file run under it stays valid.
 """
 
 from __future__ import annotations
@@ -111,11 +34,11 @@ from studies.time_to_accuracy import design as tta
 
 HERE = Path(__file__).resolve().parent
 TARGETS = tta.committed_dir() / "targets.json"
-ISSUE38_UNITS = tta.committed_dir() / "units"
+TIME_TO_ACCURACY_UNITS = tta.committed_dir() / "units"
 """The time-to-accuracy units the cap, the empty share and the spreads are computed from."""
-ISSUE38_SUMMARY = tta.committed_dir() / "summary.json"
+TIME_TO_ACCURACY_SUMMARY = tta.committed_dir() / "summary.json"
 """The time-to-accuracy study's wall-clock first passages, which the product is checked against."""
-ISSUE38_SIDES = {"empty_backward": "grpo_lab_v1_empty_backward", "no_share_prompt": "grpo_lab_v1_no_share_prompt"}
+WALL_CLOCK_ARMS = {"empty_backward": "grpo_lab_v1_empty_backward", "no_share_prompt": "grpo_lab_v1_no_share_prompt"}
 """Benchmark side → the time-to-accuracy arm that runs the same change."""
 
 ARMS = ("grpo_lab_v1", "trl")
@@ -136,7 +59,7 @@ CAP = 142
 time-to-accuracy units, up to a multiple of :data:`EVERY` (:func:`cap_from`; a test checks it against the data)."""
 BATCH_CAP = 4 * CAP
 """Batches at which a unit stops short of the cap (it stalled on empty batches): its restricted steps are not
-observed (amendment 4 reads it censored at its stop). The time-to-accuracy units took at most 1.4 batches per
+observed (:data:`BATCH_CAP_RULE` reads it censored at its stop). The time-to-accuracy units took at most 1.4 batches per
 optimiser step."""
 MARGIN = 0.051
 ALPHA = 0.05
@@ -195,7 +118,7 @@ TOST_SCENARIOS = (0.0, 0.02, 0.04)
 # ----------------------------------------------------------------------------- from the time-to-accuracy units
 
 
-def issue38_units(arm: str, units_dir: Path = ISSUE38_UNITS) -> list[dict[str, Any]]:
+def time_to_accuracy_units(arm: str, units_dir: Path = TIME_TO_ACCURACY_UNITS) -> list[dict[str, Any]]:
     """The time-to-accuracy units of ``arm``, in seed order."""
     return [json.loads(p.read_text()) for p in sorted(units_dir.glob(f"{arm}_s[0-9]*.json"))]
 
@@ -216,12 +139,12 @@ def step_passage(points: Sequence[Mapping[str, Any]], level: float) -> passage.S
                                                         True)
 
 
-def issue38_passages(arm: str = LOOP, units_dir: Path = ISSUE38_UNITS,
+def time_to_accuracy_passages(arm: str = LOOP, units_dir: Path = TIME_TO_ACCURACY_UNITS,
                      targets_path: Path = TARGETS) -> dict[str, list[passage.StepPassage]]:
     """Target name → each seed's first passage in optimiser steps (:func:`step_passage`) in the time-to-accuracy
     units of ``arm`` (evaluated every 30 s, so each N is the first such evaluation's)."""
     levels = tta.load_targets(targets_path)["targets"]
-    units = issue38_units(arm, units_dir)
+    units = time_to_accuracy_units(arm, units_dir)
     out: dict[str, list[passage.StepPassage]] = {}
     for name, level in levels.items():
         out[name] = [step_passage(unit["points"], level) for unit in units]
@@ -246,7 +169,7 @@ EMPTY_SHARE = 0.3125
 """e₀: :func:`empty_share` of the loop's passages to the 80 % target in the time-to-accuracy units (a test checks
 it)."""
 
-AMENDMENT_1 = {
+TRL_SCORING = {
     "number": 1,
     "fixed_on": "2026-12-06",
     "why": "trl / trl_like is 1.57x [1.52, 1.62] at 8 tokens, which no side isolates. A profile of one TRL step "
@@ -261,13 +184,13 @@ AMENDMENT_1 = {
             "rounds resampled independently",
     "empty_share": EMPTY_SHARE,
 }
-"""A benchmark added after the design (amendment 1), fixed before its run and kept out of ``design.json`` so
-every unit and benchmark file run under that design stays valid: TRL and TRL scoring the completion positions only
+"""A benchmark added after the design, fixed before its run and kept out of ``design.json`` so every unit and
+benchmark file run under that design stays valid: TRL and TRL scoring the completion positions only
 (``trl_completions``), 10 rounds alone at 2 threads, read as ``trl`` / ``trl_completions`` (what scoring every
-position costs) and, with the recipe's first group, ``trl_completions`` / ``trl_like`` (what is left). A first try
-with ``trl_like`` in the group as well held 24.3 GB and was killed in its warm-up round (no file written, nothing
-read); two TRL trainers and a loop do not fit in 23 GiB. Its files carry :func:`amendment_sha`."""
-AMENDMENT_2 = {
+position costs) and, with the recipe's first group, ``trl_completions`` / ``trl_like`` (what is left). Two TRL
+trainers and a loop do not fit in 23 GiB, so ``trl_like`` is not in the group. Its files carry
+:func:`amendment_sha`, as every amendment's do."""
+TRL_SCORING_REST = {
     "number": 2,
     "fixed_on": "2026-12-06",
     "why": "amendment 1 ran on an AMD EPYC (AVX-512, no AMX); the recipe's group 1 ran on I2 (Intel Xeon, AVX-512 "
@@ -281,9 +204,9 @@ AMENDMENT_2 = {
               "resampled independently, only where both ran on one CPU model",
     "empty_share": EMPTY_SHARE,
 }
-"""Amendment 2, fixed before its run: ``trl_completions`` / ``trl_like`` in one run on amendment 1's machine, and
-with amendment 1 the whole of ``trl`` / ``trl_like`` there (:func:`~.summary.joined_amendments`)."""
-AMENDMENT_3 = {
+"""Fixed before its run: ``trl_completions`` / ``trl_like`` in one run on :data:`TRL_SCORING`'s machine, and with
+that run the whole of ``trl`` / ``trl_like`` there (:func:`~.summary.joined_amendments`)."""
+TRL_UNIT_SCORING = {
     "number": 3,
     "fixed_on": "2026-12-06",
     "why": "a TRL unit censored at the cap takes about 4 h at one thread beside a loop unit (trl_s530: 26 optimiser "
@@ -297,10 +220,10 @@ AMENDMENT_3 = {
     "threads": 2,
     "beside": "nothing: one TRL unit at a time",
 }
-"""Amendment 3, fixed before any TRL unit finished: TRL's units score the completion positions only
+"""Fixed before any TRL unit finished: TRL's units score the completion positions only
 (:func:`studies.time_to_accuracy.trl_side.completion_scoring`) and run at 2 threads, one at a time. Every TRL unit
 records it; the summary refuses a TRL unit without it."""
-AMENDMENT_4 = {
+BATCH_CAP_RULE = {
     "number": 4,
     "fixed_on": "2026-12-06",
     "why": "trl_s532 took 21 optimiser steps in its first 141 batches and none in the 50 after (every group's eight "
@@ -312,9 +235,9 @@ AMENDMENT_4 = {
             "at the cap does, so the time ratio is a bound (censoring_bound). Per update, a step count the unit did "
             "not reach has no J from it: the TOST runs on the seeds that reached it, and the summary says how many",
 }
-"""Amendment 4, fixed before ``trl_s532`` stopped: how a unit stopped by the batch cap (it stalled on empty
-batches) is read (:func:`~.summary.unit_passages`)."""
-AMENDMENT_5 = {
+"""Fixed before the first unit stalled: how a unit stopped by the batch cap (it stalled on empty batches) is read
+(:func:`~.summary.unit_passages`)."""
+LONG_COMPLETIONS = {
     "number": 5,
     "fixed_on": "2026-12-06",
     "why": "the design's 128-token run (its four sides in one process, the recipe's micro-batch of 32) was killed for "
@@ -333,10 +256,10 @@ AMENDMENT_5 = {
                    "optimiser step on the same 32 completions); a file whose sides ran another is refused",
     "replaces": "gsm_symbolic_128",
 }
-"""Amendment 5, fixed before any 128-token file: the design's 128-token run (:data:`SECONDS_TASKS`) again, every
-side at a micro-batch of 4, so four sides fit in one process and differ only in their ways. Its file is read as
-that run's decomposition (:func:`~.summary.seconds_entry`), in its place."""
-AMENDMENT_6 = {
+"""Fixed before any 128-token file: the design's 128-token run (:data:`SECONDS_TASKS`) again, every side at a
+micro-batch of 4, so four sides fit in one process and differ only in their ways. Its file is read as that run's
+decomposition (:func:`~.summary.seconds_entry`), in its place."""
+SHORT_COMPLETIONS = {
     "number": 6,
     "fixed_on": "2026-12-06",
     "why": "the 8-token decomposition ran on I2 (Intel Xeon, AMX) at the recipe's micro-batch, amendment 5's 128-token "
@@ -345,17 +268,27 @@ AMENDMENT_6 = {
            "direction. The 8-token recipe again with amendment 5's four sides and micro-batch, on amendment 5's CPU "
            "model, leaves the completion length the only difference",
     "sides": {},
-    "runs": [{**AMENDMENT_5["runs"][0], "task": "addsubmul1", "tokens": 8}],   # its sides, rounds, micro-batch
+    "runs": [{**LONG_COMPLETIONS["runs"][0], "task": "addsubmul1", "tokens": 8}],   # its sides, rounds, micro-batch
     "micro_batch": "as amendment 5: 4 sequences a forward and backward on every side; a file whose sides ran another "
                    "is refused",
     "ratios": {"trl": ["trl", "grpo_lab_v1"], "trl_like": ["trl_like", "grpo_lab_v1"],
                "generate_sampler": ["generate_sampler", "grpo_lab_v1"], "unexplained": ["trl", "trl_like"]},
     "empty_share": EMPTY_SHARE,
 }
-"""Amendment 6, fixed before its run: amendment 5's group at 8 tokens of the recipe, on amendment 5's CPU model, so
-8 and 128 tokens sit side by side with nothing else changed (its ratios in the summary's ``amendments``)."""
-AMENDMENTS = (AMENDMENT_1, AMENDMENT_2, AMENDMENT_3, AMENDMENT_4, AMENDMENT_5, AMENDMENT_6)
-UNIT_AMENDMENT = AMENDMENT_3
+"""Fixed before its run: :data:`LONG_COMPLETIONS`' group at 8 tokens of the recipe, on that run's CPU model, so
+8 and 128 tokens sit side by side with nothing else changed (its ratios in the summary's ``added_runs``)."""
+AMENDMENTS = (TRL_SCORING, TRL_SCORING_REST, TRL_UNIT_SCORING, BATCH_CAP_RULE, LONG_COMPLETIONS, SHORT_COMPLETIONS)
+"""The changes to the design after its first unit, in the order they were fixed: each dict is hashed as it stands
+(:func:`amendment_sha`) and its files carry that hash and its ``number`` (its place here, counted from 1)."""
+AMENDMENT_NAMES = ("trl_scoring", "trl_scoring_rest", "trl_unit_scoring", "batch_cap_rule", "long_completions",
+                   "short_completions")
+"""Each amendment's name in the summary, in :data:`AMENDMENTS`' order."""
+UNIT_AMENDMENT = TRL_UNIT_SCORING
+
+
+def amendment_name(amendment: Mapping[str, Any]) -> str:
+    """What ``amendment`` is called in the summary (:data:`AMENDMENT_NAMES`)."""
+    return AMENDMENT_NAMES[amendment["number"] - 1]
 
 
 def replaced_runs(amendments: Sequence[Mapping[str, Any]] = AMENDMENTS) -> dict[str, int]:
@@ -368,22 +301,22 @@ def amendment_sha(amendment: Mapping[str, Any]) -> str:
     return tta.design_sha(dict(amendment))
 
 
-def j_spread_at(steps: Sequence[int], arm: str = LOOP, units_dir: Path = ISSUE38_UNITS) -> list[float]:
+def j_spread_at(steps: Sequence[int], arm: str = LOOP, units_dir: Path = TIME_TO_ACCURACY_UNITS) -> list[float]:
     """The SD over ``arm``'s seeds of exact J at each optimiser-step count, J interpolated linearly between the
     unit's evaluations (seeds that stopped before a count are left out of it)."""
-    curves = [j_by_optimizer_steps(u) for u in issue38_units(arm, units_dir)]
+    curves = [j_by_optimizer_steps(u) for u in time_to_accuracy_units(arm, units_dir)]
     return [float(np.std([np.interp(n, x, y) for x, y in curves if x[-1] >= n], ddof=1)) for n in steps]
 
 
-def batch_seconds_spread(units_dir: Path = ISSUE38_UNITS) -> dict[str, float]:
+def batch_seconds_spread(units_dir: Path = TIME_TO_ACCURACY_UNITS) -> dict[str, float]:
     """The coefficient of variation of a batch's seconds: the loop's batches that trained (``grpo_lab_v1``'s records:
     sample + train + sync), TRL's batches (the steps between its clock's readings)."""
     def cv(values: Sequence[float]) -> float:
         return float(np.std(values, ddof=1) / np.mean(values))
 
     loop = [r["sample_seconds"] + r["train_seconds"] + r["sync_seconds"]
-            for unit in issue38_units(LOOP, units_dir) for r in unit["records"] if not r["skipped"]]
-    trl = [float(s) for unit in issue38_units(REFERENCE, units_dir)
+            for unit in time_to_accuracy_units(LOOP, units_dir) for r in unit["records"] if not r["skipped"]]
+    trl = [float(s) for unit in time_to_accuracy_units(REFERENCE, units_dir)
            for s in np.diff([0.0] + [step["training_seconds"] for step in unit["step_log"]])]
     return {LOOP: cv(loop), REFERENCE: cv(trl)}
 
@@ -406,7 +339,7 @@ def decide_per_update(loop_j: Mapping[int, Sequence[float]], trl_j: Mapping[int,
                       sequence: Sequence[int] = TOST_SEQUENCE, margin: float = MARGIN,
                       alpha: float = ALPHA) -> dict[int, dict[str, Any]]:
     """Per step count (``loop_j[n]``, ``trl_j[n]``: exact J of each seed at n optimiser steps): Welch TOST of TRL −
-    loop (:func:`~grpo_lab.stats.paired.welch_tost`) and the verdict of the fixed sequence over ``sequence``
+    loop (:func:`~studies.stats.comparisons.welch_tost`) and the verdict of the fixed sequence over ``sequence``
     (:func:`per_update_verdicts`): ``equivalent``, ``not resolved`` or ``not tested``. The difference's two-sided
     p and 95 % interval (``ci95``) ride along as estimates; ``ci`` is TOST's (1 − 2α) interval."""
     tests = {n: welch_tost(trl_j[n], loop_j[n], margin, alpha) for n in sequence}
@@ -462,7 +395,7 @@ def design_record() -> dict[str, Any]:
     """``design.json``: every fixed choice of this module, the targets, and what the time-to-accuracy units give:
     the passages the cap is computed from, the empty share, the spreads, the precision and the power table."""
     targets = tta.load_targets(TARGETS)
-    passages = issue38_passages()
+    passages = time_to_accuracy_passages()
     spreads = j_spread_at(TOST_SEQUENCE)
     seconds_cv = batch_seconds_spread()
     return {"recipe": tta.RECIPE, "task": targets["task"], "lr": targets["lr"], "evaluation": "exact",
@@ -471,6 +404,7 @@ def design_record() -> dict[str, Any]:
             "order": [list(u) for u in unit_order()], "every": EVERY, "min_steps": MIN_STEPS, "cap": CAP,
             "batch_cap": BATCH_CAP, "threads": 1, "eval_threads": 1,
             "cap_rule": f"{CAP_FACTOR} x the slowest {LOOP} seed in optimiser steps, up to a multiple of {EVERY}",
+            # the key the committed design.json was hashed with (every unit records that hash)
             "issue38_passages": {name: [[p.steps, p.empty] for p in seeds] for name, seeds in passages.items()},
             "time_ratio": {"statistic": "mean (N c + E c_empty) over the loop's seeds / over TRL's",
                            "interval": "percentile bootstrap over each arm's seeds and the benchmark's rounds",

@@ -20,12 +20,10 @@ import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpo_lab.files import atomic_write
-
-if TYPE_CHECKING:
-    from studies.steps_to_target.units import StepClock
+from studies.clock import StepClock
 
 POINT = "point-"
 STATE = "unit.json"
@@ -38,7 +36,7 @@ IDENTITY = ("arm", "seed", "design_sha", "config")
 
 class UnitCheckpoint:
     """The checkpoint of the unit whose file is ``unit_path``, driven by its ``clock`` (the interface
-    :class:`studies.time_to_accuracy.units.Checkpoint`). :meth:`open` resumes the clock and the unit's record from
+    :class:`studies.clock.Checkpoint`). :meth:`open` resumes the clock and the unit's record from
     the last sealed point (or starts them fresh); the trainer saves through :meth:`due`, :meth:`begin` and
     :meth:`commit`; :meth:`totals` adds the seconds of the processes before; :meth:`remove` once the unit is done."""
 

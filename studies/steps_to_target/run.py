@@ -5,8 +5,8 @@ step count are passed, or the cap. It is written to ``units/<arm>_s<seed>.json``
 finishes; a unit whose file exists is skipped, and so is one another process is running (an advisory lock the OS
 releases if that process dies), so processes side by side, and sittings one after another, share one order; a unit
 whose process died resumes from its last evaluation point (its checkpoint, ``units/<arm>_s<seed>.ckpt/``). Step
-counts do not depend on the load, so the loop's units run as two processes at one thread each; TRL's, under the
-design's amendment 3, at 2 threads, one at a time::
+counts do not depend on the load, so the loop's units run as two processes at one thread each; TRL's, as amended
+(``design.TRL_UNIT_SCORING``), at 2 threads, one at a time::
 
     python studies/steps_to_target/run.py --design                          # design.json, once, before any unit
     python studies/steps_to_target/run.py --units 10 --threads 1 --arms grpo_lab_v1 &   # two processes share

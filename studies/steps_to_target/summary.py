@@ -8,15 +8,16 @@ missed it censored at the cap, or at its stop if the batch cap stopped it: ``bat
 with each arm's count of seeds) and ``per_update_plan`` (:func:`per_update_plan`: the seeds a decision would take, at
 the spreads the units show); ``seconds`` (per benchmark run, a task at a completion length: each group's sides'
 c̄ and c̄∅, and :func:`decomposition` joining the groups); and ``time_ratios`` (per target,
-:func:`grpo_lab.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
+:func:`studies.stats.passage.product_time_ratio` of the loop to TRL with the recipe's group that holds both), with
 ``time_ratios_reached`` (the same over the seeds that reached the target only, each arm's censored seeds left out:
 beside a bound that one stalled seed dominates, the ratio among those that got there); ``missing``, the design's
 units without a file, and ``missing_seconds``, its benchmark groups without one; and
-``amendments`` (:func:`amendment_entry`, per amendment run) with ``missing_amendments``; an amendment's run that
-``replaces`` one of the design's (amendment 5) is read in its place, in ``seconds``; an amendment's sides'
-micro-batches are checked where it fixes one (:func:`check_amended`); and ``issue38_check``
-(:func:`issue38_check`: the product against the time-to-accuracy study's wall clock). A unit or a benchmark run
-under another design, or an amendment's file under another amendment, is refused.
+``added_runs`` (:func:`amendment_entry`: the benchmark runs amendments added, by
+:func:`~.design.amendment_name`), ``added_runs_joined`` (:func:`joined_amendments`) and ``missing_added_runs``; an
+amendment's run that ``replaces`` one of the design's (:data:`~.design.LONG_COMPLETIONS`) is read in its place, in
+``seconds``; an amendment's sides' micro-batches are checked where it fixes one (:func:`check_amended`); and
+``wall_clock_check`` (:func:`wall_clock_check`: the product against the time-to-accuracy study's wall clock). A
+unit or a benchmark run under another design, or an amendment's file under another amendment, is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from studies.stats import passage
-from studies.steps_to_target import design as std
+from studies.steps_to_target import design as study
 from studies.time_to_accuracy.design import design_sha
 
 V1 = "grpo_lab_v1"
@@ -38,11 +39,12 @@ V1 = "grpo_lab_v1"
 
 def unit_passages(unit: Mapping[str, Any], levels: Mapping[str, float], cap: int) -> dict[str, passage.StepPassage]:
     """Per target, the unit's :func:`~.design.step_passage`, or, if it never reached it, censored: at the cap, its
-    optimiser steps there and the empty batches by then; at the batch cap (amendment 4), its optimiser steps and
-    empty batches at its last batch. A unit that missed a target and stopped otherwise: ValueError."""
+    optimiser steps there and the empty batches by then; at the batch cap (:data:`~.design.BATCH_CAP_RULE`), its
+    optimiser steps and empty batches at its last batch. A unit that missed a target and stopped otherwise:
+    ValueError."""
     out = {}
     for name, level in levels.items():
-        hit = std.step_passage(unit["points"], level)
+        hit = study.step_passage(unit["points"], level)
         if hit is None:
             if unit["stopped_by"] == "cap":
                 last = unit["points"][-1]
@@ -71,7 +73,7 @@ def round_seconds(bench: Mapping[str, Any]) -> dict[str, tuple[list[float], list
 def seconds_drawn(group: Mapping[str, tuple[Sequence[float], Sequence[float]]], share: float, resamples: int,
                   rng: np.random.Generator) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Each side's seconds per optimiser step at ``share`` empty batches a step
-    (:func:`~grpo_lab.stats.passage.seconds_per_step`) from a group's rounds (side → (c, c∅) per round), and the
+    (:func:`~studies.stats.passage.seconds_per_step`) from a group's rounds (side → (c, c∅) per round), and the
     same in ``resamples`` bootstrap draws of the rounds, drawn once for every side (they ran in the same rounds)."""
     c = {name: (np.asarray(s), np.asarray(e)) for name, (s, e) in group.items()}
     draws = passage.pair_draws(len(next(iter(c.values()))[0]), resamples, rng)
@@ -94,24 +96,24 @@ def halves(group: Mapping[str, tuple[Sequence[float], Sequence[float]]], share: 
     return first, second
 
 
-def ratio_entry(value: float, draws: np.ndarray, level: float = std.LEVEL) -> dict[str, Any]:
+def ratio_entry(value: float, draws: np.ndarray, level: float = study.LEVEL) -> dict[str, Any]:
     """A ratio and its percentile bootstrap interval."""
     low, high = passage.percentile_interval(draws, level)
     return {"ratio": value, "ci_low": low, "ci_high": high}
 
 
 def decomposition(groups: Sequence[Mapping[str, tuple[Sequence[float], Sequence[float]]]], share: float,
-                  resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
-                  level: float = std.LEVEL) -> dict[str, Any]:
+                  resamples: int = study.RESAMPLES, seed: int = study.BOOTSTRAP_SEED,
+                  level: float = study.LEVEL) -> dict[str, Any]:
     """Seconds per optimiser step of every side at ``share`` empty batches per step
-    (:func:`~grpo_lab.stats.passage.seconds_per_step`), per group of sides run together (each ``grpo_lab_v1``'s
+    (:func:`~studies.stats.passage.seconds_per_step`), per group of sides run together (each ``grpo_lab_v1``'s
     among them: :func:`~.design.check_groups`); each side's ratio to its own group's ``grpo_lab_v1``; and where the
     sides are there: the product of :data:`~.design.FACTORS`' ratios, ``interaction`` (``trl_like``'s ratio over
     that product: 1 where the factors multiply) and ``unexplained`` (``trl`` over ``trl_like``, run together: what
     the three leave). Intervals from one bootstrap: a group's rounds resampled jointly for its sides, the groups
     independently (they are separate runs): each interval is within one run. ``halves``: each side's ratio and
     ``unexplained`` over the first and the second half of its group's rounds (:func:`halves`), point values."""
-    std.check_groups([list(g) for g in groups])
+    study.check_groups([list(g) for g in groups])
     rng = np.random.default_rng(seed)
     point: dict[str, float] = {}
     boot: dict[str, np.ndarray] = {}
@@ -133,9 +135,9 @@ def decomposition(groups: Sequence[Mapping[str, tuple[Sequence[float], Sequence[
                            "to_v1": {name: ratio_entry(point[name], boot[name], level) for name in point
                                      if name != "unexplained"},
                            "halves": split}
-    if set(std.FACTORS) <= set(point):
-        product = math.prod(point[f] for f in std.FACTORS)
-        product_draws = np.prod([boot[f] for f in std.FACTORS], axis=0)
+    if set(study.FACTORS) <= set(point):
+        product = math.prod(point[f] for f in study.FACTORS)
+        product_draws = np.prod([boot[f] for f in study.FACTORS], axis=0)
         out["factors_product"] = ratio_entry(product, product_draws, level)
         if "trl_like" in point:
             out["interaction"] = ratio_entry(point["trl_like"] / product, boot["trl_like"] / product_draws, level)
@@ -162,7 +164,7 @@ def seconds_entry(benches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"task": benches[0]["task"], "tokens": benches[0]["tokens"],
             "groups": [{**{k: b.get(k) for k in keys}, "sides": sides(b, g)} for b, g in zip(benches, seconds,
                                                                                             strict=True)],
-            "at_share": {f"{share:g}": decomposition(seconds, share) for share in (0.0, std.EMPTY_SHARE)}}
+            "at_share": {f"{share:g}": decomposition(seconds, share) for share in (0.0, study.EMPTY_SHARE)}}
 
 
 def amendment_ratios(bench: Mapping[str, Any], amendment: Mapping[str, Any], share: float, resamples: int,
@@ -183,8 +185,8 @@ def amendment_ratios(bench: Mapping[str, Any], amendment: Mapping[str, Any], sha
 
 
 def amendment_entry(bench: Mapping[str, Any], amendment: Mapping[str, Any], recipe: Mapping[str, Any] | None = None,
-                    resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
-                    level: float = std.LEVEL) -> dict[str, Any]:
+                    resamples: int = study.RESAMPLES, seed: int = study.BOOTSTRAP_SEED,
+                    level: float = study.LEVEL) -> dict[str, Any]:
     """An amendment's benchmark file (:data:`~.design.AMENDMENTS`): its provenance, each side's mean c and c∅, and
     :func:`amendment_ratios` at a step that trains and at e₀, each with a 95 % bootstrap interval over the file's
     rounds, and ``halves``: each of the amendment's own ratios over the first and the second half of the rounds
@@ -218,7 +220,7 @@ def check_micro_batch(bench: Mapping[str, Any], size: int) -> None:
 
 def check_amended(bench: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
     """ValueError unless benchmark file ``bench`` was run under this version of ``amendment`` and, where the
-    amendment fixes a micro-batch (amendments 5 and 6), every side ran it."""
+    amendment fixes a micro-batch, every side ran it."""
     check_amendment(bench, amendment)
     micro_batch = amendment["runs"][0].get("micro_batch_size")
     if micro_batch is not None:
@@ -227,24 +229,26 @@ def check_amended(bench: Mapping[str, Any], amendment: Mapping[str, Any]) -> Non
 
 def check_amendment(record: Mapping[str, Any], amendment: Mapping[str, Any]) -> None:
     """ValueError unless ``record`` (a benchmark file or a unit) was run under this version of ``amendment``."""
-    if record.get("amendment_sha") != std.amendment_sha(amendment):
+    if record.get("amendment_sha") != study.amendment_sha(amendment):
         raise ValueError(f"a file of amendment {amendment['number']} ({record.get('task') or record.get('arm')}) was "
                          f"run under another version of it (amendment_sha differs)")
 
 
 def joined_amendments(first: Mapping[str, Any], second: Mapping[str, Any], amendments: Mapping[int, Any],
-                      resamples: int = std.RESAMPLES, seed: int = std.BOOTSTRAP_SEED,
-                      level: float = std.LEVEL) -> dict[str, Any] | None:
-    """Amendment 2's join: ``trl`` / ``trl_like`` = ``every_position`` (amendment 1's file ``first``) × ``rest``
-    (amendment 2's ``second``), at a step that trains and at e₀, the two runs' rounds drawn independently; None
-    where they ran on different CPU models."""
+                      resamples: int = study.RESAMPLES, seed: int = study.BOOTSTRAP_SEED,
+                      level: float = study.LEVEL) -> dict[str, Any] | None:
+    """The join :data:`~.design.TRL_SCORING_REST` fixed: ``trl`` / ``trl_like`` = ``every_position``
+    (:data:`~.design.TRL_SCORING`'s file ``first``) × ``rest`` (:data:`~.design.TRL_SCORING_REST`'s ``second``),
+    at a step that trains and at e₀, the two runs' rounds drawn independently; None where they ran on different CPU
+    models."""
     if first.get("cpu_model") != second.get("cpu_model"):
         return None
     out = {}
-    for share in (0.0, amendments[2]["empty_share"]):
+    scoring, scoring_rest = amendments[study.TRL_SCORING["number"]], amendments[study.TRL_SCORING_REST["number"]]
+    for share in (0.0, scoring_rest["empty_share"]):
         rng = np.random.default_rng(seed)
-        every, every_draws = amendment_ratios(first, amendments[1], share, resamples, rng)["every_position"]
-        rest, rest_draws = amendment_ratios(second, amendments[2], share, resamples, rng)["rest"]
+        every, every_draws = amendment_ratios(first, scoring, share, resamples, rng)["every_position"]
+        rest, rest_draws = amendment_ratios(second, scoring_rest, share, resamples, rng)["rest"]
         out[f"{share:g}"] = {"trl_over_trl_like": ratio_entry(every * rest, every_draws * rest_draws, level)}
     return {"cpu_model": first.get("cpu_model"), "at_share": out}
 
@@ -261,25 +265,25 @@ def agrees(earlier: Mapping[str, Any], product: Mapping[str, Any]) -> bool:
         earlier["bound"], False)
 
 
-def issue38_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_ratios: Mapping[str, Any]
+def wall_clock_check(earlier: Mapping[str, Any], seconds: Mapping[str, Any], time_ratios: Mapping[str, Any]
                   ) -> dict[str, Any]:
     """The product against the time-to-accuracy study's wall-clock first passages (``earlier``, its summary: 600 s
     budget, 2 threads), for the arms it resolves. Per target: the loop's mean seconds to the target by the product
     (N̄·c + Ē·c∅) and there (its restricted mean, every seed reached); loop ÷ TRL (the product's time ratio, there a
-    bound of the budget); and for each of :data:`~.design.ISSUE38_SIDES`, side ÷ loop: the product's per-step ratio at
+    bound of the budget); and for each of :data:`~.design.WALL_CLOCK_ARMS`, side ÷ loop: the product's per-step ratio at
     e₀ (the side's optimiser steps are the loop's: ``empty_backward`` takes the loop's trajectory exactly,
     ``no_share_prompt`` the same in distribution) against the ratio there. Each with :func:`agrees`."""
-    e0 = seconds["at_share"][f"{std.EMPTY_SHARE:g}"]["to_v1"]
+    e0 = seconds["at_share"][f"{study.EMPTY_SHARE:g}"]["to_v1"]
     keys = ("ratio", "ci_low", "ci_high")
     out: dict[str, Any] = {}
     for name, ratio in time_ratios.items():
         pairs = {"trl": (earlier["time_ratios"][V1][name], ratio)} | {
-            side: (earlier["time_ratios_to_v1"][arm][name], e0[side]) for side, arm in std.ISSUE38_SIDES.items()
+            side: (earlier["time_ratios_to_v1"][arm][name], e0[side]) for side, arm in study.WALL_CLOCK_ARMS.items()
             if side in e0}
         out[name] = {
             "loop_seconds": {"product": ratio["steps"] * ratio["seconds_per_step"],
-                             "issue38": earlier["arms"][V1][name]["restricted_mean"]},
-            "ratios": {side: {"issue38": {k: there[k] for k in (*keys, "bound")},
+                             "wall_clock": earlier["arms"][V1][name]["restricted_mean"]},
+            "ratios": {side: {"wall_clock": {k: there[k] for k in (*keys, "bound")},
                               "product": {k: here[k] for k in keys}, "agrees": agrees(there, here)}
                        for side, (there, here) in pairs.items()}}
     return out
@@ -303,7 +307,7 @@ def per_update_plan(j: Mapping[str, Mapping[int, Sequence[float]]], steps: Seque
     loop, trl = list(j)
 
     def power_at(n_loop: int, n_trl: int) -> list[float]:
-        return std.power(0.0, planned, reps=reps, loop_seeds=n_loop, trl_seeds=n_trl, margin=margin)["equivalent"]
+        return study.power(0.0, planned, reps=reps, loop_seeds=n_loop, trl_seeds=n_trl, margin=margin)["equivalent"]
 
     by_seeds = {str(n): power_at(n, n) for n in PLAN_SEEDS}
     enough = next((int(n) for n, p in by_seeds.items() if p[0] >= PLAN_POWER), None)
@@ -334,13 +338,13 @@ def run_row(unit: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], benches: Sequence[Mapping[str, Any]],
-              amendments: Sequence[Mapping[str, Any]] = std.AMENDMENTS,
+              amendments: Sequence[Mapping[str, Any]] = study.AMENDMENTS,
               earlier: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The summary (module docstring) of ``units`` and benchmark files ``benches`` run under ``design`` and its
-    ``amendments``; given ``earlier`` (the time-to-accuracy study's summary), :func:`issue38_check`."""
+    ``amendments``; given ``earlier`` (the time-to-accuracy study's summary), :func:`wall_clock_check`."""
     sha = design_sha(design)
     foreign = [f"{u['arm']}_s{u['seed']}" for u in units if u.get("design_sha") != sha]
-    unit_amendment = {a["number"]: a for a in amendments}.get(std.UNIT_AMENDMENT["number"])
+    unit_amendment = {a["number"]: a for a in amendments}.get(study.UNIT_AMENDMENT["number"])
     if unit_amendment is not None:
         for unit in units:
             if unit["arm"] == unit_amendment["arm"]:
@@ -353,7 +357,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
                      - {n for n, a in amendments.items() if a.get("runs")})
     if unknown:
         raise ValueError(f"benchmark files of amendments {unknown}, which the design has not")
-    replaced = std.replaced_runs(amendments.values())
+    replaced = study.replaced_runs(amendments.values())
     stale = [f"{run_key(b)}_g{b.get('group', 1)}" for b in benches if "amendment" not in b and run_key(b) in replaced]
     if stale:
         raise ValueError(f"{stale} are design runs that amendments {sorted(replaced.values())} replace")
@@ -382,7 +386,7 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     j = {arm: {n: [x for x in (j_at(u, n) for u in runs) if x is not None] for n in steps}
          for arm, runs in by_arm.items()}
     if all(len(j[arm][n]) >= 2 for arm in (loop, trl) for n in steps):
-        decided = std.decide_per_update(j[loop], j[trl], steps, design["per_update"]["margin"],
+        decided = study.decide_per_update(j[loop], j[trl], steps, design["per_update"]["margin"],
                                         design["per_update"]["alpha"])
         summary["per_update"] = {str(n): {**entry, "seeds": {arm: len(j[arm][n]) for arm in (loop, trl)}}
                                  for n, entry in decided.items()}
@@ -402,18 +406,19 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
             reached[loop][name], reached[trl][name], recipe[V1], recipe["trl"], *boot)
             for name in levels if reached[loop][name] and reached[trl][name]}
     summary["seconds"] = {run: seconds_entry(group_files) for run, group_files in runs.items()}
-    summary["issue38_check"] = (
-        issue38_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
+    summary["wall_clock_check"] = (
+        wall_clock_check(earlier, summary["seconds"][run_key(recipe_bench)], summary["time_ratios"])
         if earlier is not None and summary["time_ratios"] else None)
     by_number = {b["amendment"]: b for b in amended}
     recipe_file = next((b for b in benches if b["task"] == design["task"] and {"trl", "trl_like"} <= set(b["sides"])),
                        None)
-    summary["amendments"] = {str(n): amendment_entry(b, amendments[n], recipe_file if n == 1 else None)
-                             for n, b in sorted(by_number.items())}
-    summary["amendments_joined"] = (joined_amendments(by_number[1], by_number[2], amendments)
-                                    if {1, 2} <= set(by_number) else None)
+    scoring, scoring_rest = study.TRL_SCORING["number"], study.TRL_SCORING_REST["number"]
+    summary["added_runs"] = {study.amendment_name(amendments[n]): amendment_entry(
+        b, amendments[n], recipe_file if n == scoring else None) for n, b in sorted(by_number.items())}
+    summary["added_runs_joined"] = (joined_amendments(by_number[scoring], by_number[scoring_rest], amendments)
+                                    if {scoring, scoring_rest} <= set(by_number) else None)
     filed = set(by_number) | {b["amendment"] for b in replacing}
-    summary["missing_amendments"] = [f"{run_key(r)}_a{n}" for n, a in amendments.items()
+    summary["missing_added_runs"] = [f"{run_key(r)}_a{n}" for n, a in amendments.items()
                                      for r in a.get("runs", []) if n not in filed]
     summary["missing_seconds"] = [
         f"{run_key(r)}_g{g}" for r in design.get("benchmark", {}).get("runs", []) if run_key(r) not in replaced
@@ -421,13 +426,13 @@ def summarize(design: Mapping[str, Any], units: Sequence[Mapping[str, Any]], ben
     return summary
 
 
-def rebuild_summary(out: Path = std.HERE, write: bool = True) -> dict[str, Any]:
+def rebuild_summary(out: Path = study.HERE, write: bool = True) -> dict[str, Any]:
     """Read ``<out>/design.json``, the unit files in ``<out>/units`` and the benchmark files in ``<out>/seconds``,
     and write (unless ``write`` is False) and return ``<out>/summary.json``."""
-    design = std.load_design(out)
+    design = study.load_design(out)
     units = [json.loads(p.read_text()) for p in sorted((out / "units").glob("*_s*.json"))]
     benches = [json.loads(p.read_text()) for p in sorted((out / "seconds").glob("*.json"))]
-    summary = summarize(design, units, benches, earlier=json.loads(std.ISSUE38_SUMMARY.read_text()))
+    summary = summarize(design, units, benches, earlier=json.loads(study.TIME_TO_ACCURACY_SUMMARY.read_text()))
     if write:
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1) + "\n")
@@ -469,27 +474,28 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
                      + (f"≥ {PLAN_POWER} at {enough} seeds an arm" if enough else
                         f"under {PLAN_POWER} up to {PLAN_SEEDS[-1]} seeds an arm"))
     for run, entry in summary["seconds"].items():
-        at = entry["at_share"][f"{std.EMPTY_SHARE:g}"]
+        at = entry["at_share"][f"{study.EMPTY_SHARE:g}"]
         for side, r in {**at["to_v1"], **{k: at[k] for k in ("unexplained",) if k in at}}.items():
             first, second = at["halves"][side]
             lines.append(f"{run}: {side} / {V1 if side != 'unexplained' else 'trl / trl_like'} a step: "
                          f"{r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] within one run; its halves "
                          f"{first:.2f}, {second:.2f}")
-    for number, entry in summary.get("amendments", {}).items():
-        split = entry["halves"][f"{std.EMPTY_SHARE:g}"]
-        for name, r in entry["at_share"][f"{std.EMPTY_SHARE:g}"].items():
-            lines.append(f"amendment {number}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
+    for amendment, entry in summary.get("added_runs", {}).items():
+        split = entry["halves"][f"{study.EMPTY_SHARE:g}"]
+        for name, r in entry["at_share"][f"{study.EMPTY_SHARE:g}"].items():
+            lines.append(f"{amendment}, {entry['task']}_{entry['tokens']}: {name} a step: {r['ratio']:.2f} "
                          f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
                          + (f"; its halves {split[name][0]:.2f}, {split[name][1]:.2f}" if name in split else ""))
-    for name, check in (summary.get("issue38_check") or {}).items():
-        lines.append(f"issue 38's wall clock, {name}: the loop's mean {check['loop_seconds']['issue38']:.0f} s there, "
-                     f"{check['loop_seconds']['product']:.0f} s by the product")
+    for name, check in (summary.get("wall_clock_check") or {}).items():
+        seconds = check["loop_seconds"]
+        lines.append(f"the time-to-accuracy wall clock, {name}: the loop's mean {seconds['wall_clock']:.0f} s there, "
+                     f"{seconds['product']:.0f} s by the product")
         for side, r in check["ratios"].items():
-            there, here = r["issue38"], r["product"]
+            there, here = r["wall_clock"], r["product"]
             lines.append(f"  {side}: {BOUND_MARK[there['bound']]}{there['ratio']:.2f} [{there['ci_low']:.2f}, "
                          f"{there['ci_high']:.2f}] there, {here['ratio']:.2f} here: "
                          f"{'agrees' if r['agrees'] else 'DISAGREES'}")
     if summary.get("batch_capped"):
-        lines.append(f"stopped by the batch cap, censored at their stop (amendment 4): {summary['batch_capped']}")
+        lines.append(f"stopped by the batch cap, censored at their stop: {summary['batch_capped']}")
     lines.append(f"missing units: {len(summary['missing'])}")
     return lines

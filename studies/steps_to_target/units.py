@@ -11,7 +11,7 @@ file ``units/<arm>_s<seed>.json`` holds ``points`` (per evaluation: ``optimizer_
 model and vector extensions, library versions, threads, load at the start) with the load at the end, wall, CPU,
 evaluation and checkpoint seconds and ``design_sha``. Its training seconds are a record only: units share the
 machine, so they measure nothing. TRL's units train with its fused LM head scoring the completion positions only
-and record amendment 3 (:data:`~.design.AMENDMENT_3`: a censored unit at stock scoring outlasts a sitting).
+and record that amendment (:data:`~.design.TRL_UNIT_SCORING`: a censored unit at stock scoring outlasts a sitting).
 
 Units resume from their last checkpoint: the first evaluation point 10 minutes after the last save saves the
 trainer's and the clock's state (:mod:`.resume`), and a process that finds a killed unit's checkpoint continues it
@@ -22,105 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from grpo_lab.provenance import provenance
+from studies.clock import StepClock
 from studies.locks import UnitLock
-from studies.steps_to_target import design as std
+from studies.steps_to_target import design as study
 from studies.steps_to_target.resume import UnitCheckpoint
 from studies.time_to_accuracy import design as tta
 from studies.time_to_accuracy.trl_side import completion_scoring
 from studies.time_to_accuracy.units import evaluator, train_unit, write_json
 
 UNITS = "units"
-
-
-class StepClock:
-    """Exact J every ``every`` optimiser steps, and when a unit stops (the time-to-accuracy study's clock interface,
-    :class:`studies.time_to_accuracy.units.Clock`).
-
-    ``after_step(stepped, evaluate)`` after each batch: on a batch that stepped and brought the optimiser steps to
-    a multiple of ``every``, ``evaluate()`` (→ (J, extras)) runs with the clock paused and one point is recorded.
-    It returns True to stop: once an evaluation has found J ≥ ``stop_at`` (every target passed) and at least
-    ``min_steps`` optimiser steps are done (``stopped_by = "targets"``); at ``cap`` optimiser steps, reached or not
-    (``"cap"``); at ``batch_cap`` batches short of the cap (``"batch_cap"``: the unit stalled on empty batches).
-    ``hold()``/``release()`` take other work off the clock (a checkpoint's writing); ``state_dict()`` and
-    ``load_state_dict()`` carry the clock across processes (a resumed unit's training seconds go on from its
-    checkpoint's)."""
-
-    def __init__(self, every: int, cap: int, min_steps: int, stop_at: float, batch_cap: int) -> None:
-        if not 0 < every <= min_steps <= cap or cap % every or min_steps % every:
-            raise ValueError(f"need 0 < every ≤ min_steps ≤ cap, both multiples of every; got {every}, {min_steps}, "
-                             f"{cap}")
-        if batch_cap < cap:
-            raise ValueError(f"the batch cap {batch_cap} lies below the cap {cap}")
-        self.every, self.cap, self.min_steps, self.stop_at, self.batch_cap = every, cap, min_steps, stop_at, batch_cap
-        self.points: list[dict[str, Any]] = []
-        self.step_log: list[dict[str, Any]] = []
-        self.eval_seconds = 0.0
-        self.optimizer_steps = 0
-        self.stopped_by: str | None = None
-        self._reached = False
-        self._started: float | None = None
-        self._paused = 0.0
-        self._held: float | None = None
-        self._before = 0.0   # training seconds of the processes before this one (a resumed unit)
-
-    def start(self) -> None:
-        self._started, self._paused = time.perf_counter(), 0.0
-
-    @property
-    def seconds(self) -> float:
-        """Training seconds so far: this process's since ``start()``, less the time held, plus those before it."""
-        if self._started is None:
-            raise RuntimeError("the clock was not started")
-        now = time.perf_counter() if self._held is None else self._held
-        return now - self._started - self._paused + self._before
-
-    def hold(self) -> None:
-        """Stop the clock until :meth:`release`."""
-        self._held = time.perf_counter()
-
-    def release(self) -> float:
-        """Start the clock again; the seconds it was held."""
-        if self._held is None:
-            raise RuntimeError("the clock was not held")
-        spent, self._held = time.perf_counter() - self._held, None
-        self._paused += spent
-        return spent
-
-    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool:
-        now = self.seconds
-        self.optimizer_steps += bool(stepped)
-        self.step_log.append({"training_seconds": now, "optimizer_step": bool(stepped)})
-        if stepped and self.optimizer_steps % self.every == 0:
-            self.hold()
-            j, extras = evaluate()
-            self.points.append({"optimizer_steps": self.optimizer_steps, "steps": len(self.step_log),
-                                "training_seconds": now, "j": j, **extras})
-            self.eval_seconds += self.release()
-            self._reached |= j >= self.stop_at
-        if self._reached and self.optimizer_steps >= self.min_steps:
-            self.stopped_by = "targets"
-        elif self.optimizer_steps >= self.cap:
-            self.stopped_by = "cap"
-        elif len(self.step_log) >= self.batch_cap:
-            self.stopped_by = "batch_cap"
-        return self.stopped_by is not None
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a resumed unit's clock needs (plain JSON values): points, step log, counters, training seconds."""
-        return {"points": self.points, "step_log": self.step_log, "eval_seconds": self.eval_seconds,
-                "optimizer_steps": self.optimizer_steps, "reached": self._reached, "training_seconds": self.seconds}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` (before :meth:`start`)."""
-        self.points, self.step_log = list(state["points"]), list(state["step_log"])
-        self.eval_seconds, self.optimizer_steps = float(state["eval_seconds"]), int(state["optimizer_steps"])
-        self._reached, self._before = bool(state["reached"]), float(state["training_seconds"])
 
 
 def arms_by_name() -> dict[str, tta.Arm]:
@@ -144,10 +59,11 @@ def run_unit(arm: tta.Arm, seed: int, config: Any, out: Path, root: Path, design
         clock = StepClock(design["every"], design["cap"], design["min_steps"],
                           max(design["targets"]["targets"].values()), design["batch_cap"])
         checkpoint = UnitCheckpoint(path, clock)
-        amended = arm.name == std.UNIT_AMENDMENT["arm"]
+        amendment = study.UNIT_AMENDMENT
+        amended = arm.name == amendment["arm"]
         unit = checkpoint.open({"arm": arm.name, "seed": seed, "design_sha": tta.design_sha(design),
-                                **({"amendment": std.UNIT_AMENDMENT["number"], "scoring": std.UNIT_AMENDMENT["scoring"],
-                                    "amendment_sha": std.amendment_sha(std.UNIT_AMENDMENT)} if amended else {}),
+                                **({"amendment": amendment["number"], "scoring": amendment["scoring"],
+                                    "amendment_sha": study.amendment_sha(amendment)} if amended else {}),
                                 **provenance(root, ignore=path.parent), "config": config.to_dict()})
         evaluate = evaluator(questions, config, design["eval_threads"])
         with completion_scoring() if amended else contextlib.nullcontext():

@@ -1,4 +1,4 @@
-"""Time to accuracy against TRL (issue 38): the design, fixed before any unit runs, and the units run in its order.
+"""Time to accuracy against TRL: the design, fixed before any unit runs, and the units run in its order.
 
 **Recipe.** The frontier study's (:mod:`studies.lag_frontier.frontier`): ``cpu_arith_smollm2`` on the task and at the
 lr that ``targets.json`` records (``addsubmul1``, 1e-5), strict scoring, v = 1, one micro-batch of P·G rows
@@ -10,7 +10,7 @@ defined on (``questions``: all of the task's, or every k-th, :func:`eval_questio
 agree with the file's (:data:`UNTRAINED_TOLERANCE`): a different model, task or question set is refused rather
 than compared against levels set for another endpoint.
 
-**Arms** (:func:`arms`, §2 of the issue), each switching off one cause of the speed-up at a time:
+**Arms** (:func:`arms`), each switching off one cause of the speed-up at a time:
 
 ================================== =============================================================================
 ``grpo_lab_v1``                    the loop's defaults: prompt shared by a group, empty steps skipped unrun
@@ -22,7 +22,7 @@ than compared against levels set for another endpoint.
 ``trl_every_batch``                stock TRL: AdamW steps on every batch
 ================================== =============================================================================
 
-No decoder arm: the house issue kept one decoding path for α (the other was removed), so there is no second
+No decoder arm: the kit keeps one decoding path for α, so there is no second
 decoder to switch to.
 
 **Order.** Seeds in blocks: every arm at seed n before any at n + 1, the arms within a block in a random order
@@ -31,7 +31,7 @@ drawn from :data:`ORDER_SEED` (:func:`unit_order`), written into the design. Eac
 
 **The design file** (``design.json``) holds all of the above and the statistic's settings; it is written once and
 each unit records its SHA-256, so a unit from another design (or from changed targets) is refused by the summary.
-The statistic: :mod:`grpo_lab.stats.passage`; the summary: :mod:`studies.time_to_accuracy.summary`.
+The statistic: :mod:`studies.stats.passage`; the summary: :mod:`studies.time_to_accuracy.summary`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ EVAL_EVERY_SECONDS = 30.0
 SEEDS = 5
 ORDER_SEED = 38
 LAG_V = 4
-"""The lagged arm's v: the frontier (issue 34) found no v > 1 equivalent to v1 at 5 seeds; v = 4 with ``ratio``
+"""The lagged arm's v: the lag frontier found no v > 1 equivalent to v1 at 5 seeds; v = 4 with ``ratio``
 is the nearest to it (docs/theory.md §3)."""
 LAG_CORRECTION = "ratio"
 REFERENCE = "trl"

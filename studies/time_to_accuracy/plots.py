@@ -1,4 +1,4 @@
-"""Time to accuracy's figures (issue 38, notebook 03 §3c) from ``studies/time_to_accuracy/results/summary.json``
+"""Time to accuracy's figures (notebook 03 §3c) from ``studies/time_to_accuracy/results/summary.json``
 (:mod:`studies.time_to_accuracy.summary`): every seed's exact-J curve against training seconds or optimiser steps with
 the targets, and the time ratios to TRL (or to grpo_lab v1: the decomposition) with their intervals. They only
 draw what the summary holds.
@@ -50,12 +50,12 @@ BOUND_TEXT = {"exact": "no seed censored", "upper": "an upper bound: only the de
               "lower": "a lower bound: only this arm has censored seeds",
               "neither": "no bound: both arms have censored seeds"}
 BOUND_SYMBOL = {"exact": "circle", "upper": "triangle-left", "lower": "triangle-right", "neither": "diamond"}
-"""A ratio's marker and hover text by its ``bound`` (:func:`~grpo_lab.stats.passage.censoring_bound`): a triangle
+"""A ratio's marker and hover text by its ``bound`` (:func:`~studies.stats.passage.censoring_bound`): a triangle
 points the way the ratio of mean times lies."""
 
 
 def tta_ratio_figure(summary: Mapping[str, Any], to_v1: bool = False) -> go.Figure:
-    """Each arm's time ratio per target (restricted means, :mod:`grpo_lab.stats.passage`) with its 95 % bootstrap
+    """Each arm's time ratio per target (restricted means, :mod:`studies.stats.passage`) with its 95 % bootstrap
     interval, on a log axis: against the reference (TRL), or with ``to_v1`` against ``grpo_lab_v1`` (the
     decomposition: what switching off one cause costs the loop). An arm whose ratio is not resolved is left out;
     one whose interval is not resolved has no bars and names the reason in its hover text; a bound under censoring

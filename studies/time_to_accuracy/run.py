@@ -2,11 +2,11 @@
 
 The study (``design.py`` beside this file): the frontier's recipe, exact J at every 30 s of training clock (off the
 clock), targets read from ``results/targets.json``, six arms that switch off one cause of the speed-up at a
-time, ≥ 5 seeds each in a seeded random order. The statistic: ``grpo_lab/stats/passage.py``.
+time, ≥ 5 seeds each in a seeded random order. The statistic: ``studies/stats/passage.py``.
 
 1. Fix the targets (once, before the design; from the frontier's ``v1`` units, on every k-th question or all)::
 
-       python studies/time_to_accuracy/run.py --fix-targets studies/lag_frontier/results --date 2026-12-03 [--every 3]
+       python studies/time_to_accuracy/run.py --fix-targets studies/lag_frontier/results --date YYYY-MM-DD [--every 3]
 
 2. Fix the design (once; it records the targets, arms, order, budget, threads; a unit from another is refused)::
 

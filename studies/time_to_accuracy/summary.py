@@ -1,4 +1,4 @@
-"""``summary.json`` of the time-to-accuracy study (issue 38 §4), rebuilt from its unit files, a table of it, and
+"""``summary.json`` of the time-to-accuracy study, rebuilt from its unit files, a table of it, and
 the targets derived from the frontier study's ``v1`` arm.
 
 The summary holds ``evaluation: "exact"``; ``targets`` (the levels, the date they were fixed, the untrained J and
@@ -6,7 +6,7 @@ the question set); ``runs``, one row per unit: ``{arm, seed, git_commit, curve: 
 optimizer_steps: {training_seconds: n}, first_passage: {target: seconds or null}, …}`` (so J per second and J per
 optimiser step are both there); ``arms``: per arm and target the seeds, the share reached, the Kaplan–Meier
 median and the restricted mean; ``time_ratios``: ``{arm: {target: {ratio, ci_low, ci_high, reached_share, …}}}``
-against the reference arm (TRL), by the rule of :mod:`grpo_lab.stats.passage`; ``time_ratios_to_v1``, the same
+against the reference arm (TRL), by the rule of :mod:`studies.stats.passage`; ``time_ratios_to_v1``, the same
 against ``grpo_lab_v1`` (the decomposition: what switching off one cause costs the loop); and ``missing``, the
 design's units without a file.
 """
@@ -101,7 +101,7 @@ def rebuild_summary(out_dir: str | Path) -> dict[str, Any]:
 
 
 BOUND_MARK = {"upper": "≤ ", "lower": "≥ ", "neither": "~ "}
-"""How the table marks a ratio that bounds the ratio of mean times (:func:`~grpo_lab.stats.passage.censoring_bound`;
+"""How the table marks a ratio that bounds the ratio of mean times (:func:`~studies.stats.passage.censoring_bound`;
 ``~``: both arms have censored seeds, so it bounds neither way)."""
 
 
@@ -136,7 +136,7 @@ def ratio_table(summary: Mapping[str, Any], to_v1: bool = False) -> list[dict[st
 
 def targets_from_frontier(frontier_dir: str | Path, fixed_on: str, every: int = 1,
                           shares: Mapping[str, float] | None = None, arm: str = "v1") -> dict[str, Any]:
-    """``targets.json`` from the frontier study's units (issue 38 §1): on the question set of every ``every``-th
+    """``targets.json`` from the frontier study's units: on the question set of every ``every``-th
     question (1: all), the untrained J plus each share of ``arm``'s mean gain at the frontier's budget (its last
     evaluation step), from the per-question J the units hold, so a subset's targets follow the same rule as the
     whole set's. ``fixed_on``: the date, recorded."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_lab.lm.train_config import TrainConfig
 
 if TYPE_CHECKING:
-    from studies.time_to_accuracy.units import Checkpoint
+    from studies.clock import Checkpoint
 
 
 def trl_config(config: TrainConfig, output_dir: str, micro_batch_size: int | None = None) -> Any:

@@ -1,4 +1,4 @@
-"""Running one time-to-accuracy unit (issue 38 §1–§2): an arm at a seed, trained for a budget of training
+"""Running one time-to-accuracy unit: an arm at a seed, trained for a budget of training
 seconds, with exact J evaluated off the clock at every mark; and the untrained unit.
 
 The design (arms, seeds, order, budget, marks, targets, threads) is :mod:`studies.time_to_accuracy.design`'s;
@@ -24,97 +24,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from studies.clock import Checkpoint, EvaluationClock, MarkClock
 from studies.lag_frontier.frontier import claim, exact_j, provenance
-
-
-class Clock(Protocol):
-    """What a trainer's loop calls: ``start()`` at the first step, ``after_step(stepped, evaluate)`` after each
-    (True: stop). :class:`MarkClock` evaluates at marks of training seconds; a study may evaluate at other marks
-    (``studies.steps_to_target.units.StepClock``: every k optimiser steps)."""
-
-    points: list[dict[str, Any]]
-    step_log: list[dict[str, Any]]
-    eval_seconds: float
-
-    def start(self) -> None: ...
-
-    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool: ...
-
-
-class Checkpoint(Protocol):
-    """Where a resumable unit keeps its state (``studies.steps_to_target.resume.UnitCheckpoint``). A trainer resumes
-    from ``resume_from`` (its own files, None on a fresh start) with its extras ``trainer_state``; after a step it
-    saves when ``due()`` (an evaluation point, and the spacing, passed since the last save): ``begin()`` (off the
-    clock), its files in a folder under ``staging``, then ``commit(folder, extras)``, which seals them with the
-    unit's state."""
-
-    resume_from: Path | None
-    trainer_state: dict[str, Any]
-    staging: Path
-
-    def due(self) -> bool: ...
-
-    def begin(self) -> None: ...
-
-    def commit(self, folder: Path, trainer_state: dict[str, Any]) -> None: ...
-
 
 LOOP_STATE = "loop.pt"
 """The loop's file in a checkpoint folder (:func:`grpo_lab.lm.checkpoint.save_checkpoint`)."""
-
-
-class MarkClock:
-    """Training seconds with evaluations taken out, an evaluation at every mark, and when to stop.
-
-    ``start()`` at the first step; ``after_step(stepped, evaluate)`` after each step (``stepped``: AdamW took a
-    step). Once one or more marks have passed it calls ``evaluate()`` (→ (J, extras)) with the clock paused and
-    records one point for them. It returns True to stop: after the evaluation of the last mark (the budget), or,
-    with ``stop_at``, once an evaluation's J is at least ``stop_at`` (every target reached, so every first
-    passage is known; the censoring rule allows it)."""
-
-    def __init__(self, budget_seconds: float, every_seconds: float, stop_at: float | None = None) -> None:
-        if not budget_seconds > 0 or not every_seconds > 0:
-            raise ValueError(f"budget and mark spacing must be > 0, got {budget_seconds} and {every_seconds}")
-        count = int(round(budget_seconds / every_seconds))
-        if abs(count * every_seconds - budget_seconds) > 1e-9 * budget_seconds:
-            raise ValueError(f"the budget {budget_seconds} s must be a whole number of marks of {every_seconds} s")
-        self.budget_seconds, self.stop_at = budget_seconds, stop_at
-        self.marks = [every_seconds * k for k in range(1, count + 1)]
-        self.points: list[dict[str, Any]] = []
-        self.step_log: list[dict[str, Any]] = []
-        self.eval_seconds = 0.0
-        self._started: float | None = None
-        self._paused = 0.0
-        self._next = 0
-
-    def start(self) -> None:
-        self._started, self._paused = time.perf_counter(), 0.0
-
-    @property
-    def seconds(self) -> float:
-        if self._started is None:
-            raise RuntimeError("the clock was not started")
-        return time.perf_counter() - self._started - self._paused
-
-    def after_step(self, stepped: bool, evaluate: Callable[[], tuple[float, dict[str, Any]]]) -> bool:
-        now = self.seconds
-        self.step_log.append({"training_seconds": now, "optimizer_step": bool(stepped)})
-        due = [m for m in self.marks[self._next:] if m <= now]
-        if not due:
-            return False
-        self._next += len(due)
-        paused = time.perf_counter()
-        j, extras = evaluate()
-        self.points.append({"marks": due, "training_seconds": now, "steps": len(self.step_log),
-                            "optimizer_steps": sum(s["optimizer_step"] for s in self.step_log), "j": j, **extras})
-        spent = time.perf_counter() - paused
-        self._paused += spent
-        self.eval_seconds += spent
-        return self._next == len(self.marks) or (self.stop_at is not None and j >= self.stop_at)
 
 
 def evaluator(questions: Sequence[Any], config: Any, threads: int | None) -> Callable[[Any, Any], tuple]:
@@ -134,7 +52,7 @@ def evaluator(questions: Sequence[Any], config: Any, threads: int | None) -> Cal
     return evaluate
 
 
-def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: Clock,
+def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: EvaluationClock,
                    evaluate: Callable[[Any, Any], tuple], checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """The loop (:func:`~grpo_lab.lm.build.build_loop`, set-up off the clock) until the clock says stop; J of
     ``loop.policy``'s model. With ``checkpoint``, the loop resumes from its file there (``GRPOLoop.state_dict``:
@@ -159,7 +77,7 @@ def train_grpo_lab(config: Any, model: Any, tokenizer: Any, problems: Sequence[A
     return {"records": [dataclasses.asdict(r) for r in loop.history]}
 
 
-def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: Clock,
+def train_trl(config: Any, model: Any, tokenizer: Any, problems: Sequence[Any], clock: EvaluationClock,
               evaluate: Callable[[Any, Any], tuple], skip_empty: bool,
               checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """TRL's ``GRPOTrainer`` (:func:`~studies.time_to_accuracy.trl_side.run_trl`, resumable with ``checkpoint``)
@@ -210,7 +128,7 @@ def run_unit(arm: Any, seed: int, config: Any, out_dir: Path, root: Path, design
     return unit
 
 
-def train_unit(arm: Any, config: Any, clock: Clock, evaluate: Callable[[Any, Any], tuple], model: Any,
+def train_unit(arm: Any, config: Any, clock: EvaluationClock, evaluate: Callable[[Any, Any], tuple], model: Any,
                tokenizer: Any, problems: Sequence[Any], checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """Train a copy of ``model`` as ``arm`` says (the loop, or TRL with its empty-batch rule) until ``clock`` says
     stop, resuming from and saving to ``checkpoint`` if given; what every unit records of it: the clock's ``points``
