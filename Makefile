@@ -65,7 +65,10 @@ endif
 demo: setup
 	$(PY) -m grpo_lab.viz.demo --out $(DEMO_DIR)
 
-test: setup test-lib test-slow test-notebooks
+# The library tests, fast then slow (tests/conftest.py orders them), in one session, then the notebooks.
+test: setup
+	$(PY) -m pytest -q tests --ignore=tests/browser -m "not vllm"
+	$(MAKE) test-notebooks
 
 # `slow`: a real language model or a subprocess, seconds to minutes each; `vllm` only under `make test-vllm`.
 test-lib: setup

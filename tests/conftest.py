@@ -13,3 +13,9 @@ def one_thread() -> Iterator[None]:
     compared bit for bit (including the crash child) uses the same thread count."""
     with single_thread():
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests not marked ``slow`` run first, in their files' order: ``make test`` runs both kinds in one
+    session (one start and one collection) and still shows a quick failure before the minutes of real models."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)

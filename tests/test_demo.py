@@ -8,7 +8,9 @@ from grpo_lab.viz import demo
 
 
 def test_without_a_browser_one_line_says_how_to_get_pngs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRPO_LAB_SMOKE", "1")
+    """What is checked is the PNG line and the files written, not the curves: the bandit runs are cut to 10 steps ×
+    2 runs (notebook 01 runs the same experiments at its smoke size)."""
+    monkeypatch.setattr(demo.bandit_lab, "lab_size", lambda: demo.bandit_lab.LabSize(steps=10, runs=2))
     monkeypatch.delenv("BROWSER_PATH", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))   # no chromium, chrome, … on the PATH
     monkeypatch.setenv("HOME", str(tmp_path))             # no Playwright download under ~/.cache

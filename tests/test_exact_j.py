@@ -26,11 +26,19 @@ from grpo_lab.exact.strict_j import (
 from grpo_lab.lm.rewards import strict_reward
 
 
+_BRUTE_FORCE_J: dict[tuple, float] = {}
+"""brute_force_j's results without ``only``, by (model, tokenizer, prompt, gold, sampling): tests that compare
+against the same enumeration share it."""
+
+
 @torch.no_grad()
 def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling, only=None) -> float:
     """Σ over every token sequence of at most T_max tokens ending in a stop of its probability × strict_reward of
     its decoded text: whole forwards (no cache), Hugging Face's top-k/top-p warpers, the tokenizer's decode.
     ``only``: count only the decoded texts it holds true for."""
+    key = (model, tokenizer, prompt, gold, sampling)
+    if only is None and key in _BRUTE_FORCE_J:
+        return _BRUTE_FORCE_J[key]
     warpers = LogitsProcessorList(([TopKLogitsWarper(sampling.top_k)] if sampling.top_k else [])
                                   + ([TopPLogitsWarper(sampling.top_p)] if sampling.top_p < 1 else []))
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -41,9 +49,9 @@ def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling, 
         logits = model(input_ids=ids).logits[:, -1].float() / sampling.temperature
         probs = warpers(ids, logits).softmax(-1).double()
         grown = []
-        for (prefix, p), row in zip(prefixes, probs, strict=True):
+        for (prefix, p), row in zip(prefixes, probs.tolist(), strict=True):
             for token in range(vocab):
-                q = p * float(row[token])
+                q = p * row[token]
                 if token in STOPS:
                     text = tokenizer.decode(list(prefix), skip_special_tokens=True)
                     if only is None or only(text):
@@ -51,6 +59,8 @@ def brute_force_j(model, tokenizer, prompt: str, gold: str, sampling: Sampling, 
                 elif depth + 1 < sampling.max_tokens and q > 0:
                     grown.append(((*prefix, token), q))
         prefixes = grown
+    if only is None:
+        _BRUTE_FORCE_J[key] = total
     return total
 
 
