@@ -23,7 +23,8 @@ every name here is a module (tests/test_layout.py checks both).
                     (the live panel's engine), ``bandit_lab`` (notebook 01's runs and numbers),
                     ``digits_lm`` (the same terms exactly on SmolLM2), ``correction_bias`` (each
                     correction's bias and variance under lag), ``strict_j`` and ``strict_answers``
-                    (exact J on a real LM by a token-tree walk)
+                    (exact J on a real LM by a token-tree walk), ``live_run`` (notebook 02's
+                    background run: thread, checkpoint, interrupts, when exact J is taken)
 ``lm/``             language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged α
                     in-process), ``sampling_vllm`` (α on vLLM), ``decoding`` (α's decoding forward),
                     ``tasks``, ``rewards``, ``verifier_pool`` (math-verify's worker), ``text_task``,
@@ -39,7 +40,8 @@ every name here is a module (tests/test_layout.py checks both).
 ``viz/``            drawing only: ``display`` (where figures go), ``plots`` and ``widgets`` (notebook
                     01's figures and live panel), ``exercises``, ``demo`` (``make demo``),
                     ``token_ratios`` (one group's r′ per token), ``dashboard`` (a run's metrics),
-                    ``throughput`` (notebook 03's figures)
+                    ``throughput`` (notebook 03's figures), ``live_panel`` (notebook 02's knobs and
+                    figure over ``exact.live_run``)
 =================== ==================================================================================
 
 The top level imports only torch-level primitives; ``lm`` and ``scale`` import ``transformers`` (the ``llm``

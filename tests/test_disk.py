@@ -212,7 +212,7 @@ def test_atomic_write_and_append_line_keep_the_previous_contents(tmp_path, monke
 
 
 def test_live_panel_shows_the_disk_error_in_its_status_and_stays_usable(tmp_path, monkeypatch):
-    from studies.lag_frontier.live_panel import LivePanel
+    from grpo_lab.viz.live_panel import LivePanel
 
     base = TrainConfig(G=4, prompts_per_step=2, v=2, lr=1e-3, max_completion_length=4, temperature=1.0)
     panel = LivePanel(base, list(problems()), steps=3, eval_questions=1, pilot=None, model=tiny_model(),

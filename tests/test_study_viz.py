@@ -17,12 +17,14 @@ import time
 import weakref
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 import torch
 from fault_scenarios import poison_gradients
 from reliability_runs import even_length, problems, rows_of, tiny_model, tokenizer
-from test_viz import title_clears_toolbar
+from test_viz import same_traces, title_clears_toolbar, view_state
 
+from grpo_lab.exact.live_run import eval_schedule, eval_subset, schedule_text
 from grpo_lab.exact.strict_j import Sampling, exact_evaluate
 from grpo_lab.lm import background
 from grpo_lab.lm.background import BackgroundRun
@@ -30,9 +32,9 @@ from grpo_lab.lm.sampling import stop_and_pad_ids
 from grpo_lab.lm.tasks import all_questions
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics
+from grpo_lab.viz.live_panel import LivePanel
 from grpo_lab.viz.token_ratios import token_ratio_figure
 from studies.lag_frontier import frontier
-from studies.lag_frontier.live_panel import LivePanel, eval_subset
 
 RUN_FOLDER = ["checkpoint.pt", "config.json", "metrics.jsonl", "run.lock"]
 """What the panel's run folder holds: ``training.train``'s files, one checkpoint."""
@@ -74,17 +76,17 @@ def status(panel):
     return html.unescape(panel.status.value)
 
 
-def make_panel(panel_parts, tmp_path, steps=3, out="live", eval_questions=1, eval_every=16, **changes):
+def make_panel(panel_parts, tmp_path, steps=3, out="live", eval_questions=1, eval_every=16, mode="none", **changes):
     """A panel on the tiny model, its knobs at ``base`` with ``changes``, its run folder ``tmp_path / out``; exact J
-    on 1 question at step 0 and the last step (the tiny model's walk takes seconds)."""
+    on 1 question at steps 0, 1, 2, 4, 8, every 16 and the last (the tiny model's walk takes seconds)."""
     base, problems, model, tokenizer = panel_parts
     return LivePanel(base.replace(**changes), problems, steps=steps, eval_questions=eval_questions,
-                     eval_every=eval_every, model=model, tokenizer=tokenizer, out_dir=tmp_path / out, mode="none")
+                     eval_every=eval_every, pilot=frontier.PILOT_UNITS, model=model, tokenizer=tokenizer,
+                     out_dir=tmp_path / out, mode=mode)
 
 
 def pilot_units():
-    return [json.loads((frontier.PILOT_RESULTS / "units" / f"addsubmul1_lr1e-05_s{s}.json").read_text())
-            for s in (0, 1)]
+    return [json.loads(path.read_text()) for path in frontier.PILOT_UNITS]
 
 
 def test_the_backdrop_is_the_pilots_units_on_the_same_questions(panel_parts, tmp_path):
@@ -99,8 +101,8 @@ def test_the_backdrop_is_the_pilots_units_on_the_same_questions(panel_parts, tmp
     with pytest.raises(ValueError, match="between 1 and the task's 363"):
         eval_subset(texts, 0)
 
-    panel = LivePanel(panel_parts[0], panel_parts[1], steps=3, model=panel_parts[2], tokenizer=panel_parts[3],
-                      out_dir=tmp_path / "live", mode="none")                # the default subset: 27 questions
+    panel = LivePanel(panel_parts[0], panel_parts[1], steps=3, pilot=frontier.PILOT_UNITS, model=panel_parts[2],
+                      tokenizer=panel_parts[3], out_dir=tmp_path / "live", mode="none")   # the default subset: 27
     assert [q.question for q in panel.questions] == texts[::13][:27]
     assert panel.subset_text() == "exact J on 27 of 363 questions (every 13th)"
     fig, steps = panel.figure, [0, 32, 64, 96, 128]
@@ -129,21 +131,33 @@ def test_the_backdrop_is_the_pilots_units_on_the_same_questions(panel_parts, tmp
         make_panel(panel_parts, tmp_path, task="add1")
 
 
+def test_the_live_j_is_taken_early_then_every_eval_every_steps():
+    """Points from the first steps on (0, 1, 2, 4, 8 below eval_every = 16), then every 16, and the last step."""
+    assert eval_schedule(128, 16) == [0, 1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128]
+    assert eval_schedule(130, 16)[-2:] == [128, 130] and eval_schedule(3, 16) == [0, 1, 2, 3]
+    assert eval_schedule(20, 2) == [0, 1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+    assert eval_schedule(5, 1) == [0, 1, 2, 3, 4, 5] and eval_schedule(0, 16) == [0]
+    assert eval_schedule(128, 10) == [0, 1, 2, 4, 8, *range(10, 121, 10), 128]
+    assert schedule_text(16) == "at steps 0, 1, 2, 4, 8 and every 16 steps" and schedule_text(1) == "at every step"
+    with pytest.raises(ValueError, match="eval_every must be at least 1, got 0"):
+        eval_schedule(10, 0)
+
+
 def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_parts, tmp_path):
     from grpo_lab.lm.group_view import group_view, token_ratios
 
     panel = make_panel(panel_parts, tmp_path)
     assert "the time per step shows after the first step" in status(panel)   # not the pilot's P, G, T_max
-    assert "exact J on 1 of 363 questions (every 363rd) at step 0 and every 16 steps" in status(panel)
+    assert "exact J on 1 of 363 questions (every 363rd) at steps 0, 1, 2, 4, 8 and every 16 steps" in status(panel)
     first = panel.run(steps=2)
     assert first.k == 2 and list(panel.live_reward_trace.x) == [0, 1] and panel.progress.value == 2
-    assert sorted(panel.j) == [0] and list(panel.live_j_trace.x) == [0]  # evaluated at 0; next at the last step
+    assert sorted(panel.j) == [0, 1, 2] and list(panel.live_j_trace.x) == [0, 1, 2]   # 0, 1, 2, then the last
     assert sorted(p.name for p in (tmp_path / "live").iterdir()) == RUN_FOLDER
     where = re.escape(str(tmp_path / "live" / "checkpoint.pt"))
     assert re.search(rf"checkpoint {where} \(0\.\d\d GiB, one per panel", status(panel)) and "step 2/3" in status(panel)
-    assert "evaluations not" in status(panel) and "J at step 0: " in status(panel)
+    assert "evaluations not" in status(panel) and "J at step 2: " in status(panel)
     assert panel.run() is first and first.k == 3                       # same knobs: the run continues
-    assert sorted(panel.j) == [0, 3] and "J at step 3: " in status(panel)
+    assert sorted(panel.j) == [0, 1, 2, 3] and "J at step 3: " in status(panel)
     assert rows_of(load_metrics(tmp_path / "live")) == rows_of(first.history)     # train's metrics.jsonl, all 3
     assert panel.run() is first and "the run has all 3 steps" in status(panel)
 
@@ -165,7 +179,7 @@ def test_live_panel_continues_stops_restarts_and_keeps_one_checkpoint(panel_part
     assert view.lag == first.k - first.schedule.last_sync and view.kept == bool(view.rewards.std() > 0)
     assert abs(float(view.advantages.sum())) < 1e-5 and view.tv >= 0
     assert all(len(tokens) == int((row > 0).sum()) for tokens, row in zip(view.tokens, view.ratios, strict=True))
-    assert view.trained == 0 and view.note.startswith("π_θ has not moved since α was last synced")
+    assert view.trained == 0 and view.note.startswith("1 step since α was last synced, all skipped")
     assert float((view.ratios[view.ratios > 0] - 1).abs().max()) < 1e-3 and view.lag == 1
     r = token_ratios(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.tensor([[True, False]]))
     assert r.tolist() == [[1.0, 0.0]]
@@ -206,21 +220,21 @@ def test_the_live_j_is_exact_j_of_the_loops_policy_at_its_steps(panel_parts, tmp
 
     def draw_and_evaluate(loop, *rest):
         draw(loop, *rest)
-        if loop.k in (2, 4):
+        if loop.k in (1, 2, 4):
             expected[loop.k] = reference(loop.policy.model)
 
     panel._draw = draw_and_evaluate
     loop = panel.run()
     assert torch.get_num_threads() == threads                           # the evaluations' 1 thread is put back
-    assert loop.k == 4 and not all(r.skipped for r in loop.history) and sorted(panel.j) == [0, 2, 4]
+    assert loop.k == 4 and not all(r.skipped for r in loop.history) and sorted(panel.j) == [0, 1, 2, 4]
     for k, result in expected.items():
         np.testing.assert_allclose([panel.j[k].j_low, panel.j[k].pruned, panel.j[k].pruned_max],
                                    [result.mean, result.pruned.mean(), result.pruned.max()], rtol=1e-6, atol=0)
         assert 0 <= panel.j[k].pruned <= 1e-3
     assert abs(panel.j[4].j_low / panel.j[0].j_low - 1) > 1e-3             # π_θ moved: J did too
     trace = panel.live_j_trace
-    assert list(trace.x) == [0, 2, 4] and list(trace.y) == [panel.j[k].j_low for k in (0, 2, 4)]
-    assert list(trace.error_y.array) == list(trace.customdata) == [panel.j[k].pruned for k in (0, 2, 4)]
+    assert list(trace.x) == [0, 1, 2, 4] and list(trace.y) == [panel.j[k].j_low for k in (0, 1, 2, 4)]
+    assert list(trace.error_y.array) == list(trace.customdata) == [panel.j[k].pruned for k in (0, 1, 2, 4)]
     assert not any(trace.error_y.arrayminus)
 
 
@@ -242,7 +256,7 @@ def test_release_frees_the_run_and_the_loaded_model_and_the_next_run_resumes(pan
     resumed = panel.run()                                                    # loads it again, resumes at step 2
     assert len(loads) == 2 and resumed.k == 3
     assert rows_of(resumed.history[:2]) == history
-    assert sorted(panel.j) == [0, 3] and panel.j[0] == j_at_0              # the run's J at 0 is kept, 3 is new
+    assert sorted(panel.j) == [0, 1, 2, 3] and panel.j[0] == j_at_0        # the run's J up to 2 is kept, 3 is new
     given = make_panel(panel_parts, tmp_path, out="given")
     given.run(steps=1)
     given.release()
@@ -312,7 +326,8 @@ def test_a_fault_at_pass_2_saves_nothing_and_the_panel_resumes_exactly(panel_par
     assert rows_of(load_metrics(tmp_path / "live")) == rows_of(uninterrupted.history)
 
     view = group_view(uninterrupted, seed=3)                # steps 2 and 3 trained since the sync at step 2
-    assert view.lag == 2 and view.trained == 2 and "took 2 optimiser steps since α was last synced" in view.note
+    assert view.lag == 2 and view.trained == 2
+    assert view.note.startswith("2 steps since α was last synced, 2 of which took an optimiser step: π_θ moved")
     assert float((view.ratios[view.ratios > 0] - 1).abs().max()) > 1e-3   # r′ drifts from 1
 
 
@@ -324,7 +339,7 @@ def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
 
     def draw_then_interrupt(loop, *rest):
         draw(loop, *rest)
-        if loop.k == 1:
+        if loop.k == 5:                              # past the early evaluations 0, 1, 2, 4; the next is at 8
             os.kill(os.getpid(), signal.SIGINT)
             signalled.set()
 
@@ -338,7 +353,8 @@ def test_an_interrupt_stops_a_background_run(panel_parts, tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert signalled.is_set() and panel.loop.k < 50 and "stopped by Kernel > Interrupt" in status(panel)
-    assert sorted(panel.j) == [0] and torch.get_num_threads() == threads   # J at 0, in the run's thread
+    assert sorted(panel.j)[:4] == [0, 1, 2, 4] and set(panel.j) <= set(panel.eval_steps())   # in the run's thread
+    assert max(panel.j) <= panel.loop.k and torch.get_num_threads() == threads
     assert not list(background._RUNNING)                               # a finished run is not stopped again
 
 
@@ -390,6 +406,17 @@ print(background.hook_interrupt())""")
         km.shutdown_kernel(now=True)
 
 
+def test_widget_mode_a_reloaded_page_draws_the_live_run_as_it_stands(panel_parts, tmp_path):
+    """The traces a new view draws (the widget's synced state) are the run's: its J points and its rewards."""
+    panel = make_panel(panel_parts, tmp_path, mode="widget")
+    assert isinstance(panel.figure, go.FigureWidget)
+    panel.run(steps=2)
+    traces, layout = view_state(panel.figure)
+    assert list(traces[panel._live_j]["x"]) == [0, 1, 2] and list(traces[panel._live_reward]["x"]) == [0, 1]
+    assert np.allclose(traces[panel._live_j]["y"], [panel.j[k].j_low for k in (0, 1, 2)], rtol=0, atol=0)
+    assert same_traces(panel.figure) and "not the whole-set J" in layout["title"]["text"]
+
+
 def test_static_mode_shows_the_panel_as_the_run_left_it(panel_parts, tmp_path, capsys):
     base, problems, model, tokenizer = panel_parts
     panel = LivePanel(base, problems, steps=3, eval_questions=1, model=model, tokenizer=tokenizer,
@@ -426,7 +453,7 @@ def test_model_loading_silences_transformers_progress_bars_and_puts_them_back(mo
 @pytest.mark.slow
 def test_notebook_02s_cell_at_smoke_size_and_the_untrained_j_of_the_frontier(tmp_path):
     """Notebook 02's live cell in smoke mode (SmolLM2-135M, the frontier's recipe shrunk, exact J on 4 questions
-    at T_max = 4) trains 2 steps with J at steps 0 and 2; at the frontier's own size the panel's J at step 0 is the
+    at T_max = 4) trains 2 steps with J at steps 0, 1 and 2; at the frontier's own size the panel's J at step 0 is the
     frontier's untrained unit on the same 4 questions (its J_low per question, rounded to 1e-6)."""
     from grpo_lab.lm.recipes import recipe
     from grpo_lab.lm.text_task import train_problems
@@ -437,14 +464,14 @@ def test_notebook_02s_cell_at_smoke_size_and_the_untrained_j_of_the_frontier(tmp
     panel = LivePanel(smoke, train_problems(smoke), steps=4, eval_questions=4, eval_every=2,
                       out_dir=tmp_path / "smoke", mode="none")
     live = panel.show_and_run(steps=2)
-    assert live.k == 2 and sorted(panel.j) == [0, 2] and list(panel.live_reward_trace.x) == [0, 1]
+    assert live.k == 2 and sorted(panel.j) == [0, 1, 2] and list(panel.live_reward_trace.x) == [0, 1]
     assert all(0 <= p.j_low <= 1 and p.pruned_max <= 1e-3 for p in panel.j.values())
     assert [q.question for q in panel.questions] == ["Calculate 0 * 0.", "Calculate 10 - 10.", "Calculate 4 + 3.",
                                                      "Calculate 7 * 5."]
     smoke_seconds = time.perf_counter() - start
 
     full = LivePanel(base, train_problems(base), steps=128, eval_questions=4,   # loads the untrained model
-                     out_dir=tmp_path / "full", mode="none")
+                     pilot=frontier.PILOT_UNITS, out_dir=tmp_path / "full", mode="none")
     assert re.search(r"expected ~\d+ min of training \(\d+\.\d s a step, the pilot's v = 1 runs", status(full))
     assert full.run(steps=0).k == 0 and "no step asked for" in status(full)
     untrained = json.loads((frontier.RESULTS / "units" / "untrained.json").read_text())

@@ -215,11 +215,36 @@ def test_panel_optimiser_switch_brings_its_learning_rate_and_clip():
                     mode="none")
 
 
-def test_widget_mode_panel_holds_a_figure_widget():
+def view_state(figure: go.FigureWidget) -> tuple[list[dict], dict]:
+    """The traces (x and y as arrays) and the layout that a view opened now draws (a reloaded page, the notebook
+    reopened): the widget's synced state, as the kernel sends it to a new front end."""
+    def values(v):
+        if isinstance(v, dict) and "buffer" in v:
+            return np.frombuffer(v["buffer"], dtype=v["dtype"]).reshape(v["shape"])
+        return np.asarray(v if v is not None else [], dtype=float)
+
+    state = figure.get_state()
+    return [{"x": values(t.get("x")), "y": values(t.get("y"))} for t in state["_widget_data"]], state["_widget_layout"]
+
+
+def same_traces(figure: go.FigureWidget) -> bool:
+    """Whether a new view would draw the figure's traces as they are now."""
+    traces, _ = view_state(figure)
+    return len(traces) == len(figure.data) and all(
+        np.array_equal(t["x"], np.asarray(d.x if d.x is not None else [], dtype=float)) and
+        np.array_equal(t["y"], np.asarray(d.y if d.y is not None else [], dtype=float))
+        for t, d in zip(traces, figure.data, strict=True))
+
+
+def test_widget_mode_panel_holds_a_figure_widget_that_a_reloaded_page_draws_as_it_is():
     panel = BanditPanel(BanditProblem.random(contexts=3, arms=2), bandit_config(steps=5), runs=1, mode="widget")
     assert isinstance(panel.figure, go.FigureWidget) and panel.widget.children[1] is panel.figure
+    assert same_traces(panel.figure) and len(panel.figure.data) == 4            # the traces added after it was built
+    assert view_state(panel.figure)[1]["title"]["text"].startswith("Live bandit")
+    before = view_state(panel.figure)[0][3]["y"].copy()
     panel.controls["v"].value = 2
     assert panel.last.config.v == 2 and np.allclose(panel.figure.data[3].y, panel.last.J.mean(1))
+    assert same_traces(panel.figure) and not np.array_equal(view_state(panel.figure)[0][3]["y"], before)
 
 
 # ----------------------------------------------------------------------------- studies
@@ -355,8 +380,8 @@ def test_every_knob_shows_its_whole_label_and_a_tooltip():
     """Both panels' knobs come from one table; no label is cut to "…": each fits its label width at 10 px a
     character (the widest label, "mask norm.", is 77 px in JupyterLab's 13 px DejaVu Sans, 7.7 px a character)."""
     from grpo_lab.lm.train_config import TrainConfig
+    from grpo_lab.viz.live_panel import make_knobs
     from grpo_lab.viz.widgets import KNOBS, LABEL_PX, make_controls
-    from studies.lag_frontier.live_panel import make_knobs
 
     panels = [make_controls(lab.lab_config(), runs=2), make_knobs(TrainConfig())]
     assert set(panels[1]) < set(panels[0]) == set(KNOBS)                 # the LM panel's knobs are the bandit's

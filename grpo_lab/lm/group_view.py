@@ -34,7 +34,7 @@ class GroupView:
     kept: bool                         # False: the zero-variance mask drops the group
     ratios: torch.Tensor               # [G, T] r′ per token, 0 on padding
     tv: float                          # TV(π_k, α) estimated from these G samples
-    lag: int                           # steps since α was synced
+    lag: int                           # steps since α was synced: k − k0 (the figure's title and the note's)
     trained: int                       # optimiser steps π_θ took since α was synced (skipped steps take none)
     finished: list[bool]               # whether each completion ended with a stop token within its budget
 
@@ -46,12 +46,18 @@ class GroupView:
 
     @property
     def note(self) -> str:
-        """Why r′ is what it is: π_θ moved since the sync (r′ drifts from 1), or it did not (r′ = 1)."""
+        """Why r′ is what it is, at :attr:`lag` (steps since the sync, the figure's title): π_θ moved since the
+        sync (r′ drifts from 1), or it did not (r′ = 1). Of the lag's steps, those skipped (every group masked)
+        took no optimiser step: ``trained`` of them did."""
+        steps = f"{self.lag} step{'s' * (self.lag != 1)} since α was last synced"
+        skipped = self.lag - self.trained
         if self.trained:
-            return (f"π_θ took {self.trained} optimiser step{'s' * (self.trained > 1)} since α was last synced: "
-                    "r′ drifts from 1")
-        return ("π_θ has not moved since α was last synced (no step since took an optimiser step: a step whose "
-                "groups are all masked is skipped), so π_k = α and r′ = 1 on every token")
+            return (f"{steps}, {self.trained} of which took an optimiser step" +
+                    (f" ({skipped} skipped: every group masked)" if skipped else "") + ": π_θ moved, r′ drifts from 1")
+        if self.lag == 0:
+            return "α was synced at this step, so π_k = α and r′ = 1 on every token"
+        return (f"{steps}, all skipped (every group masked: no optimiser step), so π_θ has not moved, π_k = α and "
+                "r′ = 1 on every token")
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ The numbers they draw are computed elsewhere (:mod:`grpo_lab.exact.bandit_lab`,
 ``display``         the display switch (``GRPO_LAB_DISPLAY``: widget/static/none)
 ``plots``           notebook 01's figures of the bandit studies
 ``widgets``         :class:`BanditPanel`, sliders that re-train and redraw in place
+``live_panel``      notebook 02's :class:`LivePanel`: knobs over a language-model run, its live exact J
 ``exercises``       ``check(name, fn)`` against the library, ``show_solution(name)``
 ``dashboard``       a run's metrics over steps (notebooks 02 and 03)
 ``throughput``      notebook 03's figures: step times, predicted speed-ups

@@ -17,15 +17,18 @@ Every code path runs in every mode: only the display differs, so a notebook
 executed without a front end (nbval, ``jupyter nbconvert --execute``) builds the
 same figures and raises no error.
 
-A live panel prints a one-line hint above itself for after a kernel restart
-(:data:`RESTART_HINT`), and a title placed by :func:`title_below_toolbar` stays clear of
-plotly's toolbar.
+A live panel changes its figure inside :func:`redraw`, so that a page reloaded (or the notebook
+reopened) while the kernel runs draws the figure as it now is; it prints a one-line hint above
+itself for after a kernel restart (:data:`RESTART_HINT`), and a title placed by
+:func:`title_below_toolbar` stays clear of plotly's toolbar.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from copy import deepcopy
 from typing import Any
 
 import plotly.graph_objects as go
@@ -64,6 +67,26 @@ def new_figure(mode: str | None = None, **layout: Any) -> go.Figure:
         except ImportError:
             pass
     return go.Figure(layout=layout)
+
+
+@contextlib.contextmanager
+def redraw(figure: go.Figure) -> Iterator[None]:
+    """Change ``figure``'s traces and layout inside this block. A ``FigureWidget``'s open views redraw once, at
+    the block's end, and the widget's synced state takes the figure as it now is.
+
+    A ``FigureWidget`` sends its traces to the browser whole only when it is built or displayed on its own;
+    every later change goes as a message to the views open at that moment (a restyle, an added trace). A
+    view opened later (a reloaded page, the notebook reopened while the kernel runs) is drawn from the
+    synced state, which without this block still holds the figure as it was built: no traces added since,
+    axes at plotly's default -1..6, and restyles of traces that view does not have. A plain figure only
+    takes the changes."""
+    if not isinstance(figure, go.FigureWidget):
+        yield
+        return
+    with figure.batch_update():
+        yield
+    figure._widget_data = deepcopy(figure._data)               # what plotly's own display does, for new views
+    figure._widget_layout = deepcopy(figure._layout_obj._props)
 
 
 def show(obj: Any, mode: str | None = None) -> None:

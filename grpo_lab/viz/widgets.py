@@ -5,10 +5,11 @@ Each change re-runs ``steps`` × ``runs`` with :func:`~grpo_lab.exact.closed_for
 :func:`~grpo_lab.exact.bandit.run_bandit` without autograd's per-step overhead; ``benchmarks/bandit_rerun.py``
 times both), through :func:`~grpo_lab.exact.bandit_lab.train_runs` (under AdamW or clipping each run
 trains alone, so that it clips its own gradient), and replaces the traces of the figure inside
-``batch_update``. Without a front end the same code runs: the figure is a plain ``go.Figure`` and
-:meth:`BanditPanel.rerun` can be called directly (see :mod:`grpo_lab.viz.display`).
+:func:`~grpo_lab.viz.display.redraw` (a reloaded page draws them too). Without a front end the same
+code runs: the figure is a plain ``go.Figure`` and :meth:`BanditPanel.rerun` can be called directly (see
+:mod:`grpo_lab.viz.display`).
 
-Every knob widget, here and in notebook 02's live panel (:mod:`studies.lag_frontier.live_panel`), is built by
+Every knob widget, here and in notebook 02's live panel (:mod:`grpo_lab.viz.live_panel`), is built by
 :func:`knob` from one table, :data:`KNOBS`: its label, its tooltip, the label's width.
 """
 
@@ -25,7 +26,7 @@ from ..config import EMPTY_STEPS, GRPOConfig
 from ..exact.bandit import MAX_EPS_STD, BanditProblem, BanditRun
 from ..exact.bandit_lab import OPTIMIZER_SETTINGS, lab_config, lab_problem, lab_size, train_runs
 from ..objective import BANDS, IS_CORRECTIONS, MASK_NORMALIZATIONS
-from .display import display_mode, new_figure, show_panel, title_below_toolbar
+from .display import display_mode, new_figure, redraw, show_panel, title_below_toolbar
 from .plots import COLORS, HEIGHT, band_traces
 
 
@@ -129,10 +130,11 @@ class BanditPanel:
                                  **title_below_toolbar("Live bandit: change a knob, the runs re-train", HEIGHT))
         baseline = train_runs(self.problem, self.base, runs=self.controls["runs"].value)
         x = np.arange(len(baseline.J))
-        for trace in band_traces(x, baseline.J, "baseline: v = 1, i = 1, mask", "grey", dash="dot"):
-            self.figure.add_trace(trace)
-        for trace in band_traces(x, baseline.J, "current knobs", COLORS[0]):
-            self.figure.add_trace(trace)
+        with redraw(self.figure):
+            for trace in band_traces(x, baseline.J, "baseline: v = 1, i = 1, mask", "grey", dash="dot"):
+                self.figure.add_trace(trace)
+            for trace in band_traces(x, baseline.J, "current knobs", COLORS[0]):
+                self.figure.add_trace(trace)
         self.last: BanditRun | None = None
         for name, control in self.controls.items():
             control.observe(self._optimizer_changed if name == "optimizer" else lambda change: self.rerun(),
@@ -162,7 +164,7 @@ class BanditPanel:
         result = train_runs(self.problem, config, runs=runs)
         trained = time.perf_counter()
         band, line = band_traces(np.arange(len(result.J)), result.J, "current knobs", COLORS[0])
-        with self.figure.batch_update():
+        with redraw(self.figure):
             self.figure.data[2].x, self.figure.data[2].y = band.x, band.y
             self.figure.data[3].x, self.figure.data[3].y = line.x, line.y
         updated = time.perf_counter()

@@ -51,6 +51,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 """The committed units and ``summary.json``."""
 PILOT_RESULTS = Path(__file__).resolve().parent / "pilot_results"
 """The pilot's units (task and lr selection)."""
+PILOT_UNITS = tuple(PILOT_RESULTS / "units" / f"addsubmul1_lr1e-05_s{seed}.json" for seed in (0, 1))
+"""Notebook 02's live panel's backdrop: the pilot's finished v = 1 units at lr 1e-5 on ``addsubmul1``."""
 V_GRID = (1, 4, 16, 32)
 CORRECTIONS = ("ratio", "truncated", "none")
 SEEDS = 5

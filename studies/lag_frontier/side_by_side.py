@@ -7,7 +7,7 @@ trains without writing a checkpoint, and is freed (its loop and its run folder) 
 one run is in memory at a time.
 Along the way it keeps what the notebook draws:
 
-- exact J on the live panel's question subset (:func:`~studies.lag_frontier.live_panel.exact_j`) at step 0 (once:
+- exact J on the live panel's question subset (:func:`~grpo_lab.exact.live_run.exact_j`) at step 0 (once:
   the arms share the untrained model) and every ``eval_every`` steps;
 - every step's record (the drift, mean |log r′| per token, by step and so by lag);
 - one group (:func:`~grpo_lab.lm.group_view.group_view`) as the last step of the sync period draws it, at the
@@ -27,6 +27,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from grpo_lab.exact.live_run import exact_j
 from grpo_lab.lm.background import BackgroundRun
 from grpo_lab.lm.group_view import GroupView, group_view
 from grpo_lab.lm.memory import return_freed_memory
@@ -35,7 +36,6 @@ from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.loop import GRPOLoop, StepRecord
 from grpo_lab.viz.display import title_below_toolbar
 from grpo_lab.viz.plots import COLORS, HEIGHT
-from studies.lag_frontier.live_panel import exact_j
 
 
 def arms(v: int) -> dict[str, dict[str, Any]]:

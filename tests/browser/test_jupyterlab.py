@@ -1,7 +1,8 @@
 """End to end in headless Chromium: notebook 01 runs in JupyterLab, its figures and live panel render,
-and moving a slider re-trains in the kernel and redraws the panel's figure; notebook 02 runs, its live
-panel's Run button trains in the background over the study's cached curves, and Kernel > Interrupt
-stops that run and leaves the kernel usable; the gallery page draws every figure offline. Screenshots
+moving a slider re-trains in the kernel and redraws the panel's figure, and after a page reload the panel
+is drawn as the knobs left it and redraws again; notebook 02 runs, its live panel's Run button trains in
+the background over the study's cached curves, and Kernel > Interrupt stops that run and leaves the kernel
+usable; the gallery page draws every figure offline. Screenshots
 go to ``outputs/browser/``. Run with ``make test-browser``."""
 
 import json
@@ -25,12 +26,16 @@ NOTEBOOK02 = "02_lag_frontier.ipynb"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 KERNEL_IDLE = re.compile(r"^Python 3 \(ipykernel\) \| Idle$")   # the status bar, once the kernel is up
-# Run All has finished (or stopped at an error): the kernel is idle, the first cell has run, none is queued.
+# Run All has finished (or stopped at an error): the kernel is idle, the first cell has run, none is queued, and
+# so for 3 s on end (on a loaded machine the kernel reads idle between two cells, and a cell whose source is
+# hidden shows no prompt, not even [*]).
 RUN_ALL_DONE = """() => {
     const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
     const kernel = document.querySelector('.jp-Notebook-ExecutionIndicator');
-    return kernel && kernel.dataset.status === 'idle' && /^\\[\\d+\\]:$/.test(prompts[0] ?? '')
+    const done = kernel && kernel.dataset.status === 'idle' && /^\\[\\d+\\]:$/.test(prompts[0] ?? '')
         && !prompts.includes('[*]:');
+    window.grpoDoneSince = done ? (window.grpoDoneSince ?? performance.now()) : null;
+    return done && performance.now() - window.grpoDoneSince > 3000;
 }"""
 # The panel's figure: per trace, its y data (from plotly's graph div) and its drawn SVG paths.
 FIGURE_STATE = """gd => gd.data.map((trace, n) => ({
@@ -108,10 +113,11 @@ def run_all(page, lab_server, name: str, deadline, seconds: float) -> dict:
     return nb
 
 
-def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromium_page, screenshot_dir, deadline):
+def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws_also_after_a_reload(lab_server, chromium_page,
+                                                                                   screenshot_dir, deadline):
     page = chromium_page.page
     # What the kernel sent, from JupyterLab's own save: no error, every cell ran once, in order.
-    nb = run_all(page, lab_server, NOTEBOOK, deadline, 120)
+    nb = run_all(page, lab_server, NOTEBOOK, deadline, 240)
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     static_figures = sum(PLOTLY_MIME in o.get("data", {}) for o in outputs)
     assert static_figures >= 1 and sum(WIDGET_MIME in o.get("data", {}) for o in outputs) == 1
@@ -163,6 +169,28 @@ def test_notebook01_runs_in_jupyterlab_and_its_panel_redraws(lab_server, chromiu
     page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current').click()   # more room for the page
     panel.scroll_into_view_if_needed()
     page.screenshot(path=screenshot_dir / "notebook01.png")
+    after_i = figure.evaluate(FIGURE_STATE)
+
+    # A browser reload, the kernel still running: the panel is drawn again as it stands, and redraws.
+    page.on("dialog", lambda dialog: dialog.accept())        # "leave the page?", if JupyterLab asks
+    page.reload(timeout=deadline.ms(60))
+    page.locator(".jp-StatusBar-Widget").get_by_text(KERNEL_IDLE).wait_for(timeout=deadline.ms(90))
+    panel = page.locator(".jp-OutputArea-output", has=page.locator(".widget-slider"))
+    figure = panel.locator(".js-plotly-plot")
+    figure.locator(".scatterlayer .trace").nth(CURRENT).wait_for(timeout=deadline.ms(60))
+    reloaded = figure.evaluate(FIGURE_STATE)
+    assert len(reloaded) == 4 and all(t["y"] and t["d"] for t in reloaded)     # every curve drawn, none empty
+    assert [t["y"] for t in reloaded] == [t["y"] for t in after_i]           # the curves as the knobs left them
+    x_range = figure.evaluate("gd => gd._fullLayout.xaxis.range")
+    assert x_range[1] >= len(reloaded[CURRENT]["y"]) - 1 > 6, x_range        # the steps, not plotly's -1..6
+    v = panel.locator(".widget-slider", has=page.locator(".widget-label", has_text="v (sync)"))
+    assert v.locator(".widget-readout").inner_text() == str(v0 + 1)
+    v.locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowRight")
+    redraw(page, figure, reloaded, deadline)
+    assert v.locator(".widget-readout").inner_text() == str(v0 + 2)
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=screenshot_dir / "notebook01_reloaded.png")
     assert not chromium_page.errors, chromium_page.errors
 
 
