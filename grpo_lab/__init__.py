@@ -13,6 +13,7 @@ Where things live: the algorithm at the top, one subpackage per kind of use.
 ``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
 ``config``                  GRPOConfig, one field per knob
 ``checks``                  the validators that name a bad value
+``threads``                 how many torch threads: the cores the load leaves free (``choose_threads``)
 ``files``                   atomic writes, whole lines; DiskError for a full or read-only disk
 ``exact/``                  exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4),
                             ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
