@@ -52,8 +52,8 @@ def choose_threads(requested: int | None = None, *, cores: int | None = None, lo
     load = os.getloadavg()[0] if load is None else load
     threads = max(1, round(cores - load))
     ignored = f"{THREADS_ENV}={given!r} is not a whole number >= 1, so ignored; " if given else ""
-    return ThreadChoice(threads, f"{ignored}{cores} cores, 1-minute load {load:.2f}: the free ones, at least 1; "
-                                 f"set {THREADS_ENV} to choose")
+    return ThreadChoice(threads, f"{ignored}{cores} cores minus the 1-minute load {load:.2f}, at least 1; "
+                                 f"{THREADS_ENV} sets it instead")
 
 
 def use_threads(requested: int | None = None) -> ThreadChoice:

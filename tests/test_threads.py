@@ -12,7 +12,7 @@ from grpo_lab.threads import choose_threads
 def test_the_free_cores_at_least_one(cores, load, expected):
     choice = choose_threads(cores=cores, load=load, environ={})
     assert choice.threads == expected
-    assert f"{cores} cores, 1-minute load {load:.2f}" in str(choice)
+    assert f"{cores} cores minus the 1-minute load {load:.2f}, at least 1" in str(choice)
 
 
 def test_omp_num_threads_and_an_explicit_number_win_over_the_load():
@@ -47,7 +47,7 @@ def test_the_cli_says_which_count_it_uses_and_why(monkeypatch, capsys, torch_thr
     monkeypatch.setattr(cli, "_train", lambda config, progress, resume: 0)
     assert cli.main(["train", "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert "grpo-lab train: torch threads: 2 (3 cores, 1-minute load 0.60" in err and torch.get_num_threads() == 2
+    assert "grpo-lab train: torch threads: 2 (3 cores minus the 1-minute load 0.60" in err and torch.get_num_threads() == 2
     assert cli.main(["train", "--quiet", "--threads", "1"]) == 0
     assert "grpo-lab train: torch threads: 1 (as asked)" in capsys.readouterr().err and torch.get_num_threads() == 1
 
