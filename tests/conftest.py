@@ -3,6 +3,7 @@
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from grpo_lab.exact.bandit import single_thread
 
@@ -13,3 +14,12 @@ def one_thread() -> Iterator[None]:
     compared bit for bit (including the crash child) uses the same thread count."""
     with single_thread():
         yield
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept() -> Iterator[None]:
+    """``grpo-lab train | eval`` set torch's thread count for their process (grpo_lab.threads); a test that calls
+    the command line in this process gets the count back, so no later test runs on another."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
