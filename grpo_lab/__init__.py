@@ -1,39 +1,50 @@
 """grpo_lab — off-policy GRPO, step by step (the symbols of docs/theory.md throughout).
 
-Where things live: the algorithm at the top, one subpackage per kind of use.
+Where things live: the algorithm at the top, one subpackage per kind of use. Every module is named here, and
+every name here is a module (tests/test_layout.py checks both).
 
-=========================== ==========================================================
-``algorithm1``              Algorithm 1 on one page: one off-policy step, equation → code (read first)
-``advantages``              whitening A_α and the zero-variance mask m(x)         (§2)
-``objective``               ratios r, r′, clipped surrogate f_ε, KL, token weights (§3)
-``schedules``               when α ← π_θ (v, adaptive) and π_ref ← π_θ           (§5, §7)
-``sync_audit``              after each sync, did α take π_θ's weights? (``SyncError``)
-``plan``                    the rules of one step: advantages, mask, token weights, empty-step decision
-``rollout``                 a sampled batch, and the loop's protocols: Policy, Sampler, Task
-``loop``                    Algorithm 1, the one (v, i) loop                      (§5)
-``config``                  GRPOConfig, one field per knob
-``checks``                  the validators that name a bad value
-``threads``                 how many torch threads: the cores the load leaves free (``choose_threads``)
-``files``                   atomic writes, whole lines; DiskError for a full or read-only disk
-``exact/``                  exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4),
-                            ``closed_form`` (the live panel's engine), ``studies`` (notebook 01's
-                            numbers), ``digits_lm`` (the same terms exactly on SmolLM2)
-``lm/``                     language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged
-                            α in-process), ``sampling_vllm`` (α on vLLM), ``decoding`` (α's decoding
-                            forward), ``tasks``, ``rewards``, ``verifier_pool`` (math-verify's worker),
-                            ``text_task``, ``train_config``, ``build``, ``training``, ``evaluate``,
-                            ``checkpoint``, ``memory``, ``recipes``, ``group_view``, ``cli``
-``scale/``                  GPUs and wall clock: ``trl`` (the TRL adapter), ``launch``, ``costmodel``
-                            (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs)
-``study/``                  the studies, on exact J: ``frontier`` (notebook 02's lag frontier), time
-                            to accuracy against TRL (notebook 03: ``time_to_accuracy``, ``tta_units``,
-                            ``tta_trl``, ``passage``, ``tta_summary``), ``results``
-                            (statistics: t intervals, paired tests)
-``viz/``                    drawing only: display switch, figures, widgets, exercises, ``demo``
-=========================== ==========================================================
+=================== ==================================================================================
+``algorithm1``      Algorithm 1 on one page: one off-policy step, equation beside code (read first)
+``advantages``      whitening A_α and the zero-variance mask m(x)                         (§2)
+``objective``       ratios r, r′, clipped surrogate f_ε, KL, token weights                (§3)
+``plan``            the rules of one step: advantages, mask, token weights, the empty-step decision
+``schedules``       when α ← π_θ (v, adaptive) and π_ref ← π_θ                           (§5, §7)
+``protocols``       what the loop talks to (Policy, Sampler, ScoringSampler, Task) and the batch a
+                    sampler draws (Rollout)
+``loop``            Algorithm 1, the one (v, i) loop                                      (§5)
+``fingerprint``     the sync proof: the weights α serves fingerprinted against π_θ's
+``sync_audit``      after each sync, did α's behaviour move with π_θ's? (SyncError)
+``config``          GRPOConfig, one field per knob
+``checks``          the validators that name a bad value
+``threads``         how many torch threads: the cores the load leaves free (choose_threads)
+``files``           atomic writes, whole lines; DiskError for a full or read-only disk
+``provenance``      where a result was made: commit, CPU and GPU, library versions, threads, load
+``cli``             the ``grpo-lab`` command (train, eval): the entry point, imported by no module
+``exact/``          exact computations: ``bandit`` (J, L_α, TV, Theorem 1's bound, §4), ``closed_form``
+                    (the live panel's engine), ``bandit_lab`` (notebook 01's runs and numbers),
+                    ``digits_lm`` (the same terms exactly on SmolLM2), ``correction_bias`` (each
+                    correction's bias and variance under lag), ``strict_j`` and ``strict_answers``
+                    (exact J on a real LM by a token-tree walk)
+``lm/``             language models: ``models``, ``policy`` (log π_θ), ``sampling`` (the lagged α
+                    in-process), ``sampling_vllm`` (α on vLLM), ``decoding`` (α's decoding forward),
+                    ``tasks``, ``rewards``, ``verifier_pool`` (math-verify's worker), ``text_task``,
+                    ``train_config``, ``recipes``, ``build``, ``training``, ``background`` (a run a
+                    notebook draws as it trains), ``evaluate``, ``checkpoint``, ``memory`` and
+                    ``disk_guard`` (the checks before a run), ``group_view`` (one group of a run)
+``scale/``          GPUs and wall clock: ``trl`` (the TRL adapter), ``trl_surface`` (the TRL members it
+                    relies on), ``knobs`` (lab name ↔ TRL name), ``launch``, ``costmodel``
+                    (step(v) = gen + train + sync / v, §7), ``throughput`` (measured step costs),
+                    ``repeats`` (throughput repeated, the ratio with its interval)
+``stats/``          statistics over seeds, which know no study: ``intervals`` (Student's t, means
+                    with their intervals, Welch's t), ``sequential`` (group-sequential looks)
+``viz/``            drawing only: ``display`` (where figures go), ``plots`` and ``widgets`` (notebook
+                    01's figures and live panel), ``exercises``, ``demo`` (``make demo``),
+                    ``token_ratios`` (one group's r′ per token), ``dashboard`` (a run's metrics),
+                    ``throughput`` (notebook 03's figures)
+=================== ==================================================================================
 
-The top level imports only torch-level primitives; ``lm``, ``scale`` and ``study`` import
-``transformers`` (the ``llm`` extra) when you import them.
+The top level imports only torch-level primitives; ``lm`` and ``scale`` import ``transformers`` (the ``llm``
+extra) when you import them. The studies (``studies/`` of a checkout) are not part of the package.
 """
 
 from .advantages import whiten, zero_variance_mask
@@ -49,7 +60,7 @@ from .objective import (
     tv_terms,
 )
 from .plan import StepPlan, plan_step
-from .rollout import Policy, Rollout, Sampler, ScoringSampler, Task
+from .protocols import Policy, Rollout, Sampler, ScoringSampler, Task
 from .schedules import AdaptiveSyncSchedule, RefResetSchedule, SyncSchedule
 from .sync_audit import SyncError
 

@@ -64,7 +64,7 @@ from .advantages import whiten, zero_variance_mask
 from .config import GRPOConfig
 from .loop import optimizer_step
 from .objective import clipped_surrogate, kl_estimate, loss_weights, weighted_sum
-from .rollout import Policy, Sampler, Task
+from .protocols import Policy, Sampler, Task
 
 FIXED_KNOBS = ("sync", "eps_high", "band", "kl_kind", "kl_importance_weighted", "kl_weight_differentiable",
                "ref_period", "eps_placement", "unbiased_std", "mask_zero_variance", "mask_normalize", "empty_step",

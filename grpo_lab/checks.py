@@ -73,3 +73,25 @@ def require_same_shape(**tensors: torch.Tensor) -> None:
     shapes = {k: tuple(t.shape) for k, t in tensors.items()}
     if len(set(shapes.values())) > 1:
         raise ValueError(f"shape mismatch: {shapes}")
+
+
+LOG_PROB_TOLERANCE = 1e-3
+"""How far above 0 a log-probability may lie and still count as one (nats). A log-probability computed in float32,
+as the kit, TRL and vLLM compute theirs (log_softmax of float32 logits), is ≤ 0 up to rounding: a row of float32
+log-probs summed to 1 + 3.5e-7 in probability, so one value can exceed 0 by ~1e-6. Storing it in bfloat16 keeps its
+sign (rounding to a format never crosses 0). 1e-3 is a thousand times that rounding, and far below what a mistake
+passes: a probability or an importance ratio given as a log-probability is its own value, ≥ 1e-3 in any real batch
+(a ratio sits near 1). Log-probabilities computed by subtraction in bfloat16 itself (logit − logsumexp, each rounded
+to 8 bits) can be off by 2⁻⁸ times the logits' size in either direction: upcast before the log-softmax instead."""
+
+
+def require_log_probs(**tensors: torch.Tensor) -> None:
+    """Raise a ValueError naming the first tensor with a value above :data:`LOG_PROB_TOLERANCE`, and that value: a
+    log-probability is ≤ 0, so a positive one is a probability or a ratio passed where its log belongs. NaN is not
+    judged (the loss ignores the tokens that carry it); +inf is refused. One host read for all the tensors."""
+    peaks = [torch.where(t.isnan(), -math.inf, t.detach()).amax().double() if t.numel() else torch.tensor(-math.inf,
+             dtype=torch.float64) for t in tensors.values()]
+    for name, peak in zip(tensors, torch.stack([p.to(peaks[0].device) for p in peaks]).tolist()):
+        if peak > LOG_PROB_TOLERANCE:
+            raise ValueError(f"{name} must hold log-probabilities (≤ 0, up to {LOG_PROB_TOLERANCE:g}), got a value "
+                             f"of {peak:.6g}: pass log π, not a probability π or a ratio π/α")

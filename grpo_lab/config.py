@@ -162,7 +162,7 @@ class GRPOConfig:
     of every tensor it serves with π_θ's (:mod:`grpo_lab.fingerprint`), then, as a second line, a few tokens of
     the first batch sampled after a sync (the probe) are scored by the sampler and by π_θ, one small forward
     each per sync (:mod:`grpo_lab.sync_audit`); either raises :class:`~grpo_lab.sync_audit.SyncError`. A sampler
-    without ``prove_sync`` runs unproved, one without ``score`` (see :class:`~grpo_lab.rollout.ScoringSampler`)
+    without ``prove_sync`` runs unproved, one without ``score`` (see :class:`~grpo_lab.protocols.ScoringSampler`)
     without the probe (the loop warns once). The TRL adapter runs the same audit (``sync_audit``)."""
     offpolicy_split: bool = False
     """Split log r′ = log(π_k/α) at π_sync, the trainer's forward at the weights of the last sync, into

@@ -1,7 +1,7 @@
 """Algorithm 1 — the (v, i) loop (docs/theory.md §5), written once for every policy.
 
 The bandit, the language models and the benchmarks all run through
-:class:`GRPOLoop`. It talks to three small protocols (:mod:`grpo_lab.rollout`):
+:class:`GRPOLoop`. It talks to three small protocols (:mod:`grpo_lab.protocols`):
 
 * :class:`Policy` — a ``torch.nn.Module`` (π_θ) whose ``logprobs`` returns the
   log-probabilities of a rollout's completions, with gradient;
@@ -50,7 +50,7 @@ from .objective import (
     tv_terms,
 )
 from .plan import StepPlan, plan_step
-from .rollout import Policy, Rollout, Sampler, Task
+from .protocols import Policy, Rollout, Sampler, Task
 from .schedules import RefResetSchedule, make_sync_schedule
 from .sync_audit import SyncAudit, probe_of
 
@@ -190,7 +190,7 @@ class GRPOLoop:
         self.history: list[StepRecord] = []
         if config.offpolicy_split and not callable(getattr(sampler, "synced_logprobs", None)):
             raise ValueError(f"offpolicy_split = True needs log π_sync, but {type(sampler).__name__} has no "
-                             "synced_logprobs (see grpo_lab.rollout.ScoringSampler)")
+                             "synced_logprobs (see grpo_lab.protocols.ScoringSampler)")
         self.audit: SyncAudit | None = None
         if config.sync_audit and callable(getattr(sampler, "score", None)):
             # τ of the dtype π_θ's forward computes in (an LMPolicy's autocast dtype, else its weights')

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .checks import require_choice, require_number_in, require_same_shape
+from .checks import require_choice, require_log_probs, require_number_in, require_same_shape
 
 BANDS = ("additive", "multiplicative")
 KL_KINDS = ("k1", "k2", "k3")
@@ -69,28 +69,43 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
         r′  = exp(log π_k − log α)            (detached: π_k is fixed during the step)
         f_ε = min(r·A, clip(r, lo(r′), hi(r′))·A)      bounds from :func:`clip_bounds`
 
-    ========== ================ ====================================================
-    symbol     shape            meaning
-    ========== ================ ====================================================
-    log π_θ    ``[B, T]``       ``logp``: log-probs of the sampled tokens, current policy
-    log π_k    ``[B, T]``       ``logp_k``: same tokens, policy at the start of step k
-    log α      ``[B, T]``       ``logp_alpha``: same tokens, sampler's (lagged) policy
-    A          ``[B, 1]``/``[B, T]`` ``advantages``: whitened reward, broadcast over tokens
-    ε_low/high scalars          clip half-widths (``eps_high=None`` means = ``eps_low``)
-    f_ε        ``[B, T]``       returned, elementwise
-    ========== ================ ====================================================
+    ========== ====================== ====================================================
+    symbol     shape                  meaning
+    ========== ====================== ====================================================
+    log π_θ    ``[B, T]``             ``logp``: log-probs of the sampled tokens, current policy
+    log π_k    ``[B, T]``             ``logp_k``: same tokens, policy at the start of step k
+    log α      ``[B, T]``             ``logp_alpha``: same tokens, sampler's (lagged) policy
+    A          ``[B, 1]``, ``[B, T]`` ``advantages``: whitened reward, broadcast over tokens
+    ε_low/high scalars                clip half-widths (``eps_high=None`` means = ``eps_low``)
+    f_ε        ``[B, T]``             returned, elementwise
+    ========== ====================== ====================================================
 
     Exact reductions (tested): with α = π_k (r′ = 1) both bands give PPO's
     ``min(r A, clip(r, 1−ε, 1+ε) A)``; at logp = logp_k the gradient is r′·A·∇log π.
+
+    The three inputs are log-probabilities, not the ratios r, r′ themselves: a value above 0 (beyond
+    :data:`grpo_lab.checks.LOG_PROB_TOLERANCE`) raises a ValueError naming the argument. To evaluate f_ε at given
+    ratios, pass ``*ratios_as_log_probs(r, r_prime)`` (:func:`ratios_as_log_probs`).
     """
     eps_low, eps_high = clip_widths(eps_low, eps_high)
     require_choice("band", band, BANDS)
     require_same_shape(logp=logp, logp_k=logp_k, logp_alpha=logp_alpha)
+    require_log_probs(logp=logp, logp_k=logp_k, logp_alpha=logp_alpha)
     ratio = torch.exp(logp - logp_alpha)
     ratio_k = torch.exp(logp_k - logp_alpha).detach()
     low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
     clipped = torch.clamp(ratio, low, high)  # clamp passes the gradient at the bounds (ε = 0 keeps r′·A)
     return torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def ratios_as_log_probs(ratio: torch.Tensor, ratio_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log π_θ, log π_k, log α) whose ratios are ``ratio`` = π_θ/α and ``ratio_k`` = π_k/α (positive, one shape):
+    log α = −max(log r, log r′, 0) per element, so all three are log-probabilities (≤ 0), as
+    :func:`clipped_surrogate` requires. f_ε at given ratios is ``clipped_surrogate(*ratios_as_log_probs(r, r′), A)``."""
+    require_same_shape(ratio=ratio, ratio_k=ratio_k)
+    log_ratio, log_ratio_k = ratio.log(), ratio_k.log()
+    logp_alpha = -torch.maximum(log_ratio, log_ratio_k).clamp(min=0.0)
+    return log_ratio + logp_alpha, log_ratio_k + logp_alpha, logp_alpha
 
 
 def require_is_floor(is_floor: float | None) -> float | None:
@@ -180,8 +195,8 @@ def is_correction_terms(logp_k: torch.Tensor, logp_alpha: torch.Tensor, is_corre
     log α          ``[B, T]`` ``logp_alpha``
     C              scalar     ``is_cap`` > 1 (read by truncated, mask, icepop)
     a              scalar     ``is_floor`` in (0, 1) or None (read by icepop)
-    log ρ          ``[B, T]`` ``log_ratio``: None means log π_k − log α per
-                   /``[B, 1]``  token; at level sequence :func:`sequence_log_ratio`
+    log ρ          ``[B, T]`` ``log_ratio`` (``[B, 1]`` at level sequence, :func:`sequence_log_ratio`): None
+                              means log π_k − log α per token
     base           ``[B, T]`` returned: log of the ratios' denominator
     c              as log ρ   returned: the detached weight; None means c = 1
     ============== ========== ===============================================
@@ -320,13 +335,13 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") ->
     its gradient into the reverse KL's (:func:`kl_weight`, ``kl_weight_differentiable``). The table is the
     unweighted term's, which the kit uses by default.
 
-    ======== ========== ===============================================
-    symbol   shape      meaning
-    ======== ========== ===============================================
-    log π_θ  ``[B, T]`` ``logp``, sampled tokens under the current policy
+    ========= ========== ===============================================
+    symbol    shape      meaning
+    ========= ========== ===============================================
+    log π_θ   ``[B, T]`` ``logp``, sampled tokens under the current policy
     log π_ref ``[B, T]`` ``logp_ref``, same tokens under the reference
-    KL̂       ``[B, T]`` returned, elementwise
-    ======== ========== ===============================================
+    KL̂        ``[B, T]`` returned, elementwise
+    ========= ========== ===============================================
 
     The table is exact for one-token responses (the bandit). On sequences each term is the
     KL of the next-token distributions at the sampled prefix: on-policy the values sum to
@@ -537,6 +552,8 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
         raise ValueError(f"advantages must have shape [B] = [{logp.shape[0]}], got {tuple(advantages.shape)}")
     if beta > 0 and logp_ref is None:
         raise ValueError(f"beta = {beta} > 0 needs logp_ref (the reference policy's log-probs)")
+    given = dict(logp=logp, logp_alpha=logp_alpha, logp_k=logp_k, logp_ref=logp_ref)
+    require_log_probs(**{name: t for name, t in given.items() if t is not None})
     mask = weights > 0
     logp_k = logp.detach() if logp_k is None else logp_k.detach()
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import require_number_in
-from .rollout import Rollout
+from .protocols import Rollout
 
 AUDIT_TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2,
                                              torch.bfloat16: 5e-2}

@@ -37,7 +37,7 @@ def lag_frontier_table(summary: Mapping[str, Any]) -> str:
     j_auc = {(run["arm"], run["seed"]): run["j_auc"] for run in summary["runs"]}
 
     def paired_ci(c: Mapping[str, Any]) -> str:
-        from grpo_lab.stats.paired import mean_ci
+        from grpo_lab.stats.intervals import mean_ci
 
         mean, half = mean_ci([j_auc[(c["a"], s)] - j_auc[(c["b"], s)] for s in c["seeds"]])
         return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"

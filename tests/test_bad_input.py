@@ -79,3 +79,27 @@ def test_bandit_inputs_rejected():
 def test_bad_input_is_refused_clearly(case):
     with pytest.raises(case.error, match=case.pattern):
         case.call()
+
+
+def test_probabilities_or_ratios_passed_as_log_probs_are_refused_by_name():
+    """A log-probability is ≤ 0: the exercise's f(r, r′, A, ε) call order, or probabilities in place of their logs,
+    fails loudly instead of returning wrong numbers; real log-probs, in float32 or cast to bfloat16, pass."""
+    from grpo_lab.objective import ratios_as_log_probs
+    from grpo_lab.viz.exercises import solution_f_eps
+    r, r_prime, A = torch.tensor([1.3, 0.7, 1.0]), torch.tensor([1.1, 0.9, 1.0]), torch.tensor([1.0, -1.0, 0.5])
+    with pytest.raises(ValueError, match=r"logp must hold log-probabilities .* got a value of 1\.3"):
+        clipped_surrogate(r, r_prime, A, 0.2)                      # ratios where log-probs belong
+    logits = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(0)) * 8
+    logp = torch.log_softmax(logits, -1).amax(-1)                   # each row's likeliest token
+    with pytest.raises(ValueError, match="logp_alpha must hold log-probabilities"):
+        grpo_objective(logp, logp.exp(), torch.zeros(4), torch.ones(4, 3))   # probabilities for log α
+    with pytest.raises(ValueError, match="logp_ref must hold log-probabilities"):
+        grpo_objective(logp, logp, torch.zeros(4), torch.ones(4, 3), logp_ref=logp.exp(), beta=0.1)
+    # real log-probs pass: float32, the same cast to bfloat16, the top token of a peaked row (log p ≈ −1e-30),
+    # and float32 rounding above 0 well inside the tolerance
+    peaked = torch.log_softmax(torch.tensor([[[80.0, 0.0, 0.0]]]), -1)[..., 0].expand(4, 3)
+    for x in (logp, logp.to(torch.bfloat16).float(), peaked, torch.full((4, 3), 1e-6)):
+        grpo_objective(x, x, torch.zeros(4), torch.ones(4, 3))
+    # given ratios, ratios_as_log_probs gives log-probs whose f_ε is the exercise's
+    torch.testing.assert_close(clipped_surrogate(*ratios_as_log_probs(r, r_prime), A, 0.2),
+                               solution_f_eps(r, r_prime, A, 0.2))

@@ -301,7 +301,7 @@ def fake_records(v: int, steps: int = 9) -> list[StepRecord]:
 
 
 def notebook02() -> dict[str, Callable[[], tuple[go.Figure, int]]]:
-    from grpo_lab.viz.study_plots import token_ratio_figure
+    from grpo_lab.viz.token_ratios import token_ratio_figure
     from studies.lag_decided import plots as decided_plots
     from studies.lag_frontier import frontier
     from studies.lag_frontier import plots as frontier_plots

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_lab.stats.paired import t_cdf
+from grpo_lab.stats.intervals import t_cdf
 from studies.lag_frontier import frontier
 
 

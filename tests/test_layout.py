@@ -1,6 +1,6 @@
-"""The package's layout: the README's map names every module and every module it names exists; the import
-graph has no circle and no back arrow; the recipes ship with the package and results/ is found, or named as
-missing, outside an editable checkout."""
+"""The package's layout: the README's map and grpo_lab/__init__.py's each name every module, and every module
+they name exists; the wheel holds grpo_lab alone; the import graph has no circle and no back arrow; the recipes
+ship with the package and results/ is found, or named as missing, outside an editable checkout."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import ast
 import fnmatch
 import json
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,48 @@ def test_readme_map_names_every_module():
     modules = {str(p.relative_to(ROOT)) for p in ROOT.joinpath("grpo_lab").rglob("*.py") if p.name != "__init__.py"}
     assert modules - named == set(), f"modules missing from the README's map: {sorted(modules - named)}"
     assert named - modules == set(), f"the README's map names modules that do not exist: {sorted(named - modules)}"
+
+
+def package_map(docstring: str) -> dict[str, set[str]]:
+    """The modules the map in ``grpo_lab/__init__.py``'s docstring names: ``""`` → the top-level modules (each
+    row's ``name``), a subpackage → the ``module`` names of its row (``exact/`` and the lines below it). Only
+    names of word characters count (``make demo``, ``grpo-lab`` are not modules)."""
+    table = docstring.split("\n=")[1].split("\n=")[0]       # between the table's first two border lines
+    named: dict[str, set[str]] = {}
+    package = ""
+    for line in table.splitlines()[1:]:
+        names = re.findall(r"``([^`]+)``", line)
+        if not line.startswith(" "):                           # a row's first line: its key
+            key = names.pop(0)
+            package = key.rstrip("/") if key.endswith("/") else ""
+            named.setdefault(package, set())
+            if not package:
+                named[""].add(key)
+        named[package] |= {name for name in names if re.fullmatch(r"\w+", name)}
+    return named
+
+
+def test_the_package_map_names_every_module():
+    """``grpo_lab/__init__.py``'s map names every module, and every name in it is a module."""
+    import grpo_lab
+
+    found = {"": {p.stem for p in ROOT.joinpath(PACKAGE).glob("*.py") if p.name != "__init__.py"}}
+    for init in ROOT.joinpath(PACKAGE).glob("*/__init__.py"):
+        found[init.parent.name] = {p.stem for p in init.parent.rglob("*.py") if p.name != "__init__.py"}
+    named = package_map(grpo_lab.__doc__)
+    assert len(found) >= 6 and sum(map(len, found.values())) >= 50
+    for package in sorted(found.keys() | named.keys()):
+        where = f"grpo_lab/{package}/" if package else "grpo_lab/"
+        missing, stale = found.get(package, set()) - named.get(package, set()), named.get(package, set()) - found.get(
+            package, set())
+        assert not missing, f"modules of {where} missing from grpo_lab/__init__.py's map: {sorted(missing)}"
+        assert not stale, f"grpo_lab/__init__.py's map names {where} modules that do not exist: {sorted(stale)}"
+
+
+def test_the_map_reader_finds_rows_and_continuations():
+    doc = ("Intro ``not_a_row``.\n\n=== ===\n``loop``  the loop\n``lm/``  ``policy`` and\n"
+           "         ``sampling``, ``make demo``\n=== ===\n``after`` the table")
+    assert package_map(doc) == {"": {"loop"}, "lm": {"policy", "sampling"}}
 
 
 def test_every_subpackage_says_what_it_holds():
@@ -50,7 +96,7 @@ ALLOWED = {
 layer    modules                                             may import
 ======== =================================================== ==================================================
 core     the algorithm, ``grpo_lab/*.py`` (advantages,      core only: no subpackage
-         objective, plan, schedules, rollout, sync_audit,
+         objective, plan, schedules, protocols, sync_audit,
          loop, config, checks, files)
 lm       ``grpo_lab/lm/``                                    core, lm
 scale    ``grpo_lab/scale/``                                 core, lm, stats (repeats' intervals), scale
@@ -153,7 +199,7 @@ def back_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_the_package_has_no_import_circle_and_no_back_arrow():
     graph = import_graph(ROOT)
     assert len(graph) >= 50 and sum(map(len, graph.values())) >= 150      # the whole package was read
-    assert {"grpo_lab.plan", "grpo_lab.rollout", "grpo_lab.sync_audit"} <= graph["grpo_lab.loop"]
+    assert {"grpo_lab.plan", "grpo_lab.protocols", "grpo_lab.sync_audit"} <= graph["grpo_lab.loop"]
     assert "grpo_lab.lm.policy" in graph["grpo_lab.exact.digits_lm"]       # a subpackage's relative import
     assert "grpo_lab.exact.bandit_lab" in graph["grpo_lab.viz.demo"]          # from ..exact import bandit_lab
     assert cycles(graph) == [], f"import circles: {cycles(graph)}"
@@ -217,6 +263,34 @@ def test_the_recipes_ship_with_the_package():
         recipe_path("configs/cpu_arith_smollm2.yaml")
 
 
+@pytest.mark.slow
+def test_the_wheel_holds_the_library_alone(tmp_path):
+    """``pip install grpo-lab`` installs ``grpo_lab`` and nothing beside it (no ``studies`` in site-packages), with
+    the recipes inside. Built from a copy of the package and of every other top-level package's modules, so a
+    pattern in pyproject that picked up ``studies`` would show here."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / PACKAGE, source / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    others = [init.parent for init in ROOT.glob("*/__init__.py") if init.parent.name != PACKAGE]
+    assert "studies" in {folder.name for folder in others}
+    for folder in others:
+        for module in folder.rglob("*.py"):
+            target = source / module.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(module, target)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source),
+                    "-w", str(tmp_path / "wheel")], check=True, cwd=tmp_path, capture_output=True)
+    (wheel,) = (tmp_path / "wheel").glob("grpo_lab-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
+    assert top == {PACKAGE, wheel.name.split("-py")[0] + ".dist-info"}, f"the wheel's top level: {sorted(top)}"
+    recipes = {str(p.relative_to(ROOT)) for p in CONFIG_DIR.rglob("*.yaml")}
+    assert len(recipes) >= 10 and recipes - set(names) == set(), f"recipes missing: {sorted(recipes - set(names))}"
+    modules = {str(p.relative_to(ROOT)) for p in ROOT.joinpath(PACKAGE).rglob("*.py")}
+    assert modules - set(names) == set(), f"modules missing from the wheel: {sorted(modules - set(names))}"
+
+
 def test_each_study_readme_shows_its_summary():
     """A study's README table is generated from its summary.json (``python -m studies.readme``): a README edited by
     hand, or a summary rebuilt without regenerating it, fails here."""
@@ -265,22 +339,62 @@ def test_no_module_docstring_carries_an_issue_a_date_or_a_version():
         f"  {module}: {', '.join(found)}" for module, found in offenders.items())
 
 
-TABLE_CELL_CHARS = 160
-"""The longest table cell README and docs/benchmarks.md may hold, in visible characters (a link counts its text):
-a longer one is a paragraph, which belongs in a docs page."""
+TABLE_CELL_CHARS = 400
+"""The longest table cell any Markdown doc may hold, in visible characters (a link counts its text): a longer one
+is a paragraph, which belongs below the table."""
+
+INDEX_CELL_CHARS = {"README.md": 160, "docs/benchmarks.md": 160}
+"""Tighter limits for the two pages read as indexes."""
+
+NOT_DOCS = {"outputs", "runs", "node_modules", "build", "dist"}
+"""Folders whose Markdown is not the project's (hidden folders, such as a virtualenv, are skipped too)."""
 
 
-def test_no_table_cell_in_the_readme_or_the_benchmarks_is_a_paragraph():
+def markdown_docs(root: Path = ROOT) -> list[Path]:
+    """Every Markdown file of the checkout: README.md, docs/, the studies' READMEs, benchmarks/ and the rest."""
+    return sorted(p for p in root.rglob("*.md")
+                  if not any(part.startswith(".") or part in NOT_DOCS for part in p.relative_to(root).parts[:-1]))
+
+
+def long_cells(text: str, limit: int) -> list[str]:
+    """``"line: N characters: start…"`` for every table cell of ``text`` longer than ``limit`` visible characters;
+    an escaped pipe (``\\|``) stays inside its cell."""
     long = []
-    for name in ("README.md", "docs/benchmarks.md"):
-        for number, line in enumerate(ROOT.joinpath(name).read_text().splitlines(), start=1):
-            if not line.startswith("|") or set(line) <= set("|-: "):
-                continue
-            for cell in line.strip().strip("|").split("|"):
-                visible = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).strip()
-                if len(visible) > TABLE_CELL_CHARS:
-                    long.append(f"{name}:{number}: {len(visible)} characters: {visible[:60]}…")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith("|") or set(line) <= set("|-: "):
+            continue
+        for cell in re.split(r"(?<!\\)\|", line.strip().strip("|")):
+            visible = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).strip()
+            if len(visible) > limit:
+                long.append(f"{number}: {len(visible)} characters: {visible[:60]}…")
+    return long
+
+
+def test_long_cells_counts_visible_characters_and_escaped_pipes():
+    text = ("| a | b |\n|---|---|\n| " + "x" * 11 + " | [" + "y" * 10 + "](" + "z" * 50 + ") |\n"
+            "| " + "w" * 6 + " \\| " + "w" * 6 + " | ok |\n")
+    assert long_cells(text, 10) == ["3: 11 characters: " + "x" * 11 + "…", "4: 16 characters: wwwwww \\| wwwwww…"]
+    assert long_cells(text, 16) == []
+
+
+def test_no_table_cell_in_any_doc_is_a_paragraph():
+    docs = markdown_docs()
+    names = {str(p.relative_to(ROOT)) for p in docs}
+    assert {"README.md", "docs/metrics.md", "studies/lag_decided/README.md"} <= names and set(INDEX_CELL_CHARS) <= names
+    long = [f"{name}:{cell}" for path in docs
+            for name in [str(path.relative_to(ROOT))]
+            for cell in long_cells(path.read_text(), INDEX_CELL_CHARS.get(name, TABLE_CELL_CHARS))]
     assert not long, "\n".join(long)
+
+
+CLAIMS_INDEX_WORDS = 4000
+"""docs/benchmarks.md is an index (claim, figure, machine, command), read in one sitting; how figures were taken
+and what else the data show go to benchmarks/README.md."""
+
+
+def test_the_claims_index_stays_short():
+    words = len(ROOT.joinpath("docs", "benchmarks.md").read_text().split())
+    assert words <= CLAIMS_INDEX_WORDS, f"docs/benchmarks.md has {words} words: move prose to benchmarks/README.md"
 
 
 def test_every_notebook_cell_has_its_own_id():

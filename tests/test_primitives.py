@@ -128,7 +128,9 @@ def test_clipped_surrogate_hand_computed():
     # r = exp(log 1.5) = 1.5, r′ = exp(log 1.2) = 1.2, ε = 0.2
     # additive band [1.0, 1.4]: A = +1 → min(1.5, 1.4) = 1.4; A = −1 → min(−1.5, −1.4) = −1.5
     # multiplicative band [0.96, 1.44]: A = +1 → 1.44
-    logp, logp_k, logp_a = torch.log(torch.tensor([1.5, 1.5])), torch.log(torch.tensor([1.2, 1.2])), torch.zeros(2)
+    # log α = −1 (any log α ≤ −log 1.5 would do): log-probs are ≤ 0, and only the ratios enter f_ε
+    logp, logp_k, logp_a = (x - 1 for x in (torch.log(torch.tensor([1.5, 1.5])), torch.log(torch.tensor([1.2, 1.2])),
+                                            torch.zeros(2)))
     adv = torch.tensor([1.0, -1.0])
     f_add = clipped_surrogate(logp, logp_k, logp_a, adv, eps_low=0.2, band="additive")
     f_mul = clipped_surrogate(logp, logp_k, logp_a, adv, eps_low=0.2, band="multiplicative")
@@ -139,7 +141,7 @@ def test_clipped_surrogate_hand_computed():
                           torch.tensor([-1.0]), eps_low=0.2)
     assert torch.allclose(f, torch.tensor([-0.05]))
     # asymmetric: ε_low = 0.2, ε_high = 0.28 → upper 1 + 0.28
-    f = clipped_surrogate(torch.log(torch.tensor([2.0])), torch.zeros(1), torch.zeros(1), torch.tensor([1.0]),
+    f = clipped_surrogate(torch.log(torch.tensor([2.0])) - 1, -torch.ones(1), -torch.ones(1), torch.tensor([1.0]),
                           eps_low=0.2, eps_high=0.28)
     assert torch.allclose(f, torch.tensor([1.28]))
 
@@ -147,7 +149,7 @@ def test_clipped_surrogate_hand_computed():
 def test_clipped_surrogate_matches_plain_loop():
     g = torch.Generator().manual_seed(1)
     B, T = 6, 5
-    logp, logp_k, logp_a = (torch.randn(B, T, generator=g) * 0.3 for _ in range(3))
+    logp, logp_k, logp_a = (torch.randn(B, T, generator=g) * 0.3 - 2 for _ in range(3))
     adv = torch.randn(B, 1, generator=g)
     for band in ("additive", "multiplicative"):
         f = clipped_surrogate(logp, logp_k, logp_a, adv, eps_low=0.15, eps_high=0.25, band=band)
@@ -161,7 +163,7 @@ def test_clipped_surrogate_matches_plain_loop():
                 assert f[b, t].item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
 
 
-finite = st.floats(-2.0, 2.0, allow_nan=False)
+finite = st.floats(-4.0, 0.0, allow_nan=False)   # log-probabilities
 
 
 @given(logp=finite, logp_a=finite, adv=st.floats(-3, 3, allow_nan=False), eps=st.floats(0.0, 0.5))
@@ -250,8 +252,8 @@ def test_aggregate_loss_matches_plain_loop():
 def test_masked_groups_contribute_exactly_zero():
     g = torch.Generator().manual_seed(3)
     B, T = 6, 3
-    logp = torch.randn(B, T, generator=g, requires_grad=True)
-    logp_a = torch.randn(B, T, generator=g)
+    logp = torch.randn(B, T, generator=g).sub(5).requires_grad_(True)    # log-probs: ≤ 0
+    logp_a = torch.randn(B, T, generator=g) - 5
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])          # group 1 has zero variance
     adv = whiten(rewards).reshape(-1)
     keep = zero_variance_mask(rewards)
@@ -277,9 +279,8 @@ def test_batch_normalisation_is_unmasked_times_the_kept_fraction(beta):
     ``unmasked`` loss (and gradient) times the kept fraction of sequences; for ``bnpo`` of tokens."""
     g = torch.Generator().manual_seed(11)
     P, G, T = 5, 4, 3
-    logp = torch.randn(P * G, T, generator=g, dtype=torch.float64, requires_grad=True)
-    logp_a, logp_k = torch.randn(P * G, T, generator=g, dtype=torch.float64), torch.randn(P * G, T, generator=g,
-                                                                                           dtype=torch.float64)
+    logp = torch.randn(P * G, T, generator=g, dtype=torch.float64).sub(5).requires_grad_(True)    # log-probs: ≤ 0
+    logp_a, logp_k = (torch.randn(P * G, T, generator=g, dtype=torch.float64) - 5 for _ in range(2))
     rewards = torch.tensor([[1.0, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]])
     keep = zero_variance_mask(rewards)
     mask = torch.rand(P * G, T, generator=g) > 0.2
@@ -305,8 +306,8 @@ def test_batch_normalisation_is_unmasked_times_the_kept_fraction(beta):
 def test_with_beta_zero_the_mask_under_batch_changes_nothing(loss_type):
     """Masked groups have A = 0 exactly, so with β = 0 and the paper's normalisation the mask is a no-op."""
     g = torch.Generator().manual_seed(12)
-    logp = torch.randn(12, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    logp_a = torch.randn(12, 3, generator=g, dtype=torch.float64)
+    logp = torch.randn(12, 3, generator=g, dtype=torch.float64).sub(5).requires_grad_(True)    # log-probs: ≤ 0
+    logp_a = torch.randn(12, 3, generator=g, dtype=torch.float64) - 5
     rewards = torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
     mask = torch.ones(12, 3, dtype=torch.bool)
     results = []
@@ -385,8 +386,8 @@ def test_all_masked_batch_gives_exact_zero_loss():
 def test_run_ids_normalise_each_run_separately():
     # two runs stacked: the gradient of run 0's rows equals run 0 computed alone
     g = torch.Generator().manual_seed(4)
-    logp = torch.randn(8, 3, generator=g, requires_grad=True)
-    logp_a, adv = torch.randn(8, 3, generator=g), torch.randn(8, generator=g)
+    logp = torch.randn(8, 3, generator=g).sub(5).requires_grad_(True)    # log-probs: ≤ 0
+    logp_a, adv = torch.randn(8, 3, generator=g) - 5, torch.randn(8, generator=g)
     mask = torch.rand(8, 3, generator=g) > 0.2
     run_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     for loss_type in ("grpo", "bnpo", "dr_grpo"):
@@ -402,8 +403,8 @@ def test_run_ids_normalise_each_run_separately():
 
 def test_micro_batches_with_global_weights_are_exact():
     g = torch.Generator().manual_seed(5)
-    logp = torch.randn(6, 4, generator=g, requires_grad=True)
-    logp_a, adv = torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
+    logp = torch.randn(6, 4, generator=g).sub(5).requires_grad_(True)    # log-probs: ≤ 0
+    logp_a, adv = torch.randn(6, 4, generator=g) - 5, torch.randn(6, generator=g)
     mask = torch.rand(6, 4, generator=g) > 0.3
     for loss_type in ("grpo", "bnpo", "dr_grpo"):
         w = loss_weights(mask, loss_type, dtype=torch.float64)
@@ -414,11 +415,11 @@ def test_micro_batches_with_global_weights_are_exact():
 
 
 def test_sequence_level_ratio_is_length_normalised():
-    # one sequence of 2 tokens: log-ratio per token 0.2 and 0.4 → sequence ratio exp(0.3)
-    logp = torch.tensor([[0.2, 0.4]], requires_grad=True)
-    zero = torch.zeros(1, 2)
+    # one sequence of 2 tokens: log-ratio per token 0.2 and 0.4 against log α = −1 → sequence ratio exp(0.3)
+    logp = torch.tensor([[-0.8, -0.6]], requires_grad=True)
+    logp_a = torch.full((1, 2), -1.0)
     weights = loss_weights(torch.ones(1, 2, dtype=torch.bool), dtype=logp.dtype)    # ½ each: the token mean
-    loss, _ = grpo_objective(logp, zero, torch.tensor([1.0]), weights, logp_k=logp.detach(), level="sequence",
+    loss, _ = grpo_objective(logp, logp_a, torch.tensor([1.0]), weights, logp_k=logp.detach(), level="sequence",
                              eps_low=0.5)
     assert loss.item() == pytest.approx(-math.exp(0.3))
     loss.backward()
@@ -427,9 +428,9 @@ def test_sequence_level_ratio_is_length_normalised():
 
 def test_objective_metrics_hand_computed():
     # r′ = 1 (α = π_k); r = 1.5 with A = +1 (above 1.2 → clipped high), r = 0.5 with A = −1 (below 0.8 → clipped low)
-    logp = torch.log(torch.tensor([[1.5], [0.5], [1.0], [1.0]]))
-    logp_k = torch.zeros(4, 1)
-    _, m = grpo_objective(logp, torch.zeros(4, 1), torch.tensor([1.0, -1.0, 1.0, -1.0]),
+    logp = torch.log(torch.tensor([[1.5], [0.5], [1.0], [1.0]])) - 1     # against log α = log π_k = −1
+    logp_k = torch.full((4, 1), -1.0)
+    _, m = grpo_objective(logp, logp_k.clone(), torch.tensor([1.0, -1.0, 1.0, -1.0]),
                           loss_weights(torch.ones(4, 1, dtype=torch.bool), dtype=logp.dtype),
                           logp_k=logp_k, eps_low=0.2)
     assert m["clip_high_frac"] == 0.25 and m["clip_low_frac"] == 0.25
@@ -567,7 +568,7 @@ def test_every_correction_loss_against_a_plain_loop(is_correction, cap, floor, l
     from grpo_lab.objective import grpo_objective, loss_weights
     g = torch.Generator().manual_seed(5)
     B, T, eps = 12, 5, 0.2
-    logp_alpha = -1 - torch.rand(B, T, generator=g, dtype=torch.float64)
+    logp_alpha = -5 - torch.rand(B, T, generator=g, dtype=torch.float64)
     logp_k = logp_alpha + 0.9 * torch.randn(B, T, generator=g, dtype=torch.float64)
     logp = logp_k + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     adv = torch.randn(B, generator=g, dtype=torch.float64)

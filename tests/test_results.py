@@ -1,11 +1,11 @@
-"""The studies' statistics (grpo_lab/stats/paired.py): Student's t in closed form and t intervals over seeds."""
+"""Student's t and its intervals (grpo_lab/stats/intervals.py): t in closed form and t intervals over seeds."""
 
 import math
 
 import numpy as np
 import pytest
 
-from grpo_lab.stats.paired import mean_ci, t_975, t_cdf, t_quantile
+from grpo_lab.stats.intervals import mean_ci, t_975, t_cdf, t_quantile
 
 
 def test_mean_ci_is_students_t():

@@ -13,7 +13,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.commands.launch import launch_command_parser
 from accelerate.utils import DistributedType
 from datasets import Dataset
-from trl import GRPOConfig
+from trl import GRPOConfig as TRLGRPOConfig
 from trl.scripts.vllm_serve import build_command, make_parser
 
 from grpo_lab.lm.recipes import CONFIG_DIR, load_launch_recipe
@@ -110,7 +110,7 @@ def test_server_mode_arguments_build_without_a_gpu():
     assert (args.vllm_group_port, args.vllm_server_base_url, args.bf16) == (51300, None, True)
     assert args.per_device_train_batch_size * 4 * args.gradient_accumulation_steps == 32 * 8  # P·G over 4 GPUs
     stock = gl.stock_trl_config(launch_recipe.config, {**launch_recipe.trl, "use_cpu": True}, num_processes=4)
-    assert type(stock) is GRPOConfig and (stock.vllm_mode, stock.vllm_server_host) == ("server", "10.1.2.3")
+    assert type(stock) is TRLGRPOConfig and (stock.vllm_mode, stock.vllm_server_host) == ("server", "10.1.2.3")
 
 
 class FakeClient:

@@ -13,9 +13,9 @@ from reliability_runs import problems, tiny_model, tokenizer
 from script_module import load_script
 
 from grpo_lab.lm.train_config import TrainConfig
-from grpo_lab.stats import passage
-from grpo_lab.stats.paired import welch_tost
 from studies.locks import UnitLock
+from studies.stats import passage
+from studies.stats.comparisons import welch_tost
 from studies.steps_to_target import design as std
 from studies.steps_to_target.summary import (
     agrees,

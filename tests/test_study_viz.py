@@ -30,7 +30,7 @@ from grpo_lab.lm.sampling import stop_and_pad_ids
 from grpo_lab.lm.tasks import all_questions
 from grpo_lab.lm.train_config import TrainConfig
 from grpo_lab.lm.training import load_metrics
-from grpo_lab.viz.study_plots import token_ratio_figure
+from grpo_lab.viz.token_ratios import token_ratio_figure
 from studies.lag_frontier import frontier
 from studies.lag_frontier.live_panel import LivePanel, eval_subset
 

@@ -14,7 +14,7 @@ import torch
 from reliability_runs import problems, tiny_model, tokenizer
 
 from grpo_lab.lm.train_config import TrainConfig
-from grpo_lab.stats import passage
+from studies.stats import passage
 from studies.time_to_accuracy import design as tta
 from studies.time_to_accuracy import units as tta_units
 from studies.time_to_accuracy.plots import tta_curves_figure, tta_ratio_figure

@@ -22,10 +22,11 @@ import copy
 import pytest
 import torch
 from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig as TRLGRPOConfig
+from trl import GRPOTrainer
 from trl_two_process import TRAIN_PROMPTS, build_tiny_model
 
-from grpo_lab.config import GRPOConfig as KitConfig
+from grpo_lab.config import GRPOConfig
 from grpo_lab.objective import (
     clipped_surrogate,
     grpo_objective,
@@ -81,7 +82,7 @@ def trl_trainer(model_dir: str, out: str, mismatch: float, spread: float = 0.0,
                 **trl_args) -> tuple[GRPOTrainer, Engine]:
     """Stock GRPOTrainer, built without vLLM, then given the engine above: the vLLM branches of TRL's own code run.
     ``trl_args``: more of TRL's own arguments (its importance-sampling mode and bounds)."""
-    config = GRPOConfig(output_dir=out, per_device_train_batch_size=G, gradient_accumulation_steps=1,
+    config = TRLGRPOConfig(output_dir=out, per_device_train_batch_size=G, gradient_accumulation_steps=1,
                         steps_per_generation=S, num_generations=G, max_completion_length=8, learning_rate=0.05,
                         loss_type="grpo", max_steps=STEPS, logging_steps=1, report_to="none",
                         save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True, seed=0, **trl_args)
@@ -239,18 +240,18 @@ def test_every_correction_value_has_a_trl_row_and_the_default_is_trls():
     equals the stock config's, the clip's level included."""
     from grpo_lab.objective import IS_CORRECTIONS
     assert [row.value for row in TRL_IS_MODES] == list(IS_CORRECTIONS)
-    stock = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
-    default = trl_correction_arguments(KitConfig(**TRL_MODES[TRL_DEFAULT], kl_weight_differentiable=True))
+    stock = TRLGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
+    default = trl_correction_arguments(GRPOConfig(**TRL_MODES[TRL_DEFAULT], kl_weight_differentiable=True))
     assert {name: getattr(stock, name) for name in default} == default
     assert default["importance_sampling_level"] == "token"
     assert default["vllm_importance_sampling_mode"] == "sequence_mask"
     assert stock.vllm_importance_sampling_clip_min is None and stock.use_bias_correction_kl and stock.beta == 0
     with pytest.raises(ValueError, match="is_correction = 'ratio' with level = 'sequence'"):
-        trl_correction_arguments(KitConfig(is_correction="ratio", level="sequence", band="multiplicative"))
+        trl_correction_arguments(GRPOConfig(is_correction="ratio", level="sequence", band="multiplicative"))
     with pytest.raises(ValueError, match="band = 'additive' has no TRL equal"):
-        trl_correction_arguments(KitConfig(is_correction="ratio"))
+        trl_correction_arguments(GRPOConfig(is_correction="ratio"))
     with pytest.raises(ValueError, match="is_level = 'sequence' differs from level = 'token', but is_correction = "):
-        KitConfig(is_correction="ratio", is_level="sequence")
+        GRPOConfig(is_correction="ratio", is_level="sequence")
 
 
 @pytest.mark.parametrize(("mode", "kl"), CASES)
@@ -259,7 +260,7 @@ def test_the_mapping_refuses_exactly_where_trls_kl_weight_is_not_the_kits(mode, 
     "sequence"), the kit by π_θ/base per token: the mapping refuses ``ratio`` (base α) and the sequence-level clip
     there, and nothing else; at β > 0 the KL's arguments are the kit's β and weight. The detached weight and the
     other estimators have no TRL equal."""
-    knobs = KitConfig(**TRL_MODES[mode], **KL_SETTINGS[kl])
+    knobs = GRPOConfig(**TRL_MODES[mode], **KL_SETTINGS[kl])
     if refused(mode, kl):
         with pytest.raises(ValueError, match="kl_weight_differentiable = True at beta = 0.3 .* has no TRL equal"):
             trl_correction_arguments(knobs)
@@ -273,7 +274,7 @@ def test_the_mapping_refuses_exactly_where_trls_kl_weight_is_not_the_kits(mode, 
             trl_correction_arguments(knobs.replace(kl_importance_weighted=True, kl_weight_differentiable=False))
 
 
-def kit_loss(trainer: GRPOTrainer, knobs: KitConfig):
+def kit_loss(trainer: GRPOTrainer, knobs: GRPOConfig):
     """grpo_objective's loss on a recorded TRL step: π_θ, π_old as π_k, the engine's log-probs as log α, TRL's
     advantages, π_ref and its ε, the grpo weights of the micro-batch."""
     args = ObjectiveArgs.of(knobs.replace(eps_low=trainer.args.epsilon, eps_high=trainer.args.epsilon_high))
@@ -295,7 +296,7 @@ def test_trls_weight_loss_and_gradient_equal_the_kits_for_each_mode(model_dir, t
     lagged steps (every second one) π_θ ≠ π_old, so the clip is in the comparison too, at its own level. The batch
     has weights on both sides of each bound (asserted): a wrong bound, a mean in place of TRL's sum, a cap in place
     of a mask, or the correction's level moved with the clip's would fail."""
-    knobs = KitConfig(**TRL_MODES[mode], **KL_SETTINGS[kl])
+    knobs = GRPOConfig(**TRL_MODES[mode], **KL_SETTINGS[kl])
     arguments = trl_correction_arguments(knobs)
     trainer, _ = trl_trainer(model_dir, str(tmp_path / "out"), 0.0, SPREAD, **arguments)
     seen = train_and_record(trainer, {"kit": kit_loss(trainer, knobs)})
@@ -332,7 +333,7 @@ def test_trls_weight_loss_and_gradient_equal_the_kits_for_each_mode(model_dir, t
     assert max(float((s["pi_k"] - s["old"])[s["mask"]].abs().max()) for s in lagged) > 0.02  # π_θ ≠ π_old
 
 
-def trls_kl_weight(trainer: GRPOTrainer, knobs: KitConfig):
+def trls_kl_weight(trainer: GRPOTrainer, knobs: GRPOConfig):
     """The loss TRL computes where the mapping refuses: the kit's at β = 0 plus β·Σ w·k3·ρ, with TRL's
     ``coef_1`` ρ = π_θ/π_old per token, or exp(mean_t log π_θ/π_old) per sequence at level sequence, with its
     gradient (``_compute_loss``: ``per_token_kl = per_token_kl * coef_1``)."""
@@ -358,7 +359,7 @@ def test_where_the_mapping_refuses_trl_weights_the_kl_by_pi_old_not_the_kits_bas
     the values even where π_θ = π_old) and π_θ/π_k per token at the sequence level (the same value right after a
     generation, another gradient)."""
     assert refused(mode, WEIGHTED)
-    knobs = KitConfig(**TRL_MODES[mode], **KL_SETTINGS[WEIGHTED])
+    knobs = GRPOConfig(**TRL_MODES[mode], **KL_SETTINGS[WEIGHTED])
     arguments = trl_correction_arguments(knobs.replace(kl_weight_differentiable=False))
     arguments["use_bias_correction_kl"] = True
     trainer, _ = trl_trainer(model_dir, str(tmp_path / "out"), 0.0, SPREAD, **arguments)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from trl import GRPOConfig as TRLConfig
+from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 from trl_two_process import TRAIN_PROMPTS, build_tiny_model
 
@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trainer(model_dir, tmp_path_factory):
     """Stock GRPOTrainer, TRL's defaults except β > 0 (and the CPU/float32 plumbing)."""
-    config = TRLConfig(output_dir=str(tmp_path_factory.mktemp("out")), beta=BETA, per_device_train_batch_size=B,
+    config = TRLGRPOConfig(output_dir=str(tmp_path_factory.mktemp("out")), beta=BETA, per_device_train_batch_size=B,
                        num_generations=4, max_completion_length=T, report_to="none", save_strategy="no",
                        use_cpu=True, bf16=False, disable_tqdm=True, seed=0)
     with warnings.catch_warnings():
@@ -82,9 +82,9 @@ def trl_and_kit_gradients(trainer, off_policy: bool, **kit_options) -> tuple[tor
     with torch.no_grad():
         current = logps(trainer, batch)
     inputs = {k: v for k, v in batch.items() if not k.startswith("_")}
-    inputs["ref_per_token_logps"] = current + batch["_ref_shift"]
+    inputs["ref_per_token_logps"] = (current + batch["_ref_shift"]).clamp(max=0.0)   # log-probs: ≤ 0
     if off_policy:
-        inputs["old_per_token_logps"] = current + batch["_old_shift"]
+        inputs["old_per_token_logps"] = (current + batch["_old_shift"]).clamp(max=0.0)
     trl_grad = gradient(trainer, trainer._compute_loss(trainer.model, inputs))
 
     logp = logps(trainer, batch)

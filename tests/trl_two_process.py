@@ -110,9 +110,10 @@ def run_fixed_batch(trainer: OffPolicyGRPOTrainer) -> dict[str, Any]:
     with torch.no_grad():
         logp_now = trainer._logps(model, out)
     T = logp_now.shape[1]
-    out["sampling_per_token_logps"] = logp_now + noise_alpha[:, :T]  # α ≠ π_θ
-    out["old_per_token_logps"] = logp_now + noise_k[:, :T]  # π_k ≠ π_θ, ≠ α
-    out["ref_per_token_logps"] = logp_now + noise_ref[:, :T]  # π_ref ≠ π_θ: the KL has a gradient
+    # perturbed log-probs stay log-probs (≤ 0; padding holds 0): the loss refuses a positive one
+    out["sampling_per_token_logps"] = (logp_now + noise_alpha[:, :T]).clamp(max=0.0)  # α ≠ π_θ
+    out["old_per_token_logps"] = (logp_now + noise_k[:, :T]).clamp(max=0.0)  # π_k ≠ π_θ, ≠ α
+    out["ref_per_token_logps"] = (logp_now + noise_ref[:, :T]).clamp(max=0.0)  # π_ref ≠ π_θ: the KL has a gradient
     batches = split_tensor_dict(shuffle_sequence_dict(out), trainer.args.gradient_accumulation_steps)
     model.zero_grad()
     for name in ("tv_estimate", *RATIO_DIAGNOSTICS):

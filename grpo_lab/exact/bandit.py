@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from ..checks import require_choice, require_int_at_least, require_number_in
 from ..config import GRPOConfig
 from ..loop import GRPOLoop
 from ..objective import KL_KINDS
-from ..rollout import Rollout
+from ..protocols import Rollout
 
 MAX_EPS_STD = 0.75  # keeps σ = sqrt(σ² + ε_std) <= 1, where Theorem 1's weight (1−σ)/σ is >= 0
 
@@ -233,6 +234,33 @@ class BanditTask:
     def bernoulli(self, prompts: torch.Tensor, arms: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Rewards ``[R·P, G]`` ~ Bernoulli(p[x, y]) for contexts ``prompts [R·P]`` and ``arms [R·P, G]``."""
         return torch.bernoulli(self.problem.p[prompts[:, None], arms], generator=generator)
+
+
+class BanditGroup(NamedTuple):
+    """One prompt's group: G arms drawn from α, their log α and their 0/1 rewards, each ``[G]``."""
+
+    arms: torch.Tensor
+    logp_alpha: torch.Tensor
+    rewards: torch.Tensor
+
+
+def sample_bandit_group(problem: BanditProblem, logits: torch.Tensor, context: int, G: int,
+                        generator: torch.Generator) -> BanditGroup:
+    """Sample one group of G answers to ``context`` from α = softmax(``logits [C, K]``) and score them: what the
+    loop's sampler and task do for one prompt (:class:`LaggedTabularSampler`, :class:`BanditTask`), without a loop.
+    The entry point for using the primitives by hand (README, *Use the primitives*)."""
+    require_int_at_least("G", G, 2)
+    if tuple(logits.shape) != tuple(problem.p.shape):
+        raise ValueError(f"logits must have the problem's shape [C, K] = {list(problem.p.shape)}, "
+                         f"got {list(logits.shape)}")
+    if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context < problem.contexts:
+        raise ValueError(f"context must be an integer in [0, {problem.contexts}), got {context!r}")
+    sampler = LaggedTabularSampler(1, problem.contexts, problem.arms)
+    sampler.logits[0] = logits.detach()
+    prompt = torch.tensor([context])
+    arms, logp_alpha = sampler.draw(prompt, G, generator)
+    rewards = BanditTask(problem, 1).bernoulli(prompt, arms, generator)
+    return BanditGroup(arms[0], logp_alpha[0], rewards[0])
 
 
 # ----------------------------------------------------------------------------- running an experiment

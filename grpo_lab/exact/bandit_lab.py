@@ -18,7 +18,7 @@ import torch
 from ..advantages import whiten, zero_variance_mask
 from ..checks import require_int_at_least, require_number_in
 from ..config import GRPOConfig, smoke_mode
-from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate
+from ..objective import KL_KINDS, clip_bounds, clipped_surrogate, kl_estimate, ratios_as_log_probs
 from ..scale.costmodel import StepCostModel, paper_cost_model
 from .bandit import (
     BanditProblem,
@@ -112,9 +112,8 @@ def example_batch(problem: BanditProblem, config: GRPOConfig, seed: int = 0, max
 def surrogate_curves(ratio: torch.Tensor, ratio_ks: list[float], advantage: float, eps: float,
                      band: str) -> torch.Tensor:
     """f_ε(r, r′, A) for each r′ in ``ratio_ks`` over the grid ``ratio`` (α ≡ 1), ``[len(ratio_ks), N]``."""
-    logp = ratio.log()
-    rows = [clipped_surrogate(logp, torch.full_like(logp, float(np.log(rk))), torch.zeros_like(logp),
-                              torch.full_like(logp, advantage), eps, band=band) for rk in ratio_ks]
+    rows = [clipped_surrogate(*ratios_as_log_probs(ratio, torch.full_like(ratio, rk)),
+                              torch.full_like(ratio, advantage), eps, band=band) for rk in ratio_ks]
     return torch.stack(rows)
 
 
@@ -169,7 +168,7 @@ def policy_trajectory(problem: BanditProblem, config: GRPOConfig) -> torch.Tenso
 
 
 @dataclass
-class KLStudy:
+class KLEstimates:
     """Each estimator's exact mean and per-sample std when y ~ α = π_{k−lag}, against KL(π_k ‖ π_ref)."""
 
     lags: np.ndarray                # [L]
@@ -190,7 +189,7 @@ def lagged_tables(trajectory: torch.Tensor, lags: list[int],
     return trajectory[last], trajectory[last - ref_lag], [trajectory[last - lag] for lag in lags]
 
 
-def kl_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLStudy:
+def kl_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLEstimates:
     """π = last table, π_ref = ``ref_lag`` steps earlier, α = ``lag`` steps earlier.
 
     Expectations are exact sums over the K arms (contexts weighted uniformly),
@@ -209,11 +208,11 @@ def kl_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLStudy
             m.append(first)
             s.append(max(second - first ** 2, 0.0) ** 0.5)
         mean[kind], std[kind] = np.array(m), np.array(s)
-    return KLStudy(np.array(lags), exact, mean, std, iw)
+    return KLEstimates(np.array(lags), exact, mean, std, iw)
 
 
 @dataclass
-class KLGradientStudy:
+class KLGradients:
     """Each estimator's exact expected gradient (w.r.t. the logits) as a loss term, y ~ α = π_{k−lag},
     unweighted and weighted by the detached π/α, against the gradients of the exact KLs."""
 
@@ -230,7 +229,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a * b).sum()) / (na * nb) if na > 1e-12 and nb > 1e-12 else float("nan")
 
 
-def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLGradientStudy:
+def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -> KLGradients:
     """π, π_ref and α as in :func:`kl_study`; gradients by :func:`grpo_lab.exact.bandit.kl_expected_gradient`
     (flattened over contexts), the exact KLs' by autograd. ``gap`` holds the largest entry-wise distance of
     each claim: ``k1 = 0``, ``k2 = ∇reverse``, ``k3 = ∇forward`` on-policy, and ``weighted = on-policy`` at
@@ -257,14 +256,14 @@ def kl_gradient_study(trajectory: torch.Tensor, lags: list[int], ref_lag: int) -
            "k2 = ∇KL(π‖π_ref)": float((on_policy["k2"] - reverse).abs().max()),
            "k3 = ∇KL(π_ref‖π)": float((on_policy["k3"] - forward).abs().max()),
            "weighted = on-policy": weighted_gap}
-    return KLGradientStudy(np.array(lags), float(reverse.norm()), _cosine(forward, reverse),
+    return KLGradients(np.array(lags), float(reverse.norm()), _cosine(forward, reverse),
                            {k: np.array(v) for k, v in cosine.items()}, {k: np.array(v) for k, v in norm.items()}, gap)
 
 
 # ----------------------------------------------------------------------------- §4 Theorem 1 against v
 
 @dataclass
-class LagStudy:
+class LagSweep:
     """Means over steps, runs and contexts of Theorem 1's pieces for each sync period v."""
 
     v: np.ndarray             # [n]
@@ -275,7 +274,7 @@ class LagStudy:
     violations: int           # entries (step, run, context) where improvement < bound
 
 
-def lag_study(problem: BanditProblem, config: GRPOConfig, vs: list[int], runs: int) -> LagStudy:
+def lag_study(problem: BanditProblem, config: GRPOConfig, vs: list[int], runs: int) -> LagSweep:
     """Train with each v (``track_bound=True``) and average the bound's terms."""
     rows = []
     for v in vs:
@@ -283,11 +282,11 @@ def lag_study(problem: BanditProblem, config: GRPOConfig, vs: list[int], runs: i
         rows.append((r.tv_pi_alpha.mean(), r.tv_pik_alpha.mean(), r.bound.mean(), r.improvement.mean(),
                      int((r.improvement < r.bound).sum())))
     a, b, c, d, e = zip(*rows, strict=True)
-    return LagStudy(np.array(vs), np.array(a), np.array(b), np.array(c), np.array(d), sum(e))
+    return LagSweep(np.array(vs), np.array(a), np.array(b), np.array(c), np.array(d), sum(e))
 
 
 @dataclass
-class BoundConstantsStudy:
+class BoundConstants:
     """Theorem 1 with the paper's constants and with the tight ones, per step, run and context ``[steps, R, C]``:
 
     ============== ====================================================================
@@ -305,14 +304,12 @@ class BoundConstantsStudy:
 
 
 def tight_lower_bound(L: Array, sigma: Array, tv_pi_alpha: Array, tv_pik_alpha: Array) -> Array:
-    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch)::
-
-        L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)
-    """
+    """Theorem 1 with the tight constants (docs/theory.md §4), elementwise (numpy or torch):
+    L_α(π) − (1 − σ)/σ · TV(π, α) − TV(π_k, α)."""
     return L - (1 - sigma) / sigma * tv_pi_alpha - tv_pik_alpha
 
 
-def bound_constants_study(problem: BanditProblem, config: GRPOConfig, runs: int) -> BoundConstantsStudy:
+def bound_constants_study(problem: BanditProblem, config: GRPOConfig, runs: int) -> BoundConstants:
     """Train ``runs`` stacked runs through the loop (as :func:`~grpo_lab.exact.bandit.run_bandit` with
     ``track_bound=True``: the same draws) and evaluate both versions of the bound on the exact tables."""
     require_int_at_least("runs", runs, 1)
@@ -329,7 +326,7 @@ def bound_constants_study(problem: BanditProblem, config: GRPOConfig, runs: int)
             L, sigma = surrogate_L(pi, alpha, problem.p, config.eps_std), sigma_alpha(alpha, problem.p, config.eps_std)
             rows["tight"].append(tight_lower_bound(L, sigma, drift_now, drift_before))
             rows["ceiling"].append(drift_now - drift_before)
-    return BoundConstantsStudy(**{key: torch.stack(values).numpy() for key, values in rows.items()})
+    return BoundConstants(**{key: torch.stack(values).numpy() for key, values in rows.items()})
 
 
 # ----------------------------------------------------------------------------- §5 v and i on a timeline
@@ -470,7 +467,7 @@ def train_runs(problem: BanditProblem, config: GRPOConfig, runs: int) -> BanditR
 
 
 @dataclass
-class MaskOptimizerStudy:
+class MaskOptimizerRuns:
     """The mask's arms (:data:`MASK_ARMS`) under each optimiser (:data:`OPTIMIZER_SETTINGS`), runs alone.
 
     Keys are ``(setting, arm)``; arrays ``[steps (+ 1 for J), R]``."""
@@ -485,7 +482,7 @@ class MaskOptimizerStudy:
         return float(np.abs(self.J[setting, a] - self.J[setting, b]).max())
 
 
-def mask_optimizer_study(problem: BanditProblem, config: GRPOConfig, runs: int) -> MaskOptimizerStudy:
+def mask_optimizer_study(problem: BanditProblem, config: GRPOConfig, runs: int) -> MaskOptimizerRuns:
     """Every arm of :data:`MASK_ARMS` under every setting of :data:`OPTIMIZER_SETTINGS`, ``runs`` runs alone."""
     J, norms, masked, clip = {}, {}, {}, {}
     for setting, optimizer in OPTIMIZER_SETTINGS.items():
@@ -496,7 +493,7 @@ def mask_optimizer_study(problem: BanditProblem, config: GRPOConfig, runs: int) 
             J[setting, arm] = np.concatenate([r.J for r in alone], axis=1)
             norms[setting, arm] = np.stack([r.grad_norm for r in alone], axis=1)
             masked[setting, arm] = np.stack([r.masked_frac for r in alone], axis=1)
-    return MaskOptimizerStudy(J, norms, masked, clip)
+    return MaskOptimizerRuns(J, norms, masked, clip)
 
 
 def final_reward(run: BanditRun) -> tuple[float, float]:

@@ -50,7 +50,7 @@ from ..lm.tasks import Problem
 from ..lm.text_task import TextTask
 from ..loop import GRPOLoop
 from ..objective import tv_terms
-from ..rollout import Rollout
+from ..protocols import Rollout
 from . import bandit
 
 DIGITS = tuple("0123456789")

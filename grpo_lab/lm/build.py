@@ -2,6 +2,8 @@
 
     load_policy(model) ─► LMPolicy (π_θ) ─► HFSampler, GenerateSampler or VLLMSampler (α, ``sampler``) ─┐
     train_problems(config) ─► TextTask (prompts, verifiable rewards) ───────────────────────────────────┴─► GRPOLoop
+
+The config's ``sampler`` chooses α's engine.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..checks import require_number_in
-from ..rollout import Rollout
+from ..protocols import Rollout
 
 MASK_LOGITS_TO_KEEP = importlib.util.find_spec("transformers") is not None and hasattr(
     importlib.import_module("transformers.modeling_utils"), "slice_logits_to_keep")
@@ -131,22 +131,22 @@ def packed_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, used: tor
 class LMPolicy(torch.nn.Module):
     """π_θ: a causal LM (``self.model``) scored at sampling temperature T.
 
-    ================ ==================================================
-    attribute        meaning
-    ================ ==================================================
-    ``model``        a ``transformers`` causal LM whose forward accepts
-                     ``logits_to_keep`` (every recent decoder-only model)
-    ``temperature``  T > 0: log π = log_softmax(logits / T), as sampled
-    ``share_prompt`` run each distinct prompt once with its completions
-                     packed after it (needs an attention that takes a 4D
-                     mask: ``sdpa`` or ``eager``); False runs every
-                     prompt + completion whole, padded to the longest
+    ================= ==================================================
+    attribute         meaning
+    ================= ==================================================
+    ``model``         a ``transformers`` causal LM whose forward accepts
+                      ``logits_to_keep`` (every recent decoder-only model)
+    ``temperature``   T > 0: log π = log_softmax(logits / T), as sampled
+    ``share_prompt``  run each distinct prompt once with its completions
+                      packed after it (needs an attention that takes a 4D
+                      mask: ``sdpa`` or ``eager``); False runs every
+                      prompt + completion whole, padded to the longest
     ``compute_dtype`` the dtype the forward (and so the backward) computes
-                     in; None: the weights'. Below the weights' (bfloat16
-                     over float32): mixed precision, ``torch.autocast``
-                     around every forward, so AdamW steps the float32
-                     weights while the products run in half precision
-    ================ ==================================================
+                      in; None: the weights'. Below the weights' (bfloat16
+                      over float32): mixed precision, ``torch.autocast``
+                      around every forward, so AdamW steps the float32
+                      weights while the products run in half precision
+    ================= ==================================================
 
     The model is put in eval mode: dropout would make log π a random function
     of θ and break π_θ/α = 1 at θ = α (RL fine-tuning runs without dropout).

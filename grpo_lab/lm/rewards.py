@@ -116,7 +116,7 @@ def finished_completions(completions: torch.Tensor, mask: torch.Tensor, eos_toke
     ================= ========== ===============================================
     argument          shape      meaning
     ================= ========== ===============================================
-    ``completions``   ``[B, T]`` token ids (a :class:`~grpo_lab.rollout.Rollout`'s)
+    ``completions``   ``[B, T]`` token ids (a :class:`~grpo_lab.protocols.Rollout`'s)
     ``mask``          ``[B, T]`` True on real tokens, through the first EOS
     ``eos_token_ids`` list       the ids that end a completion (the sampler's)
     returns           ``[B]``    True where an EOS is among the real tokens

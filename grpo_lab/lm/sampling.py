@@ -5,7 +5,7 @@
 changes only at :meth:`HFSampler.sync`, an in-place copy of π_θ's weights, so
 between syncs the sampler lags the trainer exactly as a separate inference
 server would. The small functions before it (tokenising prompts, masking after
-EOS, building the :class:`~grpo_lab.rollout.Rollout`) are what any sampler of
+EOS, building the :class:`~grpo_lab.protocols.Rollout`) are what any sampler of
 text needs, a vLLM one included.
 
 Rollout layout (what :class:`~grpo_lab.lm.policy.LMPolicy` reads), B = P·G rows, row = p·G + g:
@@ -37,7 +37,7 @@ import torch
 
 from ..checks import require_int_at_least, require_number_in, require_truncation
 from ..fingerprint import prove_local, prove_pairs
-from ..rollout import Rollout
+from ..protocols import Rollout
 from .decoding import Decoder, ModelDecoder
 from .policy import LMPolicy, positions_from_mask
 

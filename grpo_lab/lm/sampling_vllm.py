@@ -1,7 +1,7 @@
 """α on vLLM, colocated: a ``vllm.LLM`` in this process samples G completions per prompt (docs/theory.md §1, §5).
 
 :class:`VLLMSampler` is :class:`~grpo_lab.lm.sampling.HFSampler` with vLLM as the engine: same constructor
-checks, same :class:`~grpo_lab.rollout.Rollout` layout (table in :mod:`grpo_lab.lm.sampling`), same sync
+checks, same :class:`~grpo_lab.protocols.Rollout` layout (table in :mod:`grpo_lab.lm.sampling`), same sync
 semantics — α changes only at :meth:`VLLMSampler.sync`, which pushes every weight of π_θ into the engine and
 resets its prefix cache, the cost that the sync period v amortises (docs/theory.md §5).
 
@@ -14,11 +14,12 @@ engine setting                               why
                                              :func:`~grpo_lab.lm.sampling.truncate_logprobs` (tested on the
                                              engine); the default, ``raw_logprobs``, is before them, so
                                              π_θ/α ≠ 1 at θ = α whenever T ≠ 1
-``SamplingParams(temperature=T, top_k,       truncation only by the sampler's ``top_k`` / ``top_p``; explicit
-top_p, min_p=0, no penalties, logprobs=0)``  params keep the model's ``generation_config.json`` defaults out;
+``SamplingParams``                           temperature T, ``top_k``, ``top_p``, ``min_p=0``, no penalties:
+                                             truncation only by the sampler's ``top_k`` / ``top_p``; explicit
+                                             params keep the model's ``generation_config.json`` defaults out;
                                              ``logprobs=0``: the sampled token's log-prob only
-``ignore_eos=True,                           the engine stops exactly at :class:`HFSampler`'s EOS ids
-stop_token_ids=eos_token_ids``
+``ignore_eos=True``                          with ``stop_token_ids=eos_token_ids``: the engine stops exactly at
+                                             :class:`HFSampler`'s EOS ids
 ``dtype``                                    the policy's compute dtype: vLLM and the policy round alike
 seeds                                        one per call (:func:`~grpo_lab.lm.sampling.draw_seed`); row
                                              p·G + g gets ``seed + p·G + g``: no two rows share a stream
@@ -47,7 +48,7 @@ import torch
 
 from ..checks import require_int_at_least, require_number_in
 from ..fingerprint import Served, column_block, crc, fingerprint, prove
-from ..rollout import Rollout
+from ..protocols import Rollout
 from .memory import ModelShape
 from .policy import LMPolicy
 from .sampling import build_rollout, draw_seed, sampler_temperature, stop_and_pad_ids, tokenize_prompts

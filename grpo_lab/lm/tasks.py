@@ -3,33 +3,33 @@
 Every source becomes a list of :class:`Problem` through one entry point,
 :func:`load_problems`:
 
-================ =============================================== ===============
-name             source                                          answer format
-================ =============================================== ===============
-``add1``         reasoning-gym ``basic_arithmetic``, a + b with  ``number``
+================ ================================================== =============
+name             source                                             answer format
+================ ================================================== =============
+``add1``         reasoning-gym ``basic_arithmetic``, a + b with     ``number``
                  "one-digit" a, b (reasoning-gym draws 0…10): the
                  CPU default (the task scan in docs/benchmarks.md
                  says why); 121 questions in all
-``addmul1``      a + b or a * b ("Calculate 3 * 4."), one-digit  ``number``
-                 a, b (0…10): 242 questions in all (the frontier
+``addmul1``      a + b or a * b ("Calculate 3 * 4."), one-digit a,  ``number``
+                 b (0…10): 242 questions in all (the frontier
                  pilot's first task: it saturates)
-``addsubmul1``   a + b, a - b or a * b, one-digit a, b (0…10):  ``number``
-                 363 questions, negative differences included
-                 (the lag frontier's task; its pilot says why)
-``add12``        the same with 1–2-digit a, b (0…99)             ``number``
-``sum3``         a + b + c, one-digit terms (0…10): 1331         ``number``
-                 questions, room for held-out ones (the CPU
-                 study's task)
-``basic_arithmetic`` / ``chain_sum``  reasoning-gym, default    ``number``
-                 settings (overridable)
-``gsm_symbolic`` reasoning-gym GSM-style word problems           ``boxed``
-``gsm8k``        ``openai/gsm8k`` (config ``main``)              ``boxed``
-``math500``      ``HuggingFaceH4/MATH-500``                      ``boxed``
-``aime24``       ``HuggingFaceH4/aime_2024``                     ``boxed``
-``deepscaler``   ``agentica-org/DeepScaleR-Preview-Dataset``     ``boxed``
-orz-math-57k     Open-Reasoner-Zero's JSON (:func:`load_orz`, for ``boxed``
+``addsubmul1``   a + b, a - b or a * b, one-digit a, b (0…10): 363  ``number``
+                 questions, negative differences included (the lag
+                 frontier's task; its pilot says why)
+``add12``        the same with 1–2-digit a, b (0…99)                ``number``
+``sum3``         a + b + c, one-digit terms (0…10): 1331 questions, ``number``
+                 room for held-out ones (the CPU study's task)
+``chain_sum``    reasoning-gym's ``chain_sum``, and                 ``number``
+                 ``basic_arithmetic``, at their default settings
+                 (overridable)
+``gsm_symbolic`` reasoning-gym GSM-style word problems              ``boxed``
+``gsm8k``        ``openai/gsm8k`` (config ``main``)                 ``boxed``
+``math500``      ``HuggingFaceH4/MATH-500``                         ``boxed``
+``aime24``       ``HuggingFaceH4/aime_2024``                        ``boxed``
+``deepscaler``   ``agentica-org/DeepScaleR-Preview-Dataset``        ``boxed``
+orz-math-57k     Open-Reasoner-Zero's JSON (:func:`load_orz`, for   ``boxed``
                  the 7B throughput recipes)
-================ =============================================== ===============
+================ ================================================== =============
 
 The reasoning-gym tasks are generated offline from a seed (same seed, same
 problems). The hub datasets load through ``datasets``: from the Hugging Face
@@ -284,9 +284,9 @@ def build_prompt(problem: Problem, tokenizer: Any, system_prompt: str | None = N
     With a chat template: ``apply_chat_template`` ending with the assistant's
     generation prompt; ``system_prompt=None`` keeps the template's own default
     (SmolLM2-135M answers add1 more often with it than with a custom maths
-    system prompt). Without a chat template: plain text, ``system\n\n``, then
-    ``question\ninstruction\nAnswer: answer\n\n`` per example, then
-    ``question\ninstruction\nAnswer:``.
+    system prompt). Without a chat template: plain text, ``system\\n\\n``, then
+    ``question\\ninstruction\\nAnswer: answer\\n\\n`` per example, then
+    ``question\\ninstruction\\nAnswer:``.
     """
     messages = chat_messages(problem, system_prompt)
     if getattr(tokenizer, "chat_template", None):

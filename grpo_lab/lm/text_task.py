@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..rollout import Rollout
+from ..protocols import Rollout
 from .tasks import Problem, build_prompt, load_problems, sample_problems
 from .train_config import TrainConfig
 

@@ -119,13 +119,13 @@ def paper_standard_errors(n_iterations: int) -> dict[str, float]:
     independent iterations spread by the reported ± (the paper does not give N; correlated
     iterations count as fewer). To first order (delta method), with s the spread and r the rate:
 
-    ==================== =====================================================================
-    ``rate_v1``, ``_v10`` s / √N, iter/s
-    ``step_seconds_v1``,  SE(r) / r²: the step time taken as 1 / mean rate
+    ====================== =====================================================================
+    ``rate_v1``, ``_v10``  s / √N, iter/s
+    ``step_seconds_v1``,   SE(r) / r²: the step time taken as 1 / mean rate
     ``step_seconds_v10``
-    ``sync_seconds``     √(SE(t₁)² + SE(t₁₀)²) / 0.9 of the two-point fit (t₁ − t₁₀) / 0.9
-    ``speedup``          S·√((SE(r₁)/r₁)² + (SE(r₁₀)/r₁₀)²), S = r₁₀/r₁
-    ==================== =====================================================================
+    ``sync_seconds``       √(SE(t₁)² + SE(t₁₀)²) / 0.9 of the two-point fit (t₁ − t₁₀) / 0.9
+    ``speedup``            S·√((SE(r₁)/r₁)² + (SE(r₁₀)/r₁₀)²), S = r₁₀/r₁
+    ====================== =====================================================================
     """
     require_int_at_least("n_iterations", n_iterations, 2)
     rate, spread = PAPER_ITERS_PER_SECOND, PAPER_ITERS_PER_SECOND_SPREAD

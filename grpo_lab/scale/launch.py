@@ -1,4 +1,4 @@
-"""Launch a recipe at scale: ``accelerate launch ... -m grpo_lab.scale.launch --config R``.
+"""Launch a recipe at scale: ``accelerate launch … -m grpo_lab.scale.launch --config R``.
 
 A recipe (``grpo_lab/configs/*.yaml``, read by :func:`~grpo_lab.lm.recipes.load_launch_recipe`) holds
 :class:`~grpo_lab.lm.train_config.TrainConfig` fields, an optional ``trl:`` mapping of extra
@@ -133,12 +133,12 @@ def vllm_serve_command(launch_recipe: LaunchRecipe, host: str = "0.0.0.0") -> li
     paper), and from its ``trl:`` mapping vLLM's ``vllm_tensor_parallel_size``, ``vllm_gpu_memory_utilization`` and
     ``vllm_max_model_length`` (fields TRL's trainer reads only when colocated; here the server takes them) and
     ``vllm_server_port``. What the mapping leaves out keeps the default of TRL's ``vllm-serve`` (a whole GPU's
-    0.9 share of memory) or of ``GRPOConfig`` (the port). TRL adds ``--logprobs-mode processed_logprobs`` itself,
+    0.9 share of memory) or of ``trl.GRPOConfig`` (the port). TRL adds ``--logprobs-mode processed_logprobs`` itself,
     which the trainer checks at start (log α at the sampling temperature, as log π). Run it on GPUs the trainer
     does not use (``CUDA_VISIBLE_DEVICES``)."""
     import dataclasses
 
-    from trl import GRPOConfig
+    from trl import GRPOConfig as TRLGRPOConfig
     from trl.scripts.vllm_serve import ScriptArguments
 
     extras = launch_recipe.trl
@@ -149,7 +149,7 @@ def vllm_serve_command(launch_recipe: LaunchRecipe, host: str = "0.0.0.0") -> li
     served = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
     config = launch_recipe.config
     command = ["trl", "vllm-serve", "--model", model_path(config), "--host", host,
-               "--port", str(extras.get("vllm_server_port", GRPOConfig.vllm_server_port)),
+               "--port", str(extras.get("vllm_server_port", TRLGRPOConfig.vllm_server_port)),
                "--tensor_parallel_size", str(extras.get("vllm_tensor_parallel_size", served["tensor_parallel_size"])),
                "--gpu_memory_utilization",
                str(extras.get("vllm_gpu_memory_utilization", served["gpu_memory_utilization"])),
@@ -181,11 +181,11 @@ def stock_trl_config(config: TrainConfig, extras: Mapping[str, Any] | None = Non
     terms: the peer the studies and the benchmarks compare against, built in this one place."""
     import dataclasses
 
-    from trl import GRPOConfig
+    from trl import GRPOConfig as TRLGRPOConfig
 
-    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    names = {f.name for f in dataclasses.fields(TRLGRPOConfig)}
     values = {k: v for k, v in trl_values_of_run(config, num_processes).items() if k in names}
-    return GRPOConfig(**{**values, **STOCK_TRL_SETTINGS, "data_seed": config.seed, **(extras or {})})
+    return TRLGRPOConfig(**{**values, **STOCK_TRL_SETTINGS, "data_seed": config.seed, **(extras or {})})
 
 
 def stock_trl_trainer(config: TrainConfig, model: Any, tokenizer: Any, problems: Sequence[Any], args: Any,

@@ -10,10 +10,10 @@ files:
 
 =================== ==========================================================================================
 per v               steps/s = steps / seconds of each repeat; their mean with a 95 % t interval
-                    (:func:`~grpo_lab.stats.paired.mean_ci`)
+                    (:func:`~grpo_lab.stats.intervals.mean_ci`)
 ratio v : v₀        exp(mean log rate_v − mean log rate_v₀), the ratio of the geometric means against the
                     smallest v, v₀; its 95 % interval is Welch's t interval of the difference of the mean log
-                    rates (:func:`~grpo_lab.stats.paired.welch_t`), mapped back by exp
+                    rates (:func:`~grpo_lab.stats.intervals.welch_t`), mapped back by exp
 =================== ==========================================================================================
 
 The command (``--accelerate-config`` names a bundled config, ``grpo_lab/configs/accelerate/<name>.yaml``)::
@@ -38,7 +38,7 @@ import numpy as np
 
 from ..checks import require_choice, require_int_at_least
 from ..lm.recipes import CONFIG_DIR, load_launch_recipe, recipe_arg
-from ..stats.paired import mean_ci, t_975, welch_t
+from ..stats.intervals import mean_ci, t_975, welch_t
 from .launch import ACCELERATE_CONFIGS, COLOCATE_RECIPES, RESULT_FILE
 
 MIN_REPEATS = 3

@@ -181,7 +181,8 @@ def load_split(path: str | Path | None = None) -> dict[str, Any]:
     """The split's results file (default: :func:`split_path`), or a ValueError saying how to make it."""
     path = split_path() if path is None else Path(path)
     if not path.is_file():
-        raise ValueError(f"{path} does not exist: run experiments/offpolicy_split.py (its docstring has the command)")
+        raise ValueError(f"{path} does not exist: experiments/offpolicy_split.py measures it (the command is in its "
+                         "docstring); the script comes with a checkout of the repository, not with the package")
     return json.loads(path.read_text())
 
 

@@ -1,3 +1,3 @@
-"""The statistics the studies use, which know no study: Student's t and intervals over seeds, paired tests and
-Holm's adjustment (:mod:`~grpo_lab.stats.paired`), first passage and time ratios (:mod:`~grpo_lab.stats.passage`),
-and group-sequential looks (:mod:`~grpo_lab.stats.sequential`)."""
+"""Statistics over seeds, which know no study: Student's t and its intervals (:mod:`~grpo_lab.stats.intervals`,
+read by the throughput repeats) and group-sequential looks (:mod:`~grpo_lab.stats.sequential`). The comparisons
+and first-passage statistics only the studies use live in the study wing, ``studies/stats/``."""

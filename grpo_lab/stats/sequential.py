@@ -33,7 +33,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from grpo_lab.stats.paired import t_quantile
+from .intervals import t_quantile
 
 _NORMAL = NormalDist()
 _GRID_HALF_WIDTH = 9.0

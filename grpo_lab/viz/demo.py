@@ -20,8 +20,8 @@ from ..exact import bandit_lab
 from ..exact.bandit import run_bandit
 from . import plots
 
-HOW_TO_GET_PNGS = ("for PNGs, install Chromium (scripts/browser_deps.sh, as make test-browser does) or point "
-                   "BROWSER_PATH at a Chrome")
+HOW_TO_GET_PNGS = ("for PNGs, install Chromium (apt-get install chromium, or pip install playwright && playwright "
+                   "install chromium) or point BROWSER_PATH at a Chrome")
 
 
 def find_browser() -> str | None:

@@ -1,17 +1,17 @@
 """Exercises of notebook 01: write a piece of GRPO, check it against the library.
 
-=================== ============================================= =========================
-exercise            signature                                     checked against
-=================== ============================================= =========================
-``whiten``          ``f(rewards [P, G], eps_std) -> A [P, G]``     :func:`grpo_lab.whiten`
-``f_eps``           ``f(r, r_prime, A, eps) -> f_ε`` (elementwise) :func:`grpo_lab.clipped_surrogate`
-``bound``           ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
-``r_prime``         ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.lm.group_view.token_ratios`
-``tv``              ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
-``sync_schedule``   ``f(steps, v) -> lag [steps]``                 ``schedules.make_sync_schedule``
+===================== ============================================== =========================
+exercise              signature                                      checked against
+===================== ============================================== =========================
+``whiten``            ``f(rewards [P, G], eps_std) -> A [P, G]``     :func:`grpo_lab.whiten`
+``f_eps``             ``f(r, r_prime, A, eps) -> f_ε`` (elementwise) :func:`grpo_lab.clipped_surrogate`
+``bound``             ``f(pi, pi_k, alpha, p, eps_std) -> [C]``      ``bandit.improvement_lower_bound``
+``r_prime``           ``f(logp_k, logp_alpha, mask) -> r′ [B, T]``   :func:`grpo_lab.lm.group_view.token_ratios`
+``tv``                ``f(logp_k, logp_alpha, mask) -> TV`` (scalar) mean of :func:`grpo_lab.objective.tv_terms`
+``sync_schedule``     ``f(steps, v) -> lag [steps]``                 ``schedules.make_sync_schedule``
 ``correction_weight`` ``f(logp_k, logp_alpha, mask, is_correction,   ``correction_bias.first_pass_weights``
-                    is_cap, is_floor) -> w [B, T]``
-=================== ============================================= =========================
+                      is_cap, is_floor) -> w [B, T]``
+===================== ============================================== =========================
 
 The first three are notebook 01's (bandit), the next three notebook 02's (logged log-probs of
 a language model's completions), the last notebook 01b's. :func:`check_prediction` scores notebook 02's
@@ -37,7 +37,7 @@ from ..checks import require_choice, require_number_in
 from ..exact.bandit import BanditRun, improvement_lower_bound
 from ..exact.bandit_lab import TRY_IT, TryIt, final_j
 from ..lm.group_view import token_ratios
-from ..objective import clipped_surrogate, tv_terms
+from ..objective import clipped_surrogate, ratios_as_log_probs, tv_terms
 from ..schedules import make_sync_schedule
 
 
@@ -123,8 +123,8 @@ HINTS = {
 
 
 def library_f_eps(r: torch.Tensor, r_prime: torch.Tensor, A: torch.Tensor, eps: float) -> torch.Tensor:
-    """f_ε from the library: ratios against α ≡ 1, so log r and log r′ are the log-probs."""
-    return clipped_surrogate(r.log(), r_prime.log(), torch.zeros_like(r), A, eps)
+    """f_ε from the library, which takes the log-probabilities of the ratios (:func:`ratios_as_log_probs`)."""
+    return clipped_surrogate(*ratios_as_log_probs(r, r_prime), A, eps)
 
 
 def whiten_cases() -> list[tuple]:

@@ -17,12 +17,12 @@ from ..exact.bandit_lab import (
     LONG_ON_POLICY,
     MASK_ARMS,
     MATCHED_LR,
-    BoundConstantsStudy,
+    BoundConstants,
     GroupBatch,
-    KLGradientStudy,
-    KLStudy,
-    LagStudy,
-    MaskOptimizerStudy,
+    KLEstimates,
+    KLGradients,
+    LagSweep,
+    MaskOptimizerRuns,
     TimelineStep,
     surrogate_curves,
     trl_surrogate_curves,
@@ -98,32 +98,32 @@ def surrogate_figure(ratio: torch.Tensor, ratio_ks: Sequence[float], eps: float)
     return fig
 
 
-def kl_figure(study: KLStudy) -> go.Figure:
+def kl_figure(kl: KLEstimates) -> go.Figure:
     """Left: each estimator's mean under y ~ α = π_{k−lag} against the exact KL (importance
     weighting removes the bias). Right: per-sample standard deviation."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["mean of the estimate", "per-sample std"],
                         horizontal_spacing=0.16)
     weighted = ("circle-open", "square-open", "diamond-open")     # the weighted means coincide with the exact KL
-    for n, kind in enumerate(study.mean):
+    for n, kind in enumerate(kl.mean):
         c = COLORS[n]
-        fig.add_trace(go.Scatter(x=study.lags, y=study.mean[kind], name=kind, mode="lines+markers",
+        fig.add_trace(go.Scatter(x=kl.lags, y=kl.mean[kind], name=kind, mode="lines+markers",
                                  line=dict(color=c), legendgroup=kind), row=1, col=1)
-        fig.add_trace(go.Scatter(x=study.lags, y=study.std[kind], name=kind, mode="lines+markers",
+        fig.add_trace(go.Scatter(x=kl.lags, y=kl.std[kind], name=kind, mode="lines+markers",
                                  line=dict(color=c), legendgroup=kind, showlegend=False), row=1, col=2)
-        fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.iw_mean[kind]),
+        fig.add_trace(go.Scatter(x=kl.lags, y=np.full(len(kl.lags), kl.iw_mean[kind]),
                                  name=f"{kind} × π/α", mode="lines+markers", line=dict(color=c, dash="dot"),
                                  marker=dict(symbol=weighted[n % 3], size=8 + 4 * n, line_width=2),
                                  legendgroup=f"{kind} × π/α"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.exact), name="exact KL(π ‖ π_ref)",
+    fig.add_trace(go.Scatter(x=kl.lags, y=np.full(len(kl.lags), kl.exact), name="exact KL(π ‖ π_ref)",
                              mode="lines", line=dict(color="black", dash="dash", width=1)), row=1, col=1)
     fig.update_xaxes(title_text="lag of α behind π (steps)")
     fig.update_yaxes(title_text="estimate of KL(π ‖ π_ref)", row=1, col=1)
     fig.update_yaxes(title_text="std of one sample's estimate", row=1, col=2)
-    fig.update_layout(title=f"KL(π ‖ π_ref) = {study.exact:.4f} estimated from samples of α", height=HEIGHT)
+    fig.update_layout(title=f"KL(π ‖ π_ref) = {kl.exact:.4f} estimated from samples of α", height=HEIGHT)
     return fig
 
 
-def kl_gradient_figure(study: KLGradientStudy) -> go.Figure:
+def kl_gradient_figure(gradients: KLGradients) -> go.Figure:
     """Left: cosine of each estimator's expected gradient to ∇KL(π ‖ π_ref) against the lag of α
     (solid unweighted, dotted weighted by π/α; black dashed: the forward KL's gradient). Right: their norms
     (black: the norm of ∇KL(π ‖ π_ref))."""
@@ -131,16 +131,16 @@ def kl_gradient_figure(study: KLGradientStudy) -> go.Figure:
     symbols = ("circle", "square", "diamond")
     for n, kind in enumerate(("k1", "k2", "k3")):
         for key, dash, symbol in ((kind, None, symbols[n]), (f"{kind} × π/α", "dot", f"{symbols[n]}-open")):
-            for col, values in ((1, study.cosine[key]), (2, study.norm[key])):
-                fig.add_trace(go.Scatter(x=study.lags, y=values, name=key, mode="lines+markers",
+            for col, values in ((1, gradients.cosine[key]), (2, gradients.norm[key])):
+                fig.add_trace(go.Scatter(x=gradients.lags, y=values, name=key, mode="lines+markers",
                                          line=dict(color=COLORS[n], dash=dash), legendgroup=key,
                                          marker=dict(symbol=symbol, size=7 + 3 * n), showlegend=col == 1),
                               row=1, col=col)
     # the references as legend entries, not labels on the lines: a label on a line hides what it labels
-    fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.forward_cosine), mode="lines",
+    fig.add_trace(go.Scatter(x=gradients.lags, y=np.full(len(gradients.lags), gradients.forward_cosine), mode="lines",
                              name="∇KL(π_ref ‖ π), the forward KL", line=dict(color="black", dash="dash", width=1)),
                   row=1, col=1)
-    fig.add_trace(go.Scatter(x=study.lags, y=np.full(len(study.lags), study.reverse_norm), mode="lines",
+    fig.add_trace(go.Scatter(x=gradients.lags, y=np.full(len(gradients.lags), gradients.reverse_norm), mode="lines",
                              name="‖∇KL(π ‖ π_ref)‖", line=dict(color="black", dash="longdash", width=1)),
                   row=1, col=2)
     fig.update_xaxes(title_text="lag of α behind π (steps)")
@@ -168,14 +168,14 @@ def bound_figure(runs: Mapping[str, BanditRun], run: int = 0, steps: int | None 
     return fig
 
 
-def bound_constants_figure(study: BoundConstantsStudy, run: int = 0, steps: int | None = None) -> go.Figure:
+def bound_constants_figure(bounds: BoundConstants, run: int = 0, steps: int | None = None) -> go.Figure:
     """Per step k, mean over contexts, one run: the true improvement, Theorem 1 with its constants (factor 2),
     the same bound with the tight constants, and the most the tight one can be, TV(π, α) − TV(π_k, α)."""
-    n = len(study.improvement) if steps is None else min(steps, len(study.improvement))
+    n = len(bounds.improvement) if steps is None else min(steps, len(bounds.improvement))
     k = np.arange(n)
     fig = go.Figure()
-    curves = [(study.improvement, "J(π_{k+1}) − J(π_k)", None), (study.paper, "Theorem 1 (factor 2)", None),
-              (study.tight, "tight constants (factor 1)", None), (study.ceiling, "TV(π, α) − TV(π_k, α)", "dot")]
+    curves = [(bounds.improvement, "J(π_{k+1}) − J(π_k)", None), (bounds.paper, "Theorem 1 (factor 2)", None),
+              (bounds.tight, "tight constants (factor 1)", None), (bounds.ceiling, "TV(π, α) − TV(π_k, α)", "dot")]
     for color, (values, name, dash) in zip(COLORS, curves):
         fig.add_trace(go.Scatter(x=k, y=values[:n, run].mean(-1), name=name, line=dict(color=color, dash=dash)))
     fig.add_hline(y=0, line=dict(color="grey", width=1))
@@ -206,15 +206,15 @@ ARM_LINES = (dict(line_width=7, opacity=0.45), dict(line_dash="dash"), dict(line
 the dashes and the dots all show."""
 
 
-def mask_optimizer_figure(study: MaskOptimizerStudy, reference: str = "mask, batch") -> go.Figure:
+def mask_optimizer_figure(mask_runs: MaskOptimizerRuns, reference: str = "mask, batch") -> go.Figure:
     """Per optimiser setting, each arm's J minus ``reference``'s, mean ± std over runs (paired by seed): a flat
     zero line means the arm took exactly the reference's steps."""
-    settings = list(study.max_grad_norm)
+    settings = list(mask_runs.max_grad_norm)
     fig = make_subplots(rows=1, cols=len(settings), subplot_titles=settings, shared_yaxes=True)
     for col, setting in enumerate(settings, start=1):
-        base = study.J[setting, reference]
+        base = mask_runs.J[setting, reference]
         for n, arm in enumerate(a for a in MASK_ARMS if a != reference):
-            diff = study.J[setting, arm] - base
+            diff = mask_runs.J[setting, arm] - base
             band, line = band_traces(np.arange(len(diff)), diff, f"{arm} − {reference}", COLORS[n + 1],
                                      showlegend=col == 1)
             line.update(**ARM_LINES[n % len(ARM_LINES)])     # arms that took the same steps lie on one line
@@ -227,16 +227,16 @@ def mask_optimizer_figure(study: MaskOptimizerStudy, reference: str = "mask, bat
     return fig
 
 
-def lag_figure(study: LagStudy) -> go.Figure:
+def lag_figure(sweep: LagSweep) -> go.Figure:
     """Left: the two TV terms against v. Right: mean bound and mean true improvement against v."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["TV terms of the bound", "per-step means"],
                         horizontal_spacing=0.16)
-    for n, (y, name) in enumerate([(study.tv_pi_alpha, "TV(π_{k+1}, α)"), (study.tv_pik_alpha, "TV(π_k, α)")]):
-        fig.add_trace(go.Scatter(x=study.v, y=y, name=name, mode="lines+markers", line=dict(color=COLORS[n + 2])),
+    for n, (y, name) in enumerate([(sweep.tv_pi_alpha, "TV(π_{k+1}, α)"), (sweep.tv_pik_alpha, "TV(π_k, α)")]):
+        fig.add_trace(go.Scatter(x=sweep.v, y=y, name=name, mode="lines+markers", line=dict(color=COLORS[n + 2])),
                       row=1, col=1)
-    fig.add_trace(go.Scatter(x=study.v, y=study.improvement, name="J(π_{k+1}) − J(π_k)", mode="lines+markers",
+    fig.add_trace(go.Scatter(x=sweep.v, y=sweep.improvement, name="J(π_{k+1}) − J(π_k)", mode="lines+markers",
                              line=dict(color=COLORS[0])), row=1, col=2)
-    fig.add_trace(go.Scatter(x=study.v, y=study.bound, name="lower bound", mode="lines+markers",
+    fig.add_trace(go.Scatter(x=sweep.v, y=sweep.bound, name="lower bound", mode="lines+markers",
                              line=dict(color=COLORS[1])), row=1, col=2)
     fig.update_xaxes(title_text="sync period v")
     fig.update_yaxes(title_text="total variation", row=1, col=1)

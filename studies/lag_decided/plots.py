@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from grpo_lab.stats.paired import mean_ci
+from grpo_lab.stats.intervals import mean_ci
 from grpo_lab.viz.display import title_below_toolbar
 from grpo_lab.viz.plots import COLORS, HEIGHT
 from studies.lag_decided.design import COMPARISONS, PLAN, lr_label

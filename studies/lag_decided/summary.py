@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.stats.paired import mean_ci
+from grpo_lab.stats.intervals import mean_ci
 from studies.lag_decided import design
 
 REGIME2_DIFFERENCES = (("v10_ratio", "v1"), ("v10_none", "v1"), ("v10_ratio", "v10_none"))

@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.stats.paired import PairedTest, holm, sign_flip_p, t_cdf
+from grpo_lab.stats.intervals import t_cdf
+from studies.stats.comparisons import PairedTest, holm, sign_flip_p
 
 RESULTS = Path(__file__).resolve().parent / "results"
 """The committed units and ``summary.json``."""
@@ -122,7 +123,7 @@ def _t_p_two_sided(t: float, df: int) -> float:
 
 @dataclass(frozen=True)
 class Comparison(PairedTest):
-    """a − b over the seeds both finished (:class:`~grpo_lab.stats.paired.PairedTest`'s pairing) with the
+    """a − b over the seeds both finished (:class:`~studies.stats.comparisons.PairedTest`'s pairing) with the
     frontier's three p-values, which Holm then adjusts over the family."""
 
     def p_values(self) -> dict[str, float]:
@@ -207,7 +208,7 @@ def summarize(units: Sequence[Mapping[str, Any]], untrained_j: float, constant_a
     (:func:`design_status`; before that, nothing is read) — each arm's endpoints (mean, 95 % t CI), the
     comparisons on the primary endpoint, the frontier and the collapses; the mask arms' endpoints and the mask
     family's comparisons only once its own units are all in too."""
-    from grpo_lab.stats.paired import mean_ci
+    from grpo_lab.stats.intervals import mean_ci
 
     status = {"primary": design_status(units, ARMS, seeds), "mask": design_status(units, MASK_ARMS, seeds)}
     summary: dict[str, Any] = {

@@ -187,7 +187,7 @@ def mask_figure(summary: Mapping[str, Any]) -> go.Figure:
 def paired_estimate(summary: Mapping[str, Any], a: str, b: str) -> tuple[float, float, float, int]:
     """The mean paired difference ``a`` − ``b`` of J_auc over the seeds both arms have, its 95 % t interval and the
     seed count."""
-    from grpo_lab.stats.paired import mean_ci
+    from grpo_lab.stats.intervals import mean_ci
 
     j_auc = {(run["arm"], run["seed"]): run["j_auc"] for run in summary["runs"]}
     seeds = sorted(seed for arm, seed in j_auc if arm == a and (b, seed) in j_auc)

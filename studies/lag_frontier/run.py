@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from grpo_lab.lm.recipes import recipe
-from studies.lag_frontier import frontier
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+if str(ROOT) not in sys.path:   # run as a script from any folder
+    sys.path.insert(0, str(ROOT))
+
+from grpo_lab.lm.recipes import recipe  # noqa: E402
+from studies.lag_frontier import frontier  # noqa: E402
 
 
 def main() -> None:

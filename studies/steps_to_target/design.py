@@ -104,8 +104,9 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.stats import passage
-from grpo_lab.stats.paired import tost_p, welch_t, welch_tost
+from grpo_lab.stats.intervals import welch_t
+from studies.stats import passage
+from studies.stats.comparisons import tost_p, welch_tost
 from studies.time_to_accuracy import design as tta
 
 HERE = Path(__file__).resolve().parent

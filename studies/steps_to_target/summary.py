@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.stats import passage
+from studies.stats import passage
 from studies.steps_to_target import design as std
 from studies.time_to_accuracy.design import design_sha
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_lab.stats import passage
+from studies.stats import passage
 
 BUDGET_SECONDS = 600.0
 EVAL_EVERY_SECONDS = 30.0

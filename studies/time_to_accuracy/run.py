@@ -33,11 +33,13 @@ from pathlib import Path
 
 import torch
 
-from studies.time_to_accuracy import design as tta
-from studies.time_to_accuracy.summary import ratio_table, rebuild_summary, targets_from_frontier
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+if str(ROOT) not in sys.path:   # run as a script from any folder
+    sys.path.insert(0, str(ROOT))
+
+from studies.time_to_accuracy import design as tta  # noqa: E402
+from studies.time_to_accuracy.summary import ratio_table, rebuild_summary, targets_from_frontier  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.stats import passage
+from studies.stats import passage
 
 V1 = "grpo_lab_v1"
 """The arm the decomposition divides by: each cause's arm against the loop's defaults (``time_ratios_to_v1``)."""

@@ -14,7 +14,7 @@ from grpo_lab.exact import bandit_lab
 from grpo_lab.exact.digits_lm import ExactStep, bound_figure
 from grpo_lab.viz import plots
 from grpo_lab.viz.dashboard import dashboard
-from grpo_lab.viz.study_plots import token_ratio_figure
+from grpo_lab.viz.token_ratios import token_ratio_figure
 from studies.lag_frontier import plots as frontier_plots
 
 pytestmark = pytest.mark.browser

@@ -1,9 +1,9 @@
-"""What a step samples, and the three small protocols the loop talks to (docs/theory.md §5).
+"""The protocols the loop talks to, and the batch they pass (docs/theory.md §5).
 
-:class:`Rollout` is one batch drawn from α; :class:`Policy` (π_θ), :class:`Sampler` (α) and
-:class:`Task` (prompts and a verifiable reward) are what :class:`~grpo_lab.loop.GRPOLoop` drives, and
-:class:`ScoringSampler` the sampler that the sync audit and the off-policy split also need. Their own
-module, below the loop and the sync audit, so both import them without importing each other.
+:class:`Policy` (π_θ), :class:`Sampler` (α) and :class:`Task` (prompts and a verifiable reward) are what
+:class:`~grpo_lab.loop.GRPOLoop` drives, and :class:`ScoringSampler` the sampler that the sync audit and the
+off-policy split also need; :class:`Rollout` is one batch a sampler draws from α. Their own module, below the
+loop and the sync audit, so both import them without importing each other.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import torch
 class Rollout:
     """P prompts × G completions drawn from α, rows ordered prompt-major (row = p·G + g).
 
-    ============== ========== ================================================
-    field          shape      meaning
-    ============== ========== ================================================
-    ``prompts``    P items    whatever the task uses as a prompt
+    =============== ========== ================================================
+    field           shape      meaning
+    =============== ========== ================================================
+    ``prompts``     P items    whatever the task uses as a prompt
     ``completions`` ``[B, T]`` sampled tokens (or arm indices, T = 1)
-    ``logp_alpha`` ``[B, T]`` log α of each sampled token, from the sampler
-    ``mask``       ``[B, T]`` True on real completion tokens (padding False)
-    ``extra``      dict       sampler-specific data (e.g. prompt token ids)
-    ============== ========== ================================================
+    ``logp_alpha``  ``[B, T]`` log α of each sampled token, from the sampler
+    ``mask``        ``[B, T]`` True on real completion tokens (padding False)
+    ``extra``       dict       sampler-specific data (e.g. prompt token ids)
+    =============== ========== ================================================
     """
 
     prompts: Sequence[Any]
