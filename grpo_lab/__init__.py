@@ -16,6 +16,7 @@ every name here is a module (tests/test_layout.py checks both).
 ``sync_audit``      after each sync, did α's behaviour move with π_θ's? (SyncError)
 ``config``          GRPOConfig, one field per knob
 ``checks``          the validators that name a bad value
+``threads``         how many torch threads: the cores the load leaves free (choose_threads)
 ``files``           atomic writes, whole lines; DiskError for a full or read-only disk
 ``provenance``      where a result was made: commit, CPU and GPU, library versions, threads, load
 ``cli``             the ``grpo-lab`` command (train, eval): the entry point, imported by no module

@@ -11,6 +11,8 @@ fields; ``--set key=value`` overrides one (the value is read as YAML: ``v=4``,
 config with the evaluation settings given applied (:func:`~grpo_lab.lm.evaluate.checkpoint_eval_config`).
 ``eval --exact`` computes strict Pass@1 exactly, per question, under the config's T, top-p, top-k and
 T_max (:mod:`grpo_lab.exact.strict_j`) instead of sampling ``eval_samples`` completions per question.
+Both commands print on stderr how many torch threads they use, and why (:func:`~grpo_lab.threads.choose_threads`:
+the cores the load leaves free, unless ``OMP_NUM_THREADS`` or ``--threads N`` says otherwise).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from .lm.recipes import read_recipe, train_config
 from .lm.train_config import TrainConfig
+from .threads import use_threads
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--config", help="YAML recipe (see grpo_lab/configs/)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch threads (default: OMP_NUM_THREADS, else the cores the 1-minute load leaves free)")
     sub.choices["train"].add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
     evaluation = sub.choices["eval"]
     evaluation.add_argument("--checkpoint", help="evaluate π_θ of this checkpoint, under its own config "
@@ -49,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if args.command == "eval" and args.threshold is not None and not args.exact:
         parser.error("--threshold applies to --exact")
+    try:
+        print(f"grpo-lab {args.command}: {use_threads(args.threads)}", file=sys.stderr)
+    except ValueError as exc:
+        parser.error(f"--threads: {exc}")
     from .lm.training import RunDirInUse
 
     try:

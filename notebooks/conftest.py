@@ -6,10 +6,17 @@ and fails if it exceeds the notebook's budget in ``KERNEL_PEAK_BUDGET``. The mea
 nothing: it is taken during the run nbval makes anyway. The kernel's own peak is what a laptop must
 hold; helper processes it starts (the reward verifier's) are small and not counted. The item also
 prints the Run-All time (first cell's start to last cell's end), which docs/benchmarks.md quotes.
+
+The notebooks' runs write to ``$GRPO_LAB_RUNS_DIR`` (a SmolLM2 checkpoint is ~2 GB). Unless it is set, the
+session points it at a temporary folder and removes that folder at its end: nbval kills each kernel rather than
+shutting it down, so the kernel's own clean-up at exit never runs, and nothing may be left in the checkout.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -31,6 +38,25 @@ KERNEL_PEAK_BUDGET = {"01_bandit.ipynb": LAPTOP, "01b_theorem1_smollm2.ipynb": L
 """Peak kernel RSS allowed per notebook, whatever the mode (docs/benchmarks.md, *Notebook memory*, has each one's
 measured peak)."""
 _STARTED: dict[str, float] = {}
+RUNS_DIR_ENV = "GRPO_LAB_RUNS_DIR"
+"""``grpo_lab.lm.recipes.RUNS_DIR_ENV``, spelled out: importing it would load torch into pytest's own process."""
+_OWN_RUNS_DIR: list[Path] = []
+"""The temporary runs folder this session made, if it made one."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Unless ``GRPO_LAB_RUNS_DIR`` names a folder, the kernels (which inherit this environment) write their runs to
+    a temporary one."""
+    if not os.environ.get(RUNS_DIR_ENV):
+        _OWN_RUNS_DIR.append(Path(tempfile.mkdtemp(prefix="grpo_lab_runs_")))
+        os.environ[RUNS_DIR_ENV] = str(_OWN_RUNS_DIR[0])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the temporary runs folder, whatever the kernels left in it."""
+    while _OWN_RUNS_DIR:
+        shutil.rmtree(_OWN_RUNS_DIR.pop(), ignore_errors=True)
+        os.environ.pop(RUNS_DIR_ENV, None)
 
 
 def kernel_peak_rss(pid: int) -> int:

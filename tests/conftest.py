@@ -3,6 +3,7 @@
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from grpo_lab.exact.bandit import single_thread
 
@@ -19,3 +20,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests not marked ``slow`` run first, in their files' order: ``make test`` runs both kinds in one
     session (one start and one collection) and still shows a quick failure before the minutes of real models."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept() -> Iterator[None]:
+    """``grpo-lab train | eval`` set torch's thread count for their process (grpo_lab.threads); a test that calls
+    the command line in this process gets the count back, so no later test runs on another."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -103,6 +103,7 @@ def test_eval_of_a_checkpoint_takes_its_config_and_the_evaluation_settings(check
 def test_eval_of_a_checkpoint_refuses_what_changes_the_model(checkpoint, capsys, change):
     root = checkpoint[0]
     assert cli.main(["eval", "--checkpoint", str(root / "checkpoint.pt"), "--set", change, "--exact"]) == 2
-    err = capsys.readouterr().err
+    threads, err = capsys.readouterr().err.split("\n", 1)     # the thread count it chose, then the error
+    assert threads.startswith("grpo-lab eval: torch threads: ")
     assert err.startswith("grpo-lab eval: error: these settings change the model being evaluated")
     assert repr(change.split("=")[0]) in err

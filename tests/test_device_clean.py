@@ -128,9 +128,11 @@ def test_the_objective_and_its_diagnostics_on_the_device(is_correction, level):
     B, T = 8, 5
     mask = torch.arange(T)[None] < torch.tensor([5, 3, 4, 1, 5, 2, 0, 4])[:, None]
     logp = -torch.rand(B, T, generator=g) * 3
-    batch = dict(logp=logp, logp_k=logp + 0.2 * torch.randn(B, T, generator=g),
-                 logp_alpha=logp + 0.4 * torch.randn(B, T, generator=g),
-                 logp_ref=logp + 0.3 * torch.randn(B, T, generator=g), advantages=torch.randn(B, generator=g),
+    def near(scale: float) -> torch.Tensor:   # another policy's log-probabilities near logp (≤ 0, as required)
+        return (logp + scale * torch.randn(B, T, generator=g)).clamp(max=0.0)
+
+    batch = dict(logp=logp, logp_k=near(0.2), logp_alpha=near(0.4), logp_ref=near(0.3),
+                 advantages=torch.randn(B, generator=g),
                  mask=mask, run_ids=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
     options = dict(is_correction=is_correction, is_cap=1.3, is_floor=0.8 if is_correction == "icepop" else 0.5)
 

@@ -179,8 +179,8 @@ def test_cli_prints_one_line_and_exits_non_zero(fault, tmp_path, monkeypatch, ca
     with stack:
         code = cli.main(["train", "--config", recipe, "--quiet"])
     monkeypatch.undo()
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err
+    threads, err = capsys.readouterr().err.split("\n", 1)     # the thread count it chose, then the error
+    assert code == 2 and "Traceback" not in err and threads.startswith("grpo-lab train: torch threads: ")
     assert err.count("\n") == 1 and err.startswith("grpo-lab train: error: ") and expected in err, err
     if fault == "mid_checkpoint":
         assert torch.load(out / CHECKPOINT_FILE, weights_only=True)["k"] == 2 and lock_released(out)

@@ -108,9 +108,9 @@ def answer_line(summary: Mapping[str, Any]) -> str:
     if not summary["comparisons"]:
         return (f"pending: {summary['seeds_in']} of {PLAN.looks[0]} seeds of every arm are in for the first look "
                 f"(looks at {', '.join(map(str, PLAN.looks))} seeds)")
-    return "; ".join(f"{name} {c['comparison']}: {c['verdict']}, {c['estimate']:+.3f} [{c['rci'][0]:+.3f}, "
+    return "; ".join(f"{c['comparison']}: {c['verdict']}, {c['estimate']:+.3f} [{c['rci'][0]:+.3f}, "
                      f"{c['rci'][1]:+.3f}] at {c['looks_reached'][-1]} seeds"
-                     for name, c in summary["comparisons"].items())
+                     for c in summary["comparisons"].values())
 
 
 def differences_text(entry: Mapping[str, Any]) -> str:

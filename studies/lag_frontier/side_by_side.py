@@ -71,6 +71,21 @@ class Arm:
         values = [r.log_ratio_k_abs for r in self.history if r.lag == lag and not r.skipped]
         return float(np.mean(values)) if values else float("nan")
 
+    def drift_text(self, lag: int) -> str:
+        """The drift at ``lag`` as a learner reads it: its value, or why there is none (no trained step there)."""
+        drift = self.drift_at(lag)
+        if not np.isnan(drift):
+            return f"drift at lag {lag}: {drift:.2f} nats a token"
+        if any(r.lag == lag for r in self.history):
+            why = "its steps there were skipped: every group's rewards agreed"
+        elif self.config.v == 1:
+            why = "v = 1 syncs α at every step: the lag is always 0"
+        elif lag >= self.config.v:
+            why = f"v = {self.config.v} syncs α before the lag reaches {self.config.v}"
+        else:
+            why = "no step ran at that lag"
+        return f"drift at lag {lag}: undefined ({why})"
+
 
 def run_arms(base: TrainConfig, problems: Sequence[Problem], questions: Sequence[Problem], out_dir: str | Path,
              v: int = 16, eval_every: int = 8, report: Callable[[str], None] = print) -> dict[str, Arm]:
@@ -114,8 +129,8 @@ def run_arms(base: TrainConfig, problems: Sequence[Problem], questions: Sequence
             return_freed_memory()
         arm.train_seconds = time.perf_counter() - start - arm.eval_seconds
         j_end = arm.j[max(arm.j)][0]
-        report(f"{name:10} J {arm.j[0][0]:.3f} -> {j_end:.3f} after {len(arm.history)} steps; drift at lag {v - 1} "
-               f"{arm.drift_at(v - 1):.2f}; {arm.train_seconds:.0f} s training, {arm.eval_seconds:.0f} s evaluating")
+        report(f"{name:10} J {arm.j[0][0]:.3f} -> {j_end:.3f} after {len(arm.history)} steps; {arm.drift_text(v - 1)}; "
+               f"{arm.train_seconds:.0f} s training, {arm.eval_seconds:.0f} s evaluating")
     with contextlib.suppress(OSError):
         Path(out_dir).rmdir()                  # the arms' folders are gone; nothing else of ours is in it
     return results
