@@ -87,9 +87,10 @@ to 8 bits) can be off by 2⁻⁸ times the logits' size in either direction: upc
 
 def require_log_probs(**tensors: torch.Tensor) -> None:
     """Raise a ValueError naming the first tensor with a value above :data:`LOG_PROB_TOLERANCE`, and that value: a
-    log-probability is ≤ 0, so a positive one is a probability or a ratio passed where its log belongs. NaN is not
-    judged (the loss ignores the tokens that carry it); +inf is refused. One host read for all the tensors."""
-    peaks = [torch.where(t.isnan(), -math.inf, t.detach()).amax().double() if t.numel() else torch.tensor(-math.inf,
+    log-probability is ≤ 0, so a positive one is a probability or a ratio passed where its log belongs. Only finite
+    values are judged: NaN and ±inf are a failed forward, not a mix-up, and the loop's non-finite guard stops on them
+    naming the step. One host read for all the tensors."""
+    peaks = [torch.where(t.isfinite(), t.detach(), -math.inf).amax().double() if t.numel() else torch.tensor(-math.inf,
              dtype=torch.float64) for t in tensors.values()]
     for name, peak in zip(tensors, torch.stack([p.to(peaks[0].device) for p in peaks]).tolist()):
         if peak > LOG_PROB_TOLERANCE:

@@ -58,7 +58,8 @@ def test_a_second_run_into_a_held_directory_is_refused_at_once(tmp_path):
         holder.kill()
         holder.wait()
     assert cli.returncode == 2 and cli.stdout == ""
-    lines = cli.stderr.strip().splitlines()
+    threads, *lines = cli.stderr.strip().splitlines()       # the thread count it chose, then the error
+    assert threads.startswith("grpo-lab train: torch threads: "), threads
     assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and lines[0].startswith("grpo-lab train: error:"), lines
     assert not (out / "metrics.jsonl").exists()    # refused before the model loaded or anything was written
     assert seconds < 120                           # the time to import torch, not to load SmolLM2 and train
@@ -85,8 +86,9 @@ def test_missing_model_is_one_line_not_a_traceback(tmp_path):
                           "--set", "model=/does/not/exist", "--set", f"output_dir={tmp_path / 'run'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 2
-    assert cli.stderr.strip().splitlines() == [
-        "grpo-lab train: error: name_or_path '/does/not/exist' is not a model directory"]
+    threads, *lines = cli.stderr.strip().splitlines()       # the thread count it chose, then the error
+    assert threads.startswith("grpo-lab train: torch threads: "), threads
+    assert lines == ["grpo-lab train: error: name_or_path '/does/not/exist' is not a model directory"]
 
 
 def logged_run(tmp_path: Path, logger: str) -> tuple[Path, list[dict]]:
