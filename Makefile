@@ -85,8 +85,10 @@ test-slow: setup
 	$(PY) -m pytest -q tests --ignore=tests/browser -m "slow and not vllm"
 
 # The notebooks' runs (checkpoints of ~2 GB each) go to a temporary folder that notebooks/conftest.py removes.
+# Every core for the kernels: nothing else runs under `make test`, and the load its own tests left would make a
+# kernel's thread choice (grpo_lab.threads, for a learner's busy machine) take one core of two.
 test-notebooks: setup
-	GRPO_LAB_SMOKE=1 $(PY) -m pytest -q --nbval-lax notebooks/
+	GRPO_LAB_SMOKE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} $(PY) -m pytest -q --nbval-lax notebooks/
 
 browser-deps: setup
 	scripts/browser_deps.sh $(VENV)

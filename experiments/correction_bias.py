@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import sys
 import time
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "results" / "correction_bias" / "sweep.json"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "correction_bias" / "sweep.json"
 PROBLEM_INDICES = (6, 0)
 G, LR = 8, 5e-6
 
@@ -39,6 +39,7 @@ def main() -> None:
     from grpo_lab.exact.digits_lm import ExactLM, sequence_logprobs
     from grpo_lab.lm.models import load_policy
     from grpo_lab.lm.tasks import load_problems
+    from grpo_lab.provenance import provenance
 
     started = time.perf_counter()
     problems = [load_problems("add1", 7, seed=0)[i] for i in PROBLEM_INDICES]
@@ -61,8 +62,7 @@ def main() -> None:
              "rel_error": r.rel_error, "variance": r.var / r.target_norm ** 2, "drop_share": r.drop_share,
              "cap_share": r.cap_share} for r in rows]})
     result = {"command": "python " + shlex.join(["experiments/correction_bias.py", *sys.argv[1:]]),
-              "machine": f"{platform.machine()}, torch threads {torch.get_num_threads()}",
-              "seconds": round(time.perf_counter() - started),
+              "seconds": round(time.perf_counter() - started), **provenance(ROOT, ignore=args.out.parent),
               "settings": {"task": "add1", "problems": list(PROBLEM_INDICES), "G": G, "lr": LR,
                            "is_cap": config.is_cap, "is_floor": config.is_floor, "loss_type": "dr_grpo",
                            "lags": args.lags},

@@ -162,7 +162,9 @@ def lab_server(tmp_path: Path, deadline: Deadline) -> Iterator[LabServer]:
         path.write_text(json.dumps(values))
     smoke = "0" if os.environ.get("GRPO_LAB_BROWSER_FULL", "") not in ("", "0") else "1"
     env = {**os.environ, "GRPO_LAB_SMOKE": smoke, "JUPYTER_CONFIG_DIR": str(config_dir),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+           # the copies import studies/ from this checkout, as the originals do from the folder beside notebooks/
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     env.pop("GRPO_LAB_DISPLAY", None)                        # auto: live widgets in the kernel
     port, token, log = free_port(), secrets.token_hex(16), tmp_path / "jupyterlab.log"
     command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
