@@ -1,5 +1,5 @@
 # grpo_lab — every target sets up .venv first (idempotent), then does its job.
-#   make lab     set up and open JupyterLab on notebooks/ (HEADLESS=1: run the demo instead)
+#   make lab     set up and open JupyterLab on lab/, working copies of notebooks/ (HEADLESS=1: run the demo instead)
 #   make test    set up and run the library tests (fast, then slow) and the notebooks (reduced mode)
 #   make test-lib   the library tests not marked `slow` (seconds each); make test-slow: those marked `slow`
 #   make demo    run the bandit demo without a browser; figures go to $(DEMO_DIR)
@@ -33,7 +33,7 @@ VLLM_STAMP := $(VLLM_VENV)/.grpo-lab-installed
 VLLM_ENV := VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)}
 VLLM_TEST_KV := VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1}
 
-.PHONY: setup lab demo test test-lib test-slow test-notebooks test-browser browser-deps bench docs api binder-check clean \
+.PHONY: setup lab lab-copies lab-reset demo test test-lib test-slow test-notebooks test-browser browser-deps bench docs api binder-check clean \
 	setup-vllm test-vllm
 
 $(PY):
@@ -62,12 +62,24 @@ setup: $(STAMP)
 	  git config filter.nbstripout.clean '$(NBSTRIPOUT)' && git config filter.nbstripout.smudge cat && \
 	  git config filter.nbstripout.required true && git config diff.ipynb.textconv '$(NBSTRIPOUT) -t'; fi
 
-lab: setup
+# JupyterLab opens working copies in lab/ (git ignores it), so a notebook saved with its outputs leaves the checkout
+# clean. lab/ sits beside notebooks/: the notebooks read studies/ and docs/ from "..". A copy is made only where none
+# exists, so your edits stay; `make lab-reset` replaces the copies with the tracked notebooks.
+LAB_DIR := lab
+lab: setup lab-copies
 ifeq ($(HEADLESS),1)
 	$(MAKE) demo
 else
-	$(PY) -m jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOT_FLAG) notebooks/01_bandit.ipynb
+	$(PY) -m jupyter lab --notebook-dir=$(LAB_DIR) --port=$(PORT) $(ROOT_FLAG) $(LAB_DIR)/01_bandit.ipynb
 endif
+
+lab-copies:
+	@mkdir -p $(LAB_DIR); for nb in notebooks/*.ipynb; do copy="$(LAB_DIR)/$${nb##*/}"; \
+	  if [ ! -e "$$copy" ]; then cp "$$nb" "$$copy"; \
+	  elif [ "$$nb" -nt "$$copy" ]; then echo "note: $$nb is newer than your $$copy (make lab-reset renews it)"; fi; done
+
+lab-reset:
+	rm -rf $(LAB_DIR)
 
 demo: setup
 	$(PY) -m grpo_lab.viz.demo --out $(DEMO_DIR)

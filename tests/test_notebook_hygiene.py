@@ -2,6 +2,8 @@
 the practitioner's page one link away, and no ``nan`` where a number has no value."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +104,23 @@ def test_a_drift_without_a_trained_step_is_undefined_with_its_reason():
     assert on_policy.drift_text(3) == "drift at lag 3: undefined (v = 1 syncs α at every step: the lag is always 0)"
     assert lagged.drift_text(5) == "drift at lag 5: undefined (v = 4 syncs α before the lag reaches 4)"
     assert "nan" not in lagged.drift_text(3) + on_policy.drift_text(3)
+
+
+def test_make_lab_opens_ignored_working_copies_and_keeps_your_edits(tmp_path):
+    """``make lab`` serves lab/ (git ignores it, so a save with outputs leaves the checkout clean), beside notebooks/
+    (the notebooks read ".."), copied once: a second ``make lab`` keeps an edited copy and says when the tracked one
+    is newer."""
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks", ignore=shutil.ignore_patterns("*.py", "runs"))
+    make = ["make", "-s", "-C", str(tmp_path), "lab-copies"]
+    subprocess.run(make, check=True, capture_output=True, text=True)
+    copies = sorted((tmp_path / "lab").glob("*.ipynb"))
+    assert [c.name for c in copies] == [p.name for p in NOTEBOOKS]
+    assert all(c.read_bytes() == (ROOT / "notebooks" / c.name).read_bytes() for c in copies)
+    copies[0].write_text("my edits")
+    (tmp_path / "notebooks" / copies[0].name).touch()        # the tracked notebook changes after the copy
+    os.utime(copies[0], (1, 1))
+    again = subprocess.run(make, check=True, capture_output=True, text=True)
+    assert copies[0].read_text() == "my edits" and f"{copies[0].name} is newer" in again.stdout
+    ignored = subprocess.run(["git", "check-ignore", "-q", "lab/01_bandit.ipynb"], cwd=ROOT)
+    assert ignored.returncode == 0, "lab/ must be ignored by git"
