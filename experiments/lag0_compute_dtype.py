@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("step", "lag", "skipped", "weights_audit", "probe_audit", "num_tokens", "log_ratio_k_abs", "ratio_k_max",
           "mismatch_abs")
 """The StepRecord fields kept per step."""
@@ -37,13 +36,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (G = 8 each)")
     parser.add_argument("--tokens", type=int, default=32, help="max_completion_length")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    parser.add_argument("--out", type=Path, default=Path("results/offpolicy_split/lag0_dtype.json"))
+    parser.add_argument("--out", type=Path, default=ROOT / "results/offpolicy_split/lag0_dtype.json")
     args = parser.parse_args()
 
-    import torch
 
     from grpo_lab.lm.build import build_loop
     from grpo_lab.lm.recipes import recipe
+    from grpo_lab.provenance import provenance
 
     start, runs = time.perf_counter(), {}
     for dtype in args.dtypes:
@@ -62,8 +61,7 @@ def main() -> None:
         print(dtype, {k: v for k, v in runs[dtype].items() if k != "records"}, flush=True)
         del loop
     result = {"command": shlex.join([Path(sys.executable).name, *sys.argv]), "date": time.strftime("%Y-%m-%d"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads",
-              "torch": torch.__version__, "seconds": round(time.perf_counter() - start),
+              "seconds": round(time.perf_counter() - start), **provenance(ROOT, ignore=args.out.parent),
               "settings": {"model": config.model, "task": config.task, "G": config.G, "P": args.prompts,
                            "max_completion_length": args.tokens, "lr": config.lr, "v": 1, "sampler": config.sampler,
                            "weights": "float32", "temperature": config.temperature},
