@@ -91,6 +91,14 @@ def clipped_surrogate(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
     require_choice("band", band, BANDS)
     require_same_shape(logp=logp, logp_k=logp_k, logp_alpha=logp_alpha)
     require_log_probs(logp=logp, logp_k=logp_k, logp_alpha=logp_alpha)
+    return _surrogate_of_checked(logp, logp_k, logp_alpha, advantages, eps_low, eps_high, band)
+
+
+def _surrogate_of_checked(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor,
+                          advantages: torch.Tensor, eps_low: float, eps_high: float, band: str) -> torch.Tensor:
+    """:func:`clipped_surrogate`'s f_ε on inputs already checked (widths from :func:`clip_widths`, a known band, log-
+    probabilities of one shape): :func:`grpo_objective` checks its own inputs, so a step reads the host once for
+    them, not again for the terms derived from them."""
     ratio = torch.exp(logp - logp_alpha)
     ratio_k = torch.exp(logp_k - logp_alpha).detach()
     low, high = clip_bounds(ratio_k, eps_low, eps_high, band)
@@ -572,7 +580,9 @@ def grpo_objective(logp: torch.Tensor, logp_alpha: torch.Tensor, advantages: tor
                                            weight_log_ratio)
     token_base = base if level == "token" else is_correction_terms(logp_k, logp_alpha, is_correction, is_cap)[0]
     adv = advantages[:, None].to(logp.dtype)
-    surrogate = clipped_surrogate(ratio_logp, ratio_logp_k, base, adv, eps_low, eps_high, band)
+    eps_low, eps_high = clip_widths(eps_low, eps_high)
+    require_choice("band", band, BANDS)
+    surrogate = _surrogate_of_checked(ratio_logp, ratio_logp_k, base, adv, eps_low, eps_high, band)
     per_token = -surrogate if correction is None else -correction.to(surrogate.dtype) * surrogate
     kl = None
     if logp_ref is not None:
